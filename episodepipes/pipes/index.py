@@ -1,0 +1,190 @@
+"""`EpisodeIndex`: the validated, read-only view of a shard folder's ``index.json``.
+
+Every length, plan and byte range in the pipes is computed from this object alone, so nothing
+here touches a shard unless asked to (``verify=True``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+
+
+class IndexError_(ValueError):
+    """An index that cannot be used; the message names the file, the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Camera:
+    name: str
+    height: int
+    width: int
+    source: str
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The run of an episode's frames that lives in one shard."""
+
+    shard: int
+    first: int
+    count: int
+    offsets: tuple[int, ...]
+    end: int
+
+    @property
+    def start(self) -> int:
+        return self.offsets[0]
+
+
+@dataclass(frozen=True)
+class Shard:
+    name: str
+    bytes: int
+    sha256: str
+    samples: int
+
+
+@dataclass(frozen=True)
+class Episode:
+    id: str
+    split: str
+    length: int
+    fps: float
+    prompt: str
+    cameras: dict[str, Camera]
+    arrays: dict[str, ArraySpec]
+    segments: tuple[Segment, ...] = field(repr=False)
+
+    def frame_range(self, frame: int) -> tuple[int, int, int]:
+        """(shard index, start byte, end byte) of one frame's members."""
+        if not 0 <= frame < self.length:
+            raise IndexError(f"frame {frame} is outside episode {self.id!r} of length {self.length}")
+        firsts = [s.first for s in self.segments]
+        seg = self.segments[bisect.bisect_right(firsts, frame) - 1]
+        k = frame - seg.first
+        end = seg.offsets[k + 1] if k + 1 < seg.count else seg.end
+        return seg.shard, seg.offsets[k], end
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.end - s.start for s in self.segments)
+
+
+def _need(d: dict, key: str, where: str, path: Path) -> Any:
+    if key not in d:
+        raise IndexError_(f"{path}: {where} has no {key!r}; re-shard with scripts/shard.py write --overwrite")
+    return d[key]
+
+
+class EpisodeIndex:
+    """A shard folder's index. Use `EpisodeIndex.open(path)`."""
+
+    def __init__(self, root: Path, data: dict) -> None:
+        self.root = Path(root)
+        self.data = data
+        self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
+        self.episodes: list[Episode] = [_episode(e) for e in data["episodes"]]
+        self._by_id = {e.id: e for e in self.episodes}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EpisodeIndex:
+        """Read and validate ``<path>/index.json`` (``path`` may also be the json file itself)."""
+        p = Path(path)
+        root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
+        if not file.exists():
+            hint = " (the folder exists: an unfinished write? re-run the same shard.py write)" if root.is_dir() else ""
+            raise FileNotFoundError(f"no shard index at {file}{hint}")
+        try:
+            data = json.loads(file.read_text())
+        except json.JSONDecodeError as e:
+            raise IndexError_(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
+        _validate(data, file)
+        index = cls(root, data)
+        if verify:
+            index.verify()
+        return index
+
+    def episode(self, episode_id: str) -> Episode:
+        try:
+            return self._by_id[episode_id]
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(str(episode_id), list(self._by_id), n=5, cutoff=0.5)
+            raise KeyError(
+                f"episode {episode_id!r} is not in {self.root / INDEX_NAME}; close matches: {close or 'none'}"
+            ) from None
+
+    def split(self, split: str) -> list[Episode]:
+        return [e for e in self.episodes if e.split == split]
+
+    def shard_path(self, shard: int) -> Path:
+        return self.root / self.shards[shard].name
+
+    def verify(self, shards: Iterable[int] | None = None) -> None:
+        """Check existence, size and sha256 of the given shards (all by default), naming the first bad one."""
+        for i in range(len(self.shards)) if shards is None else sorted(set(shards)):
+            s, p = self.shards[i], self.shard_path(i)
+            if not p.exists():
+                raise FileNotFoundError(f"shard {p} is missing; restore it or re-shard")
+            size = p.stat().st_size
+            if size != s.bytes:
+                raise IndexError_(f"shard {p} has {size} bytes, index says {s.bytes}: truncated? re-shard it")
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+            if h.hexdigest() != s.sha256:
+                raise IndexError_(f"shard {p}: sha256 mismatch with the index; the file changed, re-shard it")
+
+
+def _episode(e: dict) -> Episode:
+    cams = {n: Camera(n, int(c["height"]), int(c["width"]), c.get("source", n)) for n, c in e["cameras"].items()}
+    arrs = {
+        n: ArraySpec(n, a["dtype"], tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
+    }
+    segs = tuple(
+        Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"]) for s in e["segments"]
+    )
+    return Episode(e["id"], e["split"], int(e["length"]), float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
+
+
+def _validate(data: dict, file: Path) -> None:
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise IndexError_(f"{file}: not an episodepipes shard index (format={data.get('format')!r})")
+    version = data.get("version")
+    if version != FORMAT_VERSION:
+        raise IndexError_(
+            f"{file}: index version {version!r}, this episodepipes reads version {FORMAT_VERSION}; "
+            "re-shard with this version's scripts/shard.py write --overwrite, or install the matching episodepipes"
+        )
+    shards = _need(data, "shards", "the index", file)
+    for i, s in enumerate(shards):
+        for k in ("name", "bytes", "sha256", "samples"):
+            _need(s, k, f"shard {i}", file)
+    for e in _need(data, "episodes", "the index", file):
+        where = f"episode {e.get('id', '?')!r}"
+        for k in ("id", "split", "length", "fps", "cameras", "arrays", "segments"):
+            _need(e, k, where, file)
+        if sum(s["count"] for s in e["segments"]) != e["length"]:
+            raise IndexError_(f"{file}: {where}: segments hold a different frame count than length={e['length']}")
+        for s in e["segments"]:
+            if not 0 <= s["shard"] < len(shards) or len(s["offsets"]) != s["count"]:
+                raise IndexError_(f"{file}: {where}: a segment points outside the shard list or is malformed")

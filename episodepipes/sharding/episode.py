@@ -1,0 +1,44 @@
+"""The reader protocol: how any dataset layout becomes episodes for the shard writer.
+
+A reader is a small picklable object (it is sent to encoder processes) with two methods::
+
+    class MyReader:
+        def episode_ids(self) -> list[str]: ...          # sorted, stable
+        def read(self, episode_id: str) -> EpisodeData: ...
+
+`EpisodeData.cameras` maps a camera name to an iterable of HxWx3 uint8 RGB frames, produced
+lazily so a long video is never held twice. Arrays are per-step: first dimension = frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class EpisodeError(ValueError):
+    """Bad input in one episode; the message names the episode and the file."""
+
+
+@dataclass
+class EpisodeData:
+    id: str
+    cameras: dict[str, Iterable[np.ndarray]]
+    arrays: dict[str, np.ndarray]
+    fps: float
+    prompt: str = ""
+    split: str | None = None
+    # camera/array name -> the name in the source dataset, when it had to be made tar-safe
+    sources: dict[str, str] = field(default_factory=dict)
+    # camera name -> file it comes from, for error messages
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EpisodeReader(Protocol):
+    def episode_ids(self) -> list[str]: ...
+
+    def read(self, episode_id: str) -> EpisodeData: ...
