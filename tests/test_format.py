@@ -1,0 +1,58 @@
+import glob
+import io
+import tarfile
+
+import pytest
+import webdataset as wds
+from helpers import make_shards
+
+from episodepipes.pipes import EpisodeIndex
+
+
+def test_webdataset_iterates_every_shard_and_byte_ranges_hold_one_frame(tmp_path):
+    out = make_shards(tmp_path / "s", num_episodes=4, length=12, shard_size=60_000)
+    idx = EpisodeIndex.open(out, verify=True)
+    assert len(idx.shards) > 2
+    keys = [s["__key__"] for s in wds.WebDataset(sorted(glob.glob(f"{out}/shard-*.tar")), shardshuffle=False)]
+    assert len(keys) == sum(e.length for e in idx.episodes) == sum(s.samples for s in idx.shards)
+    for ep in idx.episodes:
+        for f in (0, ep.length // 2, ep.length - 1):
+            shard, a, b = ep.frame_range(f)
+            blob = idx.shard_path(shard).read_bytes()[a:b]
+            names = {m.name for m in tarfile.open(fileobj=io.BytesIO(blob))}
+            assert names == {f"{ep.id}/{f:06d}.{x}" for x in
+                             [*(f"{c}.jpg" for c in ep.cameras), *(f"{k}.npy" for k in ep.arrays), "json"]}
+
+
+def test_same_input_gives_byte_identical_output(tmp_path):
+    a = make_shards(tmp_path / "a", num_episodes=3, length=10, shard_size=50_000)
+    b = make_shards(tmp_path / "b", num_episodes=3, length=10, shard_size=50_000)
+    files = sorted(p.name for p in a.iterdir())
+    assert files == sorted(p.name for p in b.iterdir())
+    for name in files:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_index_from_another_version_is_refused_with_the_fix(tmp_path):
+    out = make_shards(tmp_path / "s", num_episodes=1, length=3)
+    text = (out / "index.json").read_text().replace('"version":1', '"version":99')
+    (out / "index.json").write_text(text)
+    with pytest.raises(ValueError, match=r"version 99.*re-shard"):
+        EpisodeIndex.open(out)
+
+
+def test_sha256_mismatch_names_the_shard(tmp_path):
+    out = make_shards(tmp_path / "s", num_episodes=2, length=5)
+    shard = sorted(out.glob("shard-*.tar"))[0]
+    blob = bytearray(shard.read_bytes())
+    blob[1000] ^= 0xFF
+    shard.write_bytes(bytes(blob))
+    EpisodeIndex.open(out)  # no I/O beyond the index without verify
+    with pytest.raises(ValueError, match=shard.name):
+        EpisodeIndex.open(out, verify=True)
+
+
+def test_missing_index_says_unfinished_write(tmp_path):
+    (tmp_path / "s").mkdir()
+    with pytest.raises(FileNotFoundError, match="unfinished write"):
+        EpisodeIndex.open(tmp_path / "s")
