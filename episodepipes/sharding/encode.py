@@ -60,7 +60,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     if n == 0:
         raise EpisodeError(f"episode {ep.id!r}: empty episode (0 frames); remove it or pass --skip-bad")
     arrays = {safe_field(k): (k, np.asarray(v)) for k, v in sorted(ep.arrays.items())}
-    for key, (orig, a) in arrays.items():
+    for orig, a in arrays.values():
         if a.ndim == 0 or a.shape[0] != n:
             raise EpisodeError(
                 f"episode {ep.id!r}: array {orig!r} has {a.shape[0] if a.ndim else 0} steps but the cameras have "
