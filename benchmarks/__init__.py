@@ -1,0 +1,1 @@
+"""Benchmark sections run by scripts/bench.py; each module exposes run(workdir, quick) -> dict."""
