@@ -1,0 +1,185 @@
+#!/usr/bin/env python
+"""Run the benchmark sections side by side in one run and write docs/BENCHMARKS.md plus PNG plots.
+
+Every section measures episodepipes against the baseline a user would otherwise write, and
+against the hardware ceiling, in the same process run, and reports ratios: absolute times on a
+shared 2-core machine are noise, ratios measured together are not.
+
+    python scripts/bench.py                 # all sections
+    python scripts/bench.py gate decode     # some sections
+    python scripts/bench.py --quick         # smaller data, for a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SECTIONS = ["shard", "gate", "decode", "len", "train", "lerobot"]
+
+
+def _machine() -> dict:
+    import cv2
+    import numpy
+    import torch
+    import torchdata
+    import webdataset
+
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "torchdata": torchdata.__version__, "webdataset": getattr(webdataset, "__version__", "?"),
+                "opencv": cv2.__version__, "numpy": numpy.__version__}
+    try:
+        import lightning
+
+        versions["lightning"] = lightning.__version__
+    except ImportError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions}
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if x == 0:
+        return "0"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def _ratio(a: float | None, b: float | None, unit: str) -> str:
+    if a is None or b is None or a == 0 or b == 0:
+        return "–"
+    # For throughput (x/s) higher is better: ours/ref. For costs (s, ms, µs, bytes, frames) ref/ours.
+    r = a / b if "/s" in unit else b / a
+    return f"{r:,.2f}x" if r < 100 else f"{r:,.0f}x"
+
+
+def _table(result: dict) -> list[str]:
+    lines = ["| metric | ours | baseline | ceiling | unit | vs baseline | vs ceiling | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        ours, base, ceil, unit = r.get("ours"), r.get("baseline"), r.get("ceiling"), r.get("unit", "")
+        lines.append(f"| {r['metric']} | {_fmt(ours)} | {_fmt(base)} | {_fmt(ceil)} | {unit} | "
+                     f"{_ratio(ours, base, unit)} | {_ratio(ours, ceil, unit)} | {r.get('note', '')} |")
+    return lines
+
+
+def _plots(results: dict[str, dict], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    fps_rows = [(f"{s}: {r['metric']}", r) for s, res in results.items() for r in res["rows"]
+                if r.get("unit") == "frames/s" and r.get("ours")]
+    if fps_rows:
+        fig, ax = plt.subplots(figsize=(9, 0.6 * len(fps_rows) + 1.5))
+        labels = [n for n, _ in fps_rows]
+        y = range(len(fps_rows))
+        ax.barh([i + 0.27 for i in y], [r["ours"] for _, r in fps_rows], 0.27, label="episodepipes")
+        ax.barh(list(y), [r.get("baseline") or 0 for _, r in fps_rows], 0.27, label="baseline")
+        ax.barh([i - 0.27 for i in y], [r.get("ceiling") or 0 for _, r in fps_rows], 0.27, label="ceiling")
+        ax.set_yticks(list(y), labels)
+        ax.set_xlabel("frames/s (higher is better)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "bench_fps.png", dpi=110)
+        made.append("bench_fps.png")
+    gate = results.get("gate")
+    if gate:
+        rows = [r for r in gate["rows"] if r.get("unit") in ("s", "ms") and r.get("baseline")]
+        if rows:
+            fig, ax = plt.subplots(figsize=(7, 3))
+            names = [r["metric"] for r in rows]
+            ax.bar([i - 0.2 for i in range(len(rows))], [r["ours"] for r in rows], 0.4, label="episodepipes (closed)")
+            ax.bar([i + 0.2 for i in range(len(rows))], [r["baseline"] for r in rows], 0.4, label="naive DataLoader")
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(rows)), names)
+            ax.set_ylabel(rows[0]["unit"] + " (log scale)")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(out / "bench_gate.png", dpi=110)
+            made.append("bench_gate.png")
+    series = (results.get("len") or {}).get("series") or {}
+    xs, ys = series.get("episodes"), series.get("len_us") or series.get("seconds")
+    if xs and ys:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        ax.plot(xs, ys, "o-")
+        ax.set_xscale("log")
+        ax.set_xlabel("episodes in the index")
+        ax.set_ylabel("len() time (µs)" if series.get("len_us") else "len() time (s)")
+        fig.tight_layout()
+        fig.savefig(out / "bench_len.png", dpi=110)
+        made.append("bench_len.png")
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sections", nargs="*", choices=[[], *SECTIONS], default=[], metavar="SECTION",
+                    help=f"any of {', '.join(SECTIONS)} (default: all)")
+    ap.add_argument("--quick", action="store_true", help="small data; a smoke run, not figures to quote")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs", help="where BENCHMARKS.md and plots go")
+    ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    args = ap.parse_args(argv)
+    sections = args.sections or SECTIONS
+    command = "python scripts/bench.py" + ("" if not argv else " " + shlex.join(argv))
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="epbench-") as tmp:
+        work = args.workdir or Path(tmp)
+        for k, name in enumerate(sections, 1):
+            try:
+                mod = importlib.import_module(f"benchmarks.bench_{name}")
+            except ModuleNotFoundError as e:
+                print(f"[{k}/{len(sections)}] {name}: not available ({e})", flush=True)
+                continue
+            print(f"[{k}/{len(sections)}] {name} ...", flush=True)
+            t0 = time.perf_counter()
+            (work / name).mkdir(parents=True, exist_ok=True)
+            results[name] = mod.run(work / name, args.quick)
+            print(f"[{k}/{len(sections)}] {name} done in {time.perf_counter() - t0:.1f}s", flush=True)
+            for line in _table(results[name]):
+                print("   ", line)
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = _machine()
+    plots = _plots(results, args.out)
+    md = ["# Benchmarks", "", f"Command: `{command}`{' (quick mode: smoke figures)' if args.quick else ''}", "",
+          f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['platform']}", "",
+          "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()), "",
+          "Ratios: for throughput (frames/s) `ours / reference`; for costs (time, bytes, frames) "
+          "`reference / ours`. Above 1x means episodepipes is better.", ""]
+    for name, res in results.items():
+        md += [f"## {name}", "", *(res.get("intro", "").splitlines()), "", *_table(res), ""]
+    md += [f"![{p}]({p})" for p in plots]
+    (args.out / "BENCHMARKS.md").write_text("\n".join(md) + "\n")
+    (args.out / "benchmarks.json").write_text(json.dumps({"command": command, "machine": machine,
+                                                          "results": results}, indent=1, default=str))
+    print(f"wrote {args.out / 'BENCHMARKS.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
