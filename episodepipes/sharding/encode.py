@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from episodepipes.format import npy_bytes, safe_episode_id, safe_field, sample_key
+from episodepipes.format import npy_bytes, safe_episode_id, safe_field, sample_key, tar_member
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
 
 
@@ -22,6 +22,10 @@ class EncodeOptions:
 class EncodedEpisode:
     meta: dict  # the index entry, without "segments"
     samples: list[list[tuple[str, bytes]]]  # per frame: (member name, bytes), in member order
+
+    def blocks(self) -> list[bytes]:
+        """Each frame's tar members as one byte string, ready to append to a shard."""
+        return [b"".join(tar_member(name, data) for name, data in members) for members in self.samples]
 
 
 def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str) -> bytes:

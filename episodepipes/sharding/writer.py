@@ -1,8 +1,9 @@
 """`ShardWriter`: appends encoded episodes to size-capped tar shards and writes the index last.
 
-Every shard is written to ``<name>.tmp`` and renamed when complete, and ``index.json`` is
+Every shard is streamed to ``<name>.tmp`` and renamed when complete, and ``index.json`` is
 written atomically at `close`, so a folder without an index is an unfinished write and a
-shard under its final name is always whole.
+shard under its final name is always whole. After each finished shard the writer calls
+``on_shard(writer)``: `state()` then describes everything durable, which is what resume needs.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, TAR_END, shard_name, tar_member
+from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, TAR_END, shard_name
 from episodepipes.sharding.encode import EncodedEpisode
 
 
@@ -25,25 +28,40 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def index_json(shards: list[dict], episodes: list[dict], options: dict) -> bytes:
+def index_json(shards: list[dict], episodes: list[dict], options: dict, **extra: object) -> bytes:
+    """The index bytes; ``extra`` adds top-level fields (e.g. ``skipped``) that readers may ignore."""
     data = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "options": options,
-            "shards": shards, "episodes": episodes}
+            "shards": shards, "episodes": episodes, **extra}
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
 class ShardWriter:
-    """Write episodes in order into ``out``; use as a context manager."""
+    """Write episodes in order into ``out``; use as a context manager.
 
-    def __init__(self, out: str | os.PathLike, *, shard_size: int, options: dict, first_shard: int = 0) -> None:
+    ``shards``/``episodes`` restore a resumed run: the shards already finished and the index
+    entries of the episodes they complete. A partially written episode is continued with
+    ``add(..., start=frame, segments=...)``.
+    """
+
+    def __init__(self, out: str | os.PathLike, *, shard_size: int, options: dict,
+                 shards: list[dict] | None = None, episodes: list[dict] | None = None,
+                 extra: dict | None = None, on_shard: Callable[[ShardWriter], None] | None = None) -> None:
         self.out = Path(out)
         self.shard_size = int(shard_size)
         self.options = options
-        self.shards: list[dict] = []
-        self.episodes: list[dict] = []
-        self._next = first_shard
-        self._buf: list[bytes] = []
+        self.shards: list[dict] = list(shards or [])
+        self.episodes: list[dict] = list(episodes or [])
+        self.extra = extra if extra is not None else {}
+        self.on_shard = on_shard
+        self.pending: dict | None = None  # the episode being added: finished segments, next frame
+        self._file: BinaryIO | None = None
+        self._hash = hashlib.sha256()
         self._pos = 0
         self._samples = 0
+
+    @property
+    def next_shard(self) -> int:
+        return len(self.shards)
 
     def __enter__(self) -> ShardWriter:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -52,39 +70,57 @@ class ShardWriter:
     def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
         if exc_type is None:
             self.close()
+        elif self._file is not None:
+            self._file.close()
 
-    def add(self, enc: EncodedEpisode) -> dict:
+    def add(self, enc: EncodedEpisode, *, start: int = 0, segments: list[dict] | None = None) -> dict:
         """Append one episode; returns its index entry (with byte-range segments)."""
-        segments: list[dict] = []
-        for i, members in enumerate(enc.samples):
+        return self.add_blocks(enc.meta, enc.blocks(), start=start, segments=segments)
+
+    def add_blocks(self, meta: dict, blocks: list[bytes], *, start: int = 0,
+                   segments: list[dict] | None = None) -> dict:
+        """Append samples ``blocks[start:]`` (tar bytes per frame) of the episode described by ``meta``."""
+        segs = [dict(s, offsets=list(s["offsets"])) for s in segments or []]
+        self.pending = {"segments": segs, "frame": start}
+        for i in range(start, len(blocks)):
             if self._samples and self._pos >= self.shard_size:
+                self.pending["frame"] = i
                 self._flush()
-            if not segments or segments[-1]["shard"] != self._next:
-                segments.append({"shard": self._next, "first": i, "count": 0, "offsets": [], "end": 0})
-            seg = segments[-1]
+            if not segs or segs[-1]["shard"] != self.next_shard:
+                segs.append({"shard": self.next_shard, "first": i, "count": 0, "offsets": [], "end": 0})
+            seg = segs[-1]
             seg["offsets"].append(self._pos)
-            for name, data in members:
-                block = tar_member(name, data)
-                self._buf.append(block)
-                self._pos += len(block)
+            self._write(blocks[i])
             seg["count"] += 1
             seg["end"] = self._pos
             self._samples += 1
-        entry = dict(enc.meta, segments=segments)
+        self.pending = None
+        entry = dict(meta, segments=segs)
         self.episodes.append(entry)
         return entry
 
+    def _write(self, data: bytes) -> None:
+        if self._file is None:
+            self._file = open(self.out / (shard_name(self.next_shard) + ".tmp"), "wb")
+        self._file.write(data)
+        self._hash.update(data)
+        self._pos += len(data)
+
     def _flush(self) -> None:
-        if not self._samples:
+        if not self._samples or self._file is None:
             return
-        data = b"".join(self._buf) + TAR_END
-        name = shard_name(self._next)
-        atomic_write_bytes(self.out / name, data)
-        self.shards.append({"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        self._write(TAR_END)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        name = shard_name(self.next_shard)
+        os.replace(self.out / (name + ".tmp"), self.out / name)
+        self.shards.append({"name": name, "bytes": self._pos, "sha256": self._hash.hexdigest(),
                             "samples": self._samples})
-        self._next += 1
-        self._buf, self._pos, self._samples = [], 0, 0
+        self._file, self._hash, self._pos, self._samples = None, hashlib.sha256(), 0, 0
+        if self.on_shard is not None:
+            self.on_shard(self)
 
     def close(self) -> None:
         self._flush()
-        atomic_write_bytes(self.out / INDEX_NAME, index_json(self.shards, self.episodes, self.options))
+        atomic_write_bytes(self.out / INDEX_NAME, index_json(self.shards, self.episodes, self.options, **self.extra))

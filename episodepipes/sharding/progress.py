@@ -1,0 +1,101 @@
+"""Resume state of an unfinished write, kept in ``<out>/_progress.json``.
+
+After every finished shard the writer records, atomically: the options, the finished shards,
+the index entries of the episodes they complete, the skipped episodes, and a cursor (position
+in the job's episode list, first frame not yet in a finished shard, and that episode's finished
+segments). Encoding is deterministic, so a re-run re-encodes the cursor's episode, drops the
+frames already written, and continues to output byte-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from episodepipes.format import INDEX_NAME
+from episodepipes.sharding.writer import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+PROGRESS_NAME = "_progress.json"
+JOBS_DIR = "_jobs"
+
+
+@dataclass
+class Progress:
+    options: dict
+    shards: list[dict] = field(default_factory=list)
+    episodes: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    position: int = 0  # index into the job's episode list
+    frame: int = 0  # first frame of that episode not in a finished shard
+    segments: list[dict] = field(default_factory=list)  # that episode's segments in finished shards
+
+    def save(self, out: Path) -> None:
+        atomic_write_bytes(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())
+
+
+def clear(out: Path, *, jobs: bool = True) -> None:
+    """Remove everything a write puts in ``out`` (and nothing else); ``jobs`` also the partial job outputs."""
+    for pattern in (INDEX_NAME, INDEX_NAME + ".tmp", PROGRESS_NAME, PROGRESS_NAME + ".tmp",
+                    "shard-*.tar", "shard-*.tar.tmp"):
+        for p in out.glob(pattern):
+            p.unlink()
+    if jobs:
+        shutil.rmtree(out / JOBS_DIR, ignore_errors=True)
+
+
+def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | None = None) -> tuple[Progress, bool]:
+    """Prepare ``out`` for a write with ``options``: fresh, resumed, or refused. Returns (progress, resumed).
+
+    ``finished_hint`` is another index that, when present, also marks the output finished
+    (the merged index of a multi-job output).
+    """
+    for done in (out / INDEX_NAME, finished_hint):
+        if done is not None and done.exists() and not overwrite:
+            raise FileExistsError(f"{done} exists: the output is finished; pass --overwrite to replace it, "
+                                  "or choose another OUT")
+    if overwrite:
+        if out.exists():
+            clear(out)
+        if finished_hint is not None and finished_hint.exists():
+            clear(finished_hint.parent, jobs=False)
+    out.mkdir(parents=True, exist_ok=True)
+    file = out / PROGRESS_NAME
+    if file.exists():
+        try:
+            prog = Progress(**json.loads(file.read_text()))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{file} is damaged ({e}); pass --overwrite to start over") from e
+        if prog.options != options:
+            changed = sorted(k for k in options.keys() | prog.options.keys()
+                             if options.get(k) != prog.options.get(k))
+            raise ValueError(f"{out} holds an unfinished write with other options (differ: {', '.join(changed)}); "
+                             "re-run with the same options to resume, or pass --overwrite to start over")
+        _drop_unrecorded(out, prog.shards)
+        log.info("resuming %s after %d finished shards", out, len(prog.shards))
+        return prog, True
+    if any(out.glob("shard-*.tar")):
+        raise ValueError(f"{out} holds shards but no index or {PROGRESS_NAME}, so it is not a resumable write; "
+                         "pass --overwrite or choose an empty OUT")
+    prog = Progress(options=options)
+    prog.save(out)
+    return prog, False
+
+
+def _drop_unrecorded(out: Path, shards: list[dict]) -> None:
+    """Delete temp files and shards finished after the last recorded progress (they are rewritten identically)."""
+    for s in shards:
+        p = out / s["name"]
+        if not p.exists() or p.stat().st_size != s["bytes"]:
+            raise ValueError(f"{p}, finished before the interruption, is missing or changed; "
+                             "pass --overwrite to start over")
+    n_shards = len(shards)
+    for p in out.glob("*.tmp"):
+        p.unlink()
+    for p in out.glob("shard-*.tar"):
+        if int(p.stem.split("-")[1]) >= n_shards:
+            p.unlink()
