@@ -1,0 +1,154 @@
+import io
+import json
+import pickle
+import tarfile
+
+import cv2
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, available_encoders, make_lerobot
+from episodepipes.format import npy_load
+from episodepipes.pipes import EpisodeIndex
+from episodepipes.sharding.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.episode import EpisodeError, EpisodeReader
+from episodepipes.sharding.lerobot import LeRobotReader, _match
+from episodepipes.sharding.writer import ShardWriter
+
+ENCODERS = available_encoders()
+pytestmark = pytest.mark.skipif(not ENCODERS, reason="this PyAV build has no AV1 or h264 encoder")
+LENGTHS = (15, 12, 17)
+
+
+def _shard(reader, out, shard_size=40_000):
+    with ShardWriter(out, shard_size=shard_size, options={"jpeg_quality": 95}) as w:
+        for eid in reader.episode_ids():
+            w.add(encode_episode(reader.read(eid), EncodeOptions(jpeg_quality=95)))
+    return EpisodeIndex.open(out, verify=True)
+
+
+def _frame_members(index, ep, f):
+    shard, a, b = ep.frame_range(f)
+    blob = index.shard_path(shard).read_bytes()[a:b]
+    with tarfile.open(fileobj=io.BytesIO(blob)) as t:
+        return {m.name.split("/", 1)[1].split(".", 1)[1]: t.extractfile(m).read() for m in t}
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_sharded_lerobot_v3_matches_the_source(tmp_path, encoder):
+    src = make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, encoder=encoder)
+    reader = LeRobotReader(tmp_path / "lr")
+    assert isinstance(reader, EpisodeReader)
+    assert reader.episode_ids() == ["episode_000000", "episode_000001", "episode_000002"]
+    index = _shard(pickle.loads(pickle.dumps(reader)), tmp_path / "shards")
+    assert len(index.shards) > 1  # episodes span shards, as in real runs
+    safe = {k: k.replace(".", "_") for k in [*VIDEO_KEYS, IMAGE_KEY]}
+    for ep, s in zip(index.episodes, src, strict=True):
+        assert (ep.id, ep.length, ep.fps, ep.prompt) == (f"episode_{s.index:06d}", LENGTHS[s.index], 10.0, s.task)
+        assert {c.name: c.source for c in ep.cameras.values()} == {v: k for k, v in safe.items()}
+        assert {a.name: a.source for a in ep.arrays.values()} == {
+            "observation_state": "observation.state", "action": "action", "next_reward": "next.reward",
+            "next_done": "next.done"}
+        for f in range(ep.length):
+            members = _frame_members(index, ep, f)
+            for key, arr in s.arrays.items():
+                np.testing.assert_array_equal(npy_load(members[f"{key.replace('.', '_')}.npy"]), arr[f])
+            assert json.loads(members["json"])["frame"] == f
+            for key, name in safe.items():
+                got = cv2.cvtColor(cv2.imdecode(np.frombuffer(members[f"{name}.jpg"], np.uint8), 1),
+                                   cv2.COLOR_BGR2RGB).astype(np.float32)
+                errors = [float(np.abs(got - w).mean()) for w in s.frames[key].astype(np.float32)]
+                assert errors[f] < (5 if key == IMAGE_KEY else 12), (ep.id, key, f, errors[f])
+                assert int(np.argmin(errors)) == f, (ep.id, key, f, errors)  # the right frame, not a neighbour
+
+
+def test_v21_layout_reads_the_same_episodes(tmp_path):
+    src = make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, version="v2.1", image_feature=False)
+    reader = LeRobotReader(tmp_path / "lr")
+    for eid, s in zip(reader.episode_ids(), src, strict=True):
+        ep = reader.read(eid)
+        assert ep.prompt == s.task and ep.fps == 10.0
+        np.testing.assert_array_equal(ep.arrays["observation_state"], s.arrays["observation.state"])
+        for key in VIDEO_KEYS:
+            frames = np.stack(list(ep.cameras[key.replace(".", "_")])).astype(np.float32)
+            assert np.abs(frames - s.frames[key]).mean() < 10
+
+
+def test_tasks_come_from_tasks_parquet_when_episode_meta_has_none(tmp_path):
+    src = make_lerobot(tmp_path / "lr", num_episodes=2, length=4, image_feature=False)
+    path = tmp_path / "lr/meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(path)
+    pq.write_table(t.set_column(t.schema.get_field_index("tasks"), "tasks", [[None, None]]), path)
+    assert LeRobotReader(tmp_path / "lr").read("episode_000001").prompt == src[1].task
+
+
+def test_match_takes_the_closest_frame_within_tolerance():
+    frames = [(t, np.full((1, 1, 3), i, np.uint8)) for i, t in enumerate([0.0, 0.1, 0.2, 0.3])]
+
+    class F:  # the av.VideoFrame method _match calls
+        def __init__(self, a):
+            self.a = a
+
+        def to_ndarray(self, format):
+            return self.a
+
+    stream = [(t, F(a)) for t, a in frames]
+    got = [int(a[0, 0, 0]) for a in _match(stream, np.array([0.0, 0.1, 0.20003, 0.3]), 0.0, 1e-4, "w")]
+    assert got == [0, 1, 2, 3]
+    assert [int(a[0, 0, 0]) for a in _match(stream, np.array([0.04, 0.26]), 0.0, 0.0999, "w")] == [0, 3]
+    with pytest.raises(EpisodeError, match=r"w: row 1 \(timestamp 0.150000s"):
+        list(_match(stream, np.array([0.0, 0.15]), 0.0, 1e-4, "w"))
+
+
+# --- bad input: each error names the file or episode and the fix ----------------------------------------
+
+def test_missing_meta_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"meta/info.json is missing.*dataset root"):
+        LeRobotReader(tmp_path)
+    make_lerobot(tmp_path / "lr", num_episodes=1, length=3, image_feature=False)
+    (tmp_path / "lr/meta/episodes/chunk-000/file-000.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match=r"meta/episodes holds no .*re-download"):
+        LeRobotReader(tmp_path / "lr")
+
+
+def test_unsupported_codebase_version_is_named(tmp_path):
+    make_lerobot(tmp_path / "lr", num_episodes=1, length=3, image_feature=False)
+    info = tmp_path / "lr/meta/info.json"
+    info.write_text(info.read_text().replace('"v3.0"', '"v1.6"'))
+    with pytest.raises(ValueError, match=r"codebase_version='v1.6' is not supported.*convert"):
+        LeRobotReader(tmp_path / "lr")
+
+
+@pytest.mark.parametrize("tolerance_s", [1e-4, 0.1 - 1e-4])
+def test_video_shorter_than_its_episode_names_episode_and_timestamp(tmp_path, tolerance_s):
+    # episodes 0 and 1 share file-000; its last 2 frames are gone, so episode 1 runs past the video
+    make_lerobot(tmp_path / "lr", num_episodes=3, length=6, short_video=2, image_feature=False)
+    reader = LeRobotReader(tmp_path / "lr", tolerance_s=tolerance_s)
+    ep0 = reader.read("episode_000000")
+    assert len(list(ep0.cameras["observation_images_front"])) == 6
+    ep1 = reader.read("episode_000001")
+    with pytest.raises(EpisodeError, match=r"episode_000001.*file-000.mp4.*row 4 \(timestamp 0.400000s.*shorter"):
+        list(ep1.cameras["observation_images_front"])
+
+
+def test_missing_parquet_and_video_are_named(tmp_path):
+    make_lerobot(tmp_path / "lr", num_episodes=3, length=4, image_feature=False)
+    (tmp_path / "lr/data/chunk-000/file-001.parquet").unlink()
+    (tmp_path / "lr/videos/observation.images.wrist/chunk-000/file-000.mp4").unlink()
+    reader = LeRobotReader(tmp_path / "lr")
+    with pytest.raises(EpisodeError, match=r"episode_000002.*file-001.parquet is missing"):
+        reader.read("episode_000002")
+    ep = reader.read("episode_000000")
+    with pytest.raises(EpisodeError, match=r"episode_000000.*observation.images.wrist.*video file is missing"):
+        list(ep.cameras["observation_images_wrist"])
+    with pytest.raises(EpisodeError, match=r"'episode_7' is not in"):
+        reader.read("episode_7")
+
+
+def test_rows_disagreeing_with_episode_length_are_refused(tmp_path):
+    make_lerobot(tmp_path / "lr", num_episodes=1, length=5, image_feature=False)
+    path = tmp_path / "lr/data/chunk-000/file-000.parquet"
+    pq.write_table(pq.read_table(path).slice(0, 4), path)
+    with pytest.raises(EpisodeError, match=r"episode_000000.*holds 4 rows.*length=5"):
+        LeRobotReader(tmp_path / "lr").read("episode_000000")
