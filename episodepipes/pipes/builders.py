@@ -1,0 +1,125 @@
+"""One builder per pipe kind, made from the public nodes: plan -> `ShardReader` -> `Decoder` -> `Collator` -> `Gate`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from episodepipes.pipes.batch import Collator
+from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.gate import Gate
+from episodepipes.pipes.index import Episode, EpisodeIndex
+from episodepipes.pipes.pipe import Pipe
+from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
+from episodepipes.pipes.read import ShardReader
+from episodepipes.pipes.stats import Stats
+
+RESERVED = ("episode", "frame", "timestamp", "valid", "prompt")
+
+
+def open_index(index: EpisodeIndex | str | os.PathLike) -> EpisodeIndex:
+    return index if isinstance(index, EpisodeIndex) else EpisodeIndex.open(index)
+
+
+def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values win; else torch.distributed's when initialised; else (0, 1)."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        on = dist.is_available() and dist.is_initialized()
+        rank = rank if rank is not None else (dist.get_rank() if on else 0)
+        world_size = world_size if world_size is not None else (dist.get_world_size() if on else 1)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+    return rank, world_size
+
+
+def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None) -> None:
+    """Refuse episodes whose cameras or arrays cannot be stacked into one batch, naming the fix."""
+    if not episodes:
+        return
+    first = episodes[0]
+    for e in episodes:
+        if set(e.cameras) != set(first.cameras) or {k: a.shape for k, a in e.arrays.items()} != {
+                k: a.shape for k, a in first.arrays.items()}:
+            raise ValueError(f"episodes {first.id!r} and {e.id!r} have different cameras or array shapes; "
+                             "pipe them separately")
+        shapes = {c: (cam.height, cam.width) for c, cam in e.cameras.items()}
+        if resize is None and shapes != {c: (cam.height, cam.width) for c, cam in first.cameras.items()}:
+            raise ValueError(f"episodes {first.id!r} and {e.id!r} have different camera sizes; pass resize=(H, W)")
+    clash = sorted(set(RESERVED) & (set(first.cameras) | set(first.arrays)))
+    if clash:
+        raise ValueError(f"camera or array names {clash} clash with batch keys {RESERVED}; rename them when sharding")
+
+
+def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int, num_workers: int,
+                  method: str, resize: tuple[int, int] | None, on_corrupt: str, verify: bool,
+                  url: Callable[[int], str] | None = None) -> Callable[[], Collator]:
+    """A zero-argument builder of reader -> decoder -> collator over ``items`` (what a `Gate` holds)."""
+    Decoder(ShardReader(index, []), index, num_workers=num_workers, method=method, on_corrupt=on_corrupt)  # validate
+    verified: list[bool] = []
+
+    def build() -> Collator:
+        if verify and not verified:  # once, before the first byte of the first open pass
+            index.verify(shards=shards_of(index, items))
+            verified.append(True)
+        reader = ShardReader(index, items, stats=stats, url=url)
+        dec = Decoder(reader, index, num_workers=num_workers, method=method, resize=resize,
+                      on_corrupt=on_corrupt, stats=stats)
+        return Collator(dec, batch_size=batch_size, stats=stats)
+
+    return build
+
+
+def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", frames_per_episode: int,
+                batch_size: int, rank: int | None = None, world_size: int | None = None, seed: int = 0,
+                sampling: str = "even", num_workers: int = 2, method: str = "thread",
+                resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
+                **opts: Any) -> Pipe:
+    """K frames of every ``split`` episode, split so every rank yields the same number of batches.
+
+    Padding samples repeat a real frame with ``valid=False``; the valid samples over all ranks are the
+    chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
+    """
+    idx = open_index(index)
+    rank, world_size = dist_rank_world(rank, world_size)
+    episodes = idx.split(split)
+    if not episodes:
+        raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
+                         f"{sorted({e.split for e in idx.episodes})}")
+    check_batchable(episodes, resize)
+    chosen = metric_items(episodes, frames_per_episode, sampling=sampling, seed=seed)
+    items = split_even(chosen, rank=rank, world_size=world_size)
+    stats = Stats()
+    build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
+                          resize=resize, on_corrupt=on_corrupt, verify=verify, **opts)
+    length = num_batches(per_rank(len(chosen), world_size), batch_size)
+    return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False)
+
+
+def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str], batch_size: int,
+               max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
+               method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
+               verify: bool = False, **opts: Any) -> Pipe:
+    """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
+
+    Batches run across episode boundaries (group frames by ``batch["episode"]``). ``len()`` is the
+    length of an open pass, ``min(max_batches, ceil(frames / batch_size))``, on every rank.
+    """
+    if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
+        raise ValueError(
+            f"max_batches={max_batches!r}: a video pipe needs a positive int cap. Under DDP, rank 0 renders "
+            "while the other ranks wait in the next collective; an uncapped render can outlast the process-group "
+            "timeout and kill the run. Pick max_batches so one render pass takes well under that timeout.")
+    idx = open_index(index)
+    if isinstance(episodes, str) or not episodes:
+        raise ValueError(f"episodes={episodes!r} should be a non-empty list of episode ids")
+    eps = [idx.episode(e) for e in episodes]  # unknown ids raise with close matches
+    check_batchable(eps, resize)
+    items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
+    stats = Stats()
+    build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
+                          resize=resize, on_corrupt=on_corrupt, verify=verify, **opts)
+    length = num_batches(len(items), batch_size, max_batches)
+    return Pipe(Gate(build, gate, stats=stats), length=length, index=idx, stats=stats, gated=True)

@@ -1,0 +1,163 @@
+"""`Decoder`: JPEG members to uint8 RGB ``[3, H, W]`` arrays in a pool of threads or processes.
+
+`cv2.imdecode` releases the GIL, so threads scale and cost no start-up; processes are there for
+graphs whose other stages hold the GIL. Where the target size is at most 1/2, 1/4 or 1/8 of the
+source, libjpeg's reduced decode (`cv2.IMREAD_REDUCED_COLOR_*`) does most of the resize for free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+import cv2
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from episodepipes.format import npy_load
+from episodepipes.pipes import _pool
+from episodepipes.pipes.index import EpisodeIndex
+from episodepipes.pipes.read import RawSample
+from episodepipes.pipes.stats import Stats
+
+log = logging.getLogger(__name__)
+METHODS = ("thread", "process")
+ON_CORRUPT = ("skip", "raise")
+_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+
+
+def reduced_flag(src: tuple[int, int], dst: tuple[int, int] | None) -> int:
+    """The cheapest `cv2.imdecode` flag whose output is still at least ``dst`` in both dimensions."""
+    if dst is not None:
+        for f, flag in _REDUCED:
+            if dst[0] * f <= src[0] and dst[1] * f <= src[1]:
+                return flag
+    return cv2.IMREAD_COLOR
+
+
+def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None) -> np.ndarray | None:
+    """uint8 RGB ``[3, H, W]`` at ``size`` (or the source size); None when the bytes do not decode."""
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), reduced_flag(src, size))
+    if bgr is None:
+        return None
+    if size is not None and bgr.shape[:2] != tuple(size):
+        bgr = cv2.resize(bgr, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    out = np.empty((3, *bgr.shape[:2]), np.uint8)
+    cv2.split(bgr, [out[2], out[1], out[0]])  # BGR HWC -> RGB CHW in one SIMD pass
+    return out
+
+
+def decode_members(members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
+                   size: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
+    """Decode one sample's members; returns (fields, corrupt camera names). Runs in a worker."""
+    out: dict[str, Any] = {}
+    bad: list[str] = []
+    for cam, src in cameras.items():
+        data = members.get(f"{cam}.jpg")
+        img = None if data is None else decode_jpeg(data, src=src, size=size)
+        if img is None:
+            bad.append(cam)
+            img = np.zeros((3, *(size or src)), np.uint8)
+        out[cam] = img
+    for field, data in members.items():
+        if field.endswith(".npy"):
+            out[field[:-4]] = npy_load(data)
+    if "json" in members:
+        out["timestamp"] = float(json.loads(members["json"])["timestamp"])
+    return out, bad
+
+
+class Decoder(BaseNode[dict]):
+    """Decode `RawSample`s in order with up to ``prefetch`` in flight; the pool lives for one pass.
+
+    A corrupt JPEG is replaced by zeros and the sample marked ``valid=False`` (so lengths stay exact),
+    counted in ``stats["frames_corrupt"]`` and logged with its shard and frame, or raised
+    (``on_corrupt="raise"``).
+    """
+
+    SOURCE_KEY = "source"
+
+    def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, *, num_workers: int = 2,
+                 method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
+                 prefetch: int | None = None, stats: Stats | None = None) -> None:
+        super().__init__()
+        if method not in METHODS:
+            raise ValueError(f"method={method!r} should be one of {METHODS}")
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt={on_corrupt!r} should be one of {ON_CORRUPT}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers={num_workers} should be >= 1")
+        self.source, self.index, self.method, self.num_workers = source, index, method, num_workers
+        self.resize = None if resize is None else (int(resize[0]), int(resize[1]))
+        self.on_corrupt, self.prefetch = on_corrupt, prefetch or 4 * num_workers
+        self.stats = stats if stats is not None else Stats()
+        self._pool: _pool.Pool | None = None
+        self._pending: deque[tuple[dict, RawSample, Future]] = deque()
+        self._done = False
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
+        self._done = False
+
+    def next(self) -> dict:
+        if self._pool is None and not self._done:
+            self._pool = _pool.Pool(self.method, self.num_workers, self.stats)
+        self._fill()
+        if not self._pending:
+            self.close()
+            raise StopIteration
+        _, raw, fut = self._pending.popleft()
+        fields, bad = fut.result()
+        self._fill()
+        if not self._pending:
+            self.close()  # the last frame is decoded: release the workers now, not at the next call
+        return self._finish(raw, fields, bad)
+
+    def get_state(self) -> dict[str, Any]:
+        # The source is ahead by the frames in flight: resume from the state before the first of them.
+        if self._pending:
+            return {self.SOURCE_KEY: self._pending[0][0]}
+        return {self.SOURCE_KEY: self.source.state_dict()}
+
+    def close(self) -> None:
+        """Stop the pool (threads joined, processes ended) and drop frames in flight."""
+        for *_, fut in self._pending:
+            fut.cancel()
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if hasattr(self.source, "close"):
+            self.source.close()
+
+    def _fill(self) -> None:
+        while not self._done and self._pool is not None and len(self._pending) < self.prefetch:
+            before = self.source.state_dict()
+            try:
+                raw = next(self.source)
+            except StopIteration:
+                self._done = True
+                break
+            cams = {c: (cam.height, cam.width) for c, cam in self.index.episode(raw.item.episode).cameras.items()}
+            self._pending.append((before, raw, self._pool.submit(decode_members, raw.members, cams, self.resize)))
+
+    def _finish(self, raw: RawSample, fields: dict[str, Any], bad: list[str]) -> dict:
+        ep = self.index.episode(raw.item.episode)
+        n = len(ep.cameras) - len(bad)
+        self.stats.add("frames_decoded", n)
+        valid = raw.item.valid
+        if bad:
+            where = f"shard {raw.shard} episode {ep.id!r} frame {raw.item.frame} camera(s) {bad}"
+            if self.on_corrupt == "raise":
+                raise ValueError(f"corrupt JPEG in {where}; re-shard it, or pass on_corrupt='skip'")
+            log.warning("corrupt JPEG in %s: skipped (valid=False)", where)
+            self.stats.add("frames_corrupt", len(bad))
+            valid = False
+        fields.setdefault("timestamp", raw.item.frame / ep.fps)
+        fields.update(episode=ep.id, frame=raw.item.frame, valid=valid, prompt=ep.prompt)
+        return fields
