@@ -144,6 +144,9 @@ def test_missing_parquet_and_video_are_named(tmp_path):
         list(ep.cameras["observation_images_wrist"])
     with pytest.raises(EpisodeError, match=r"'episode_7' is not in"):
         reader.read("episode_7")
+    (tmp_path / "lr/videos/observation.images.front/chunk-000/file-000.mp4").write_bytes(b"\0" * 5000)
+    with pytest.raises(EpisodeError, match=r"episode_000001.*file-000.mp4.*cannot decode the video"):
+        list(reader.read("episode_000001").cameras["observation_images_front"])
 
 
 def test_rows_disagreeing_with_episode_length_are_refused(tmp_path):
@@ -152,3 +155,15 @@ def test_rows_disagreeing_with_episode_length_are_refused(tmp_path):
     pq.write_table(pq.read_table(path).slice(0, 4), path)
     with pytest.raises(EpisodeError, match=r"episode_000000.*holds 4 rows.*length=5"):
         LeRobotReader(tmp_path / "lr").read("episode_000000")
+
+
+def test_format_registry_detects_lerobot_and_write_shards_uses_worker_processes(tmp_path):
+    readers = pytest.importorskip("episodepipes.sharding.readers")
+    write = pytest.importorskip("episodepipes.sharding.write")
+    src = make_lerobot(tmp_path / "lr", num_episodes=3, length=5, image_feature=False)
+    reader = readers.open_reader(tmp_path / "lr")
+    assert isinstance(reader, LeRobotReader)
+    res = write.write_shards(reader, tmp_path / "out", write.WriteOptions(format="lerobot"), workers=2)
+    index = EpisodeIndex.open(tmp_path / "out", verify=True)
+    assert (res.episodes, res.frames) == (3, 15)
+    assert [e.prompt for e in index.episodes] == [s.task for s in src]

@@ -237,15 +237,19 @@ def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray
     if not path.is_file():
         raise EpisodeError(f"{where}: video file is missing; re-download the dataset's videos/")
     half = 0.5 / fps  # span edges sit half a frame out, so rounding never drops an edge frame
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        if start > 0:
-            container.seek(int(start / stream.time_base), stream=stream, backward=True)
-        decoded = ((f.time, f) for f in container.decode(stream) if f.time is not None and f.time >= start - half)
-        if end is not None:
-            decoded = (tf for tf in decoded if tf[0] < end - half)  # generator: stops pulling at the consumer
-        yield from _match(decoded, start + times, start, tol, where)
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            if start > 0:
+                container.seek(int(start / stream.time_base), stream=stream, backward=True)
+            decoded = ((f.time, f) for f in container.decode(stream) if f.time is not None and f.time >= start - half)
+            if end is not None:  # frames past the span belong to the next episode in the file
+                decoded = (tf for tf in decoded if tf[0] < end - half)
+            yield from _match(decoded, start + times, start, tol, where)
+    except (av.FFmpegError, OSError, IndexError) as e:
+        raise EpisodeError(f"{where}: cannot decode the video ({type(e).__name__}: {e}); re-download or "
+                           "re-encode it") from e
 
 
 def _match(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: float, tol: float,
