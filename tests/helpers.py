@@ -16,3 +16,47 @@ def make_shards(out: Path, *, shard_size: int = 1 << 20, quality: int = 90, **re
         for eid in reader.episode_ids():
             w.add(encode_episode(reader.read(eid), EncodeOptions(jpeg_quality=quality)))
     return Path(out)
+
+
+def write_raw(src: Path, reader: SyntheticReader, *, video_cams: tuple[str, ...] = (), meta_fps: bool = True) -> Path:
+    """Write ``reader``'s episodes as raw folders: mp4 for ``video_cams``, png folders for the rest."""
+    import json
+
+    import cv2
+    import numpy as np
+
+    for eid in reader.episode_ids():
+        ep, d = reader.read(eid), Path(src) / eid
+        d.mkdir(parents=True)
+        for cam, frames in ep.cameras.items():
+            frames = list(frames)
+            if cam in video_cams:
+                h, w = frames[0].shape[:2]
+                vw = cv2.VideoWriter(str(d / f"{cam}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), ep.fps, (w, h))
+                for f in frames:
+                    vw.write(cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
+                vw.release()
+            else:
+                (d / cam).mkdir()
+                for i, f in enumerate(frames):
+                    cv2.imwrite(str(d / cam / f"{i:06d}.png"), cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
+        np.savez(d / "arrays.npz", **ep.arrays)
+        meta = {"prompt": ep.prompt, "split": ep.split, **({"fps": ep.fps} if meta_fps else {})}
+        (d / "meta.json").write_text(json.dumps(meta))
+    return Path(src)
+
+
+def write_zarr(src: Path, reader: SyntheticReader) -> Path:
+    """Write ``reader``'s episodes as ``<id>.zarr`` groups (images/<camera>, arrays, attrs)."""
+    import numpy as np
+    import zarr
+
+    for eid in reader.episode_ids():
+        ep = reader.read(eid)
+        g = zarr.open_group(str(Path(src) / f"{eid}.zarr"), mode="w")
+        for cam, frames in ep.cameras.items():
+            g.create_array(f"images/{cam}", data=np.stack(list(frames)), chunks=(4, 32, 32, 3))
+        for k, a in ep.arrays.items():
+            g.create_array(k if k != "state" else "obs/state", data=a)
+        g.attrs.update({"fps": ep.fps, "prompt": ep.prompt, "split": ep.split})
+    return Path(src)

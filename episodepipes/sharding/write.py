@@ -150,4 +150,4 @@ def _bar(total: int, initial: int, *, enabled: bool):  # noqa: ANN202 - a tqdm o
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, unit="ep", desc="episodes", file=sys.stderr,
-                disable=not enabled, dynamic_ncols=True)
+                disable=None if enabled else True, dynamic_ncols=True)

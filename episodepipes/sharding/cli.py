@@ -1,0 +1,131 @@
+"""``episodepipes-shard`` (also ``scripts/shard.py``): episodes in, WebDataset shards and an index out.
+
+Commands::
+
+    write SRC OUT    shard a dataset (raw folders, zarr, lerobot); re-running an interrupted write resumes it
+    info OUT         summary table of a finished output
+    verify OUT       check every shard's sha256 and that every indexed frame is where the index says
+    merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
+
+Multi-job runs: job I shards the I-th contiguous block of the sorted episode list into
+``OUT/_jobs/job-IIII/``. ``merge`` re-packs the encoded samples (a byte copy, no re-encoding), so the
+merged OUT is byte-identical to a single-job ``write`` with the same options: same shard files, same
+sha256, same ``index.json``.
+
+Input errors exit with status 2 and one line naming the file or episode and the fix; a failed
+``verify`` exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from episodepipes.sharding.episode import EpisodeError
+from episodepipes.sharding.plan import parse_resize, parse_size
+
+PROG = "episodepipes-shard"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write", help="shard SRC into OUT (resumes an interrupted run with the same options)")
+    w.add_argument("src", type=Path, metavar="SRC")
+    w.add_argument("out", type=Path, metavar="OUT")
+    w.add_argument("--format", default="auto", help="auto (detect), raw, zarr, lerobot or a registered format")
+    w.add_argument("--shard-size", default="512MB", help="target shard size, e.g. 512MB, 1GiB (default 512MB)")
+    w.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
+    w.add_argument("--resize", default=None, metavar="HxW", help="resize every frame to height x width")
+    split = w.add_mutually_exclusive_group()
+    split.add_argument("--val-fraction", type=float, default=None, metavar="F",
+                       help="put round(F * episodes) episodes, chosen with --seed, in val; the rest in train")
+    split.add_argument("--val-episodes", nargs="+", default=None, metavar="ID", help="these episodes are val")
+    w.add_argument("--seed", type=int, default=0, help="seed of the --val-fraction choice (default 0)")
+    w.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="encoder processes (default: cores, at most 8); the output does not depend on it")
+    w.add_argument("--skip-bad", action="store_true", help="skip unreadable episodes and list them at the end")
+    w.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished output")
+    w.add_argument("--num-jobs", type=int, default=1, metavar="K", help="split the episodes over K jobs")
+    w.add_argument("--job-index", type=int, default=0, metavar="I", help="this job's index, 0..K-1")
+    for name, text in (("info", "print a summary table"), ("verify", "check sha256 and frame offsets")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("out", type=Path, metavar="OUT")
+    m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
+    m.add_argument("out", type=Path, metavar="OUT")
+    m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
+    return p
+
+
+def _write(a: argparse.Namespace) -> int:
+    from episodepipes.sharding.readers import FORMATS, resolve
+    from episodepipes.sharding.write import WriteOptions, write_shards
+
+    if not 1 <= a.jpeg_quality <= 100:
+        raise ValueError(f"--jpeg-quality {a.jpeg_quality} must be within 1..100")
+    if a.workers < 1:
+        raise ValueError(f"--workers {a.workers} must be >= 1")
+    root, fmt = resolve(a.src, a.format)
+    opts = WriteOptions(format=fmt, shard_size=parse_size(a.shard_size), jpeg_quality=a.jpeg_quality,
+                        resize=parse_resize(a.resize), val_fraction=a.val_fraction,
+                        val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None,
+                        seed=a.seed, skip_bad=a.skip_bad)
+    res = write_shards(FORMATS[fmt].factory(root), a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
+                       job_index=a.job_index, overwrite=a.overwrite, progress_bar=True)
+    print(f"{'resumed and wrote' if res.resumed else 'wrote'} {res.episodes} episodes, {res.frames} frames, "
+          f"{res.shards} shards to {res.out}")
+    for s in res.skipped:
+        print(f"skipped {s['id']}: {s['error']}")
+    if a.num_jobs > 1:
+        print(f"job {a.job_index} of {a.num_jobs} done; when all jobs are done run: {PROG} merge {a.out}")
+    return 0
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _run(a: argparse.Namespace) -> int:
+    from episodepipes.sharding import inspect
+
+    if a.command == "write":
+        return _write(a)
+    if a.command == "info":
+        print(_table([("output", str(a.out)), *inspect.summarize(inspect.load_index(a.out))]))
+        return 0
+    if a.command == "verify":
+        problems = inspect.verify(a.out)
+        for line in problems:
+            print(line, file=sys.stderr)
+        print(f"{a.out}: {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'}")
+        return 1 if problems else 0
+    from episodepipes.sharding.merge import merge_jobs
+
+    data = merge_jobs(a.out, overwrite=a.overwrite)
+    print(f"merged into {a.out}: {len(data['episodes'])} episodes, {len(data['shards'])} shards")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 1 verify failed, 2 input error)."""
+    a = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    try:
+        return _run(a)
+    except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+    except OSError as e:  # e.g. OUT under a file, a full disk: the message names the path
+        print(f"{PROG}: error: {e}; check that OUT is a writable folder with free space", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""`summarize` and `verify` a shard folder from its ``index.json`` (the ``info`` and ``verify`` commands)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+
+
+def load_index(out: str | Path) -> dict:
+    """The raw index of a finished output, or an error that says why it is not finished."""
+    file = Path(out) / INDEX_NAME
+    if not file.exists():
+        hint = ("an unfinished write: re-run the same write command to resume it" if Path(out).is_dir()
+                else "the folder does not exist; check OUT")
+        raise FileNotFoundError(f"no {INDEX_NAME} in {out}: {hint}")
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON ({e}); re-shard with write --overwrite") from e
+    if data.get("format") != FORMAT_NAME or data.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{file}: format {data.get('format')!r} version {data.get('version')!r}, expected "
+                         f"{FORMAT_NAME!r} version {FORMAT_VERSION}; re-shard with this version's write --overwrite")
+    return data
+
+
+def summarize(data: dict) -> list[tuple[str, str]]:
+    """(field, value) rows: episodes, frames, splits, cameras, bytes, fps, skipped."""
+    eps = data["episodes"]
+    splits = Counter(e["split"] for e in eps)
+    frames = Counter()
+    for e in eps:
+        frames[e["split"]] += e["length"]
+    cams = Counter(f"{c} {v['height']}x{v['width']}" for e in eps for c, v in e["cameras"].items())
+    fps = Counter(f"{e['fps']:g}" for e in eps)
+    arrays = sorted({f"{k} {a['dtype']}{tuple(a['shape'])}" for e in eps for k, a in e["arrays"].items()})
+    size = sum(s["bytes"] for s in data["shards"])
+    rows = [
+        ("episodes", f"{len(eps)} (" + ", ".join(f"{k} {v}" for k, v in sorted(splits.items())) + ")"),
+        ("frames", f"{sum(frames.values())} (" + ", ".join(f"{k} {v}" for k, v in sorted(frames.items())) + ")"),
+        ("cameras", ", ".join(f"{k} ({v} ep)" for k, v in sorted(cams.items())) or "-"),
+        ("arrays", ", ".join(arrays) or "-"),
+        ("fps", ", ".join(f"{k} ({v} ep)" for k, v in sorted(fps.items())) or "-"),
+        ("shards", f"{len(data['shards'])}"),
+        ("bytes", f"{size} ({size / 1e6:.1f} MB)"),
+    ]
+    skipped = data.get("skipped", [])
+    rows.append(("skipped", f"{len(skipped)}" + "".join(f"\n  {s['id']}: {s['error']}" for s in skipped)))
+    return rows
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(out: str | Path) -> list[str]:
+    """Every problem found, each naming the shard (and episode); an empty list means the output is intact.
+
+    Checks each shard's size and sha256, then parses the tar header at every indexed frame
+    offset and checks that the members up to the frame's end belong to that episode and frame.
+    """
+    out = Path(out)
+    data = load_index(out)
+    problems: list[str] = []
+    shards = data["shards"]
+    users: dict[int, list[str]] = {}
+    for e in data["episodes"]:
+        for s in e["segments"]:
+            users.setdefault(s["shard"], []).append(e["id"])
+    bad: set[int] = set()
+    for i, s in enumerate(shards):
+        p, eps = out / s["name"], ", ".join(users.get(i, [])) or "none"
+        if not p.exists():
+            problems.append(f"shard {s['name']} is missing (episodes {eps}); restore it or re-shard")
+        elif p.stat().st_size != s["bytes"]:
+            problems.append(f"shard {s['name']} has {p.stat().st_size} bytes, index says {s['bytes']} "
+                            f"(episodes {eps}); truncated? re-shard")
+        elif sha256_file(p) != s["sha256"]:
+            problems.append(f"shard {s['name']}: sha256 mismatch (episodes {eps}); the file changed, re-shard")
+        else:
+            continue
+        bad.add(i)
+    for e in data["episodes"]:
+        for seg in e["segments"]:
+            if seg["shard"] not in bad:
+                problems += _check_frames(out / shards[seg["shard"]]["name"], e["id"], seg)
+    return problems
+
+
+def _check_frames(path: Path, eid: str, seg: dict) -> list[str]:
+    ends = seg["offsets"][1:] + [seg["end"]]
+    with open(path, "rb") as f:
+        for k, (start, end) in enumerate(zip(seg["offsets"], ends)):
+            frame = seg["first"] + k
+            prefix = f"{eid}/{frame:06d}."
+            f.seek(start)
+            try:
+                names = []
+                for m in tarfile.open(fileobj=f, mode="r:"):  # reads headers lazily, from `start` on
+                    if m.offset >= end:
+                        break
+                    names.append(m.name)
+            except tarfile.TarError as e:
+                names = [f"<unreadable header: {e}>"]
+            if not names or any(not n.startswith(prefix) for n in names):
+                return [f"shard {path.name}: episode {eid!r} frame {frame} at byte {start}: found members "
+                        f"{names[:3]}, expected {prefix}*; the index and shard disagree, re-shard"]
+    return []

@@ -1,0 +1,83 @@
+"""`merge_jobs`: join the partial outputs of ``write --num-jobs K`` into one shard folder.
+
+Each job cut its shards starting from its own first episode, so its last shard is short and
+every later cut is shifted relative to a single-job run. Renaming job shards would therefore
+give a valid dataset with different shard boundaries. Instead the merge re-packs the already
+encoded samples (a byte copy, no decoding or encoding) through the same `ShardWriter` with the
+same shard size, so the merged folder is **byte-identical** to a single-job run with the same
+options: same shards, same sha256, same ``index.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from episodepipes.format import INDEX_NAME
+from episodepipes.sharding.inspect import sha256_file
+from episodepipes.sharding.progress import JOBS_DIR, clear
+from episodepipes.sharding.writer import ShardWriter
+
+log = logging.getLogger(__name__)
+
+
+def _job_indexes(out: Path) -> list[tuple[Path, dict]]:
+    jobs = out / JOBS_DIR
+    dirs = sorted(p for p in jobs.glob("job-*") if p.is_dir()) if jobs.is_dir() else []
+    if not dirs:
+        raise FileNotFoundError(f"{jobs} holds no job outputs; run write --num-jobs K --job-index I first")
+    found = []
+    for d in dirs:
+        file = d / INDEX_NAME
+        if not file.exists():
+            raise ValueError(f"job {d.name} is unfinished ({file} missing); re-run its write command to resume it")
+        data = json.loads(file.read_text())
+        for sh in data["shards"]:  # a damaged job shard must not be copied into a "verified" output
+            if not (d / sh["name"]).exists() or sha256_file(d / sh["name"]) != sh["sha256"]:
+                raise ValueError(f"job {d.name}: {sh['name']} is missing or damaged; re-run that job with --overwrite")
+        found.append((d, data))
+    num_jobs = found[0][1]["job"]["num_jobs"]
+    indices = [data["job"]["index"] for _, data in found]
+    if indices != list(range(num_jobs)):
+        missing = sorted(set(range(num_jobs)) - set(indices))
+        raise ValueError(f"{jobs}: jobs {missing} of {num_jobs} are missing; run them with --job-index")
+    for d, data in found:
+        if data["options"] != found[0][1]["options"] or data["job"]["num_jobs"] != num_jobs:
+            raise ValueError(f"job {d.name} was written with other options than {found[0][0].name}; "
+                             "re-run it with the same options and --overwrite")
+    return found
+
+
+def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
+    """Merge ``out/_jobs/job-*`` into ``out``; returns the merged index data. Job outputs are removed after."""
+    out = Path(out)
+    if (out / INDEX_NAME).exists() and not overwrite:
+        raise FileExistsError(f"{out / INDEX_NAME} exists: already merged; pass --overwrite to merge again")
+    jobs = _job_indexes(out)
+    clear(out, jobs=False)
+    options = jobs[0][1]["options"]
+    skipped = [s for _, data in jobs for s in data.get("skipped", [])]
+    with ShardWriter(out, shard_size=options["shard_size"], options=options,
+                     extra={"skipped": skipped} if skipped else {}) as writer:
+        for d, data in jobs:
+            for entry in data["episodes"]:
+                meta = {k: v for k, v in entry.items() if k != "segments"}
+                writer.add_blocks(meta, _blocks(d, data["shards"], entry["segments"]))
+    shutil.rmtree(out / JOBS_DIR)
+    log.info("merged %d jobs into %s", len(jobs), out)
+    return json.loads((out / INDEX_NAME).read_text())
+
+
+def _blocks(d: Path, shards: list[dict], segments: list[dict]) -> list[bytes]:
+    """The tar bytes of each frame of one episode, read from a job's shards."""
+    out: list[bytes] = []
+    for seg in segments:
+        with open(d / shards[seg["shard"]]["name"], "rb") as f:
+            f.seek(seg["offsets"][0])
+            blob = f.read(seg["end"] - seg["offsets"][0])
+        base = seg["offsets"][0]
+        bounds = [o - base for o in seg["offsets"]] + [len(blob)]
+        out += [blob[a:b] for a, b in zip(bounds, bounds[1:])]
+    return out
