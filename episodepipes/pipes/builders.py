@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from episodepipes.pipes.batch import Collator
 from episodepipes.pipes.decode import Decoder
@@ -76,9 +75,11 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 batch_size: int, rank: int | None = None, world_size: int | None = None, seed: int = 0,
                 sampling: str = "even", num_workers: int = 2, method: str = "thread",
                 resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
-                **opts: Any) -> Pipe:
+                url: Callable[[int], str] | None = None) -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
 
+    ``url(shard_number)`` may point the reader at copies of the shards anywhere webdataset's ``gopen``
+    opens (``pipe:``, ``http://``); local paths are read by seeking, other URLs are streamed.
     Padding samples repeat a real frame with ``valid=False``; the valid samples over all ranks are the
     chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
     """
@@ -93,7 +94,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     items = split_even(chosen, rank=rank, world_size=world_size)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
-                          resize=resize, on_corrupt=on_corrupt, verify=verify, **opts)
+                          resize=resize, on_corrupt=on_corrupt, verify=verify, url=url)
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
     return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False)
 
@@ -101,7 +102,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
 def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str], batch_size: int,
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
-               verify: bool = False, **opts: Any) -> Pipe:
+               verify: bool = False, url: Callable[[int], str] | None = None) -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
 
     Batches run across episode boundaries (group frames by ``batch["episode"]``). ``len()`` is the
@@ -120,6 +121,6 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
-                          resize=resize, on_corrupt=on_corrupt, verify=verify, **opts)
+                          resize=resize, on_corrupt=on_corrupt, verify=verify, url=url)
     length = num_batches(len(items), batch_size, max_batches)
     return Pipe(Gate(build, gate, stats=stats), length=length, index=idx, stats=stats, gated=True)

@@ -1,0 +1,85 @@
+import shutil
+
+import pytest
+from helpers import make_shards
+
+from episodepipes.pipes import EpisodeIndex, ShardReader, metric_pipe, video_pipe
+from episodepipes.pipes.plan import Item
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return make_shards(tmp_path_factory.mktemp("read") / "s", num_episodes=6, length=20, height=64, width=96,
+                       shard_size=400_000)
+
+
+def _rchar():
+    with open("/proc/self/io") as f:
+        return int(dict(line.split(": ") for line in f.read().splitlines())["rchar"])
+
+
+def test_pinned_read_touches_only_its_episode_bytes(shards):
+    index = EpisodeIndex.open(shards)
+    ep = index.episode("ep0003")
+    shard_bytes = sum(index.shards[s.shard].bytes for s in ep.segments)
+    assert shard_bytes > 2 * ep.nbytes  # the shard holds other episodes too
+    pipe = video_pipe(index, episodes=["ep0003"], batch_size=8, max_batches=100)
+    before = _rchar()
+    frames = [f for b in pipe for f in b["frame"].tolist()]
+    read = _rchar() - before
+    assert frames == list(range(20))
+    assert pipe.stats["bytes_read"] == ep.nbytes
+    assert read <= 1.1 * ep.nbytes, (read, ep.nbytes)
+
+
+def test_metric_pipe_reads_only_the_chosen_frames(shards):
+    index = EpisodeIndex.open(shards)
+    pipe = metric_pipe(index, split="val", frames_per_episode=3, batch_size=4)
+    list(pipe)
+    want = sum(b - a for e in index.split("val") for f in (3, 10, 16) for _, a, b in [e.frame_range(f)])
+    assert pipe.stats["bytes_read"] == want
+
+
+def test_streamed_url_gives_the_same_samples_as_seeking(shards):
+    index = EpisodeIndex.open(shards)
+    items = [Item("ep0004", f) for f in (0, 1, 2, 9, 19)] + [Item("ep0001", 5), Item("ep0004", 3, False)]
+    seek = [(r.item, r.members) for r in ShardReader(index, items)]
+    stream = ShardReader(index, items, url=lambda i: f"pipe:cat {index.shard_path(i)}")
+    assert [(r.item, r.members) for r in stream] == seek
+    assert stream.stats["bytes_read"] > 0
+
+
+def test_missing_shard_is_named(shards, tmp_path):
+    copy = shutil.copytree(shards, tmp_path / "s")
+    (copy / "shard-000001.tar").unlink()
+    index = EpisodeIndex.open(copy)
+    eid = next(e.id for e in index.episodes if any(s.shard == 1 for s in e.segments))
+    pipe = video_pipe(index, episodes=[eid], batch_size=4, max_batches=50)
+    with pytest.raises(FileNotFoundError, match="shard-000001.tar"):
+        list(pipe)
+
+
+def test_truncated_shard_is_named(shards, tmp_path):
+    copy = shutil.copytree(shards, tmp_path / "s")
+    shard = copy / "shard-000000.tar"
+    shard.write_bytes(shard.read_bytes()[:50_000])
+    pipe = video_pipe(copy, episodes=["ep0000"], batch_size=4, max_batches=50)
+    with pytest.raises(ValueError, match="shard-000000.tar.*truncated"):
+        list(pipe)
+
+
+def test_verify_checks_only_the_shards_it_reads_before_reading(shards, tmp_path):
+    copy = shutil.copytree(shards, tmp_path / "s")
+    index = EpisodeIndex.open(copy)
+    bad_ep = index.episodes[-1].id
+    last = index.episode(bad_ep).frame_range(0)[0]
+    assert last != index.episode("ep0000").frame_range(7)[0]
+    blob = bytearray((copy / index.shards[last].name).read_bytes())
+    blob[700] ^= 0xFF
+    (copy / index.shards[last].name).write_bytes(bytes(blob))
+    ok = video_pipe(index, episodes=["ep0000"], batch_size=4, max_batches=2, verify=True)
+    assert len(list(ok)) == 2
+    bad = video_pipe(index, episodes=[bad_ep], batch_size=4, max_batches=2, verify=True)
+    with pytest.raises(ValueError, match=index.shards[last].name):
+        list(bad)
+    assert bad.stats["bytes_read"] == 0
