@@ -167,3 +167,31 @@ def test_format_registry_detects_lerobot_and_write_shards_uses_worker_processes(
     index = EpisodeIndex.open(tmp_path / "out", verify=True)
     assert (res.episodes, res.frames) == (3, 15)
     assert [e.prompt for e in index.episodes] == [s.task for s in src]
+
+
+def test_decoding_stops_at_the_episode_end_in_a_shared_file(tmp_path, monkeypatch):
+    import av
+
+    # both episodes in one mp4 per camera; the last row's float32 timestamp (0.8) lies just past its frame
+    make_lerobot(tmp_path / "lr", num_episodes=2, length=9, image_feature=False)
+    decoded, real_open = [], av.open
+
+    class Counting:  # the container surface _video_frames uses, counting every decoded frame
+        def __init__(self, c):
+            self.c, self.streams, self.seek = c, c.streams, c.seek
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.c.close()
+
+        def decode(self, stream):
+            for f in self.c.decode(stream):
+                decoded.append(f.time)
+                yield f
+
+    monkeypatch.setattr(av, "open", lambda *a, **k: Counting(real_open(*a, **k)))
+    ep = LeRobotReader(tmp_path / "lr").read("episode_000000")
+    assert len(list(ep.cameras["observation_images_front"])) == 9
+    assert max(decoded) <= 0.9 + 1e-6  # one frame of episode 1 (at 0.9 s) at most, not the rest of the file

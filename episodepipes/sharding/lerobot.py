@@ -13,6 +13,7 @@ never silently borrows its neighbour's frames.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -245,7 +246,7 @@ def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray
                 container.seek(int(start / stream.time_base), stream=stream, backward=True)
             decoded = ((f.time, f) for f in container.decode(stream) if f.time is not None and f.time >= start - half)
             if end is not None:  # frames past the span belong to the next episode in the file
-                decoded = (tf for tf in decoded if tf[0] < end - half)
+                decoded = itertools.takewhile(lambda tf: tf[0] < end - half, decoded)  # stop decoding there
             yield from _match(decoded, start + times, start, tol, where)
     except (av.FFmpegError, OSError, IndexError) as e:
         raise EpisodeError(f"{where}: cannot decode the video ({type(e).__name__}: {e}); re-download or "
