@@ -1,0 +1,98 @@
+"""`ValLoaders`: what ``LightningDataModule.val_dataloader()`` returns: named metric and video pipes.
+
+Lightning flattens what ``val_dataloader()`` returns with torch's pytree registry. A ``list`` or
+``dict`` *subclass* is not in that registry, so Lightning would take the whole container for one
+loader and yield the pipes themselves as batches. ``ValLoaders`` is therefore a dataclass registered
+with the public ``torch.export.register_dataclass``: Lightning sees its metric pipes, then its video
+pipes, as separate loaders in that order, and ``trainer.val_dataloaders`` gives the ``ValLoaders`` back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch.export
+
+if TYPE_CHECKING:
+    from episodepipes.pipes import Pipe
+
+
+@dataclass(frozen=True, eq=False)
+class ValLoaders:
+    """Metric pipes, then video pipes, as Lightning val dataloaders with known, rank-independent lengths.
+
+    Example:
+        ``return ValLoaders(metrics={"val": metric_pipe(...)}, videos={"pinned": video_pipe(...)})``
+
+    In ``validation_step(batch, batch_idx, dataloader_idx=0)`` use ``loaders.is_video(dataloader_idx)``
+    to skip the metric code (and every ``self.log``) on video batches. An empty group is stored as None:
+    Lightning would take an empty mapping for a loader of its own.
+    """
+
+    metrics: Mapping[str, Pipe] | None = None
+    videos: Mapping[str, Pipe] | None = None
+
+    def __post_init__(self) -> None:
+        groups = {}
+        for kind in ("metrics", "videos"):
+            pipes = getattr(self, kind)
+            if pipes is not None and not isinstance(pipes, Mapping):
+                raise TypeError(f"{kind}={pipes!r} should be a mapping of name -> Pipe, e.g. {{'val': pipe}}")
+            groups[kind] = dict(pipes) if pipes else None
+            object.__setattr__(self, kind, groups[kind])
+        if not groups["metrics"] and not groups["videos"]:
+            raise ValueError("ValLoaders needs at least one pipe: pass metrics={...} and/or videos={...}")
+        clash = set(groups["metrics"] or ()) & set(groups["videos"] or ())
+        if clash:
+            raise ValueError(f"names {sorted(clash)} are used for both a metric and a video pipe; rename one")
+        for name, pipe in (groups["metrics"] or {}).items():
+            _check_sized(name, pipe)
+        for name, pipe in (groups["videos"] or {}).items():
+            _check_sized(name, pipe)
+            if getattr(pipe, "gate", None) is None:
+                raise ValueError(f"videos[{name!r}]={pipe!r} has no gate; build it with episodepipes.pipes.video_pipe")
+
+    @property
+    def names(self) -> list[str]:
+        """Loader names in dataloader order (``dataloader_idx`` is the position here)."""
+        return [*(self.metrics or {}), *(self.videos or {})]
+
+    @property
+    def pipes(self) -> list[Pipe]:
+        """The pipes in dataloader order."""
+        return [*(self.metrics or {}).values(), *(self.videos or {}).values()]
+
+    def name(self, dataloader_idx: int) -> str:
+        """The name of loader ``dataloader_idx``."""
+        names = self.names
+        if not 0 <= dataloader_idx < len(names):
+            raise IndexError(f"dataloader_idx={dataloader_idx} is outside the {len(names)} loaders {names}")
+        return names[dataloader_idx]
+
+    def is_video(self, dataloader_idx: int) -> bool:
+        """True when loader ``dataloader_idx`` is a (gated, rank-0-only) video pipe: log nothing from it."""
+        return self.name(dataloader_idx) in (self.videos or {})
+
+    def pipe(self, dataloader_idx: int) -> Pipe:
+        """The pipe behind loader ``dataloader_idx``."""
+        return self.pipes[self.names.index(self.name(dataloader_idx))]
+
+    def index_of(self, name: str) -> int:
+        """The ``dataloader_idx`` of the loader called ``name``."""
+        if name not in self.names:
+            raise KeyError(f"no loader named {name!r}; loaders: {self.names}")
+        return self.names.index(name)
+
+    def lengths(self) -> list[int]:
+        """Batches per loader on this rank, from the pipes' plans: no iterator, no I/O."""
+        return [len(p) for p in self.pipes]
+
+
+def _check_sized(name: str, pipe: Any) -> None:
+    if not (hasattr(pipe, "__len__") and hasattr(pipe, "__iter__")):
+        raise TypeError(f"loader {name!r}={pipe!r} should be a sized iterable such as an episodepipes Pipe")
+
+
+torch.export.register_dataclass(ValLoaders, serialized_type_name="episodepipes.lightning_glue.ValLoaders")
