@@ -131,6 +131,7 @@ def main() -> None:
     trainer.fit(KeypointNet(camera), datamodule=ShardData(args.shards, pinned, val_split))
     if trainer.is_global_zero:
         (args.out / "videos.json").write_text(json.dumps([str(p) for p in writer.written]))
+        (args.out / "pinned.json").write_text(json.dumps(pinned))
         metric = trainer.callback_metrics.get("val/px_err")
         (args.out / "metric.json").write_text(json.dumps({"val/px_err": float(metric) if metric is not None else None}))
 
