@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class WriteOptions:
-    """Everything that decides the output bytes (and so is recorded in the index and checked on resume)."""
+    """What decides the output bytes (recorded in the index and checked on resume), plus ``skip_bad``.
+
+    ``skip_bad`` is left out of `to_dict`: it changes nothing unless an episode is bad, and then the
+    index's ``skipped`` list records it. So a run that stopped at a bad episode can resume with it.
+    """
 
     format: str
     shard_size: int = 512 * 10**6
@@ -43,6 +47,7 @@ class WriteOptions:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["skip_bad"]
         d["resize"] = list(self.resize) if self.resize else None
         d["val_episodes"] = list(self.val_episodes) if self.val_episodes is not None else None
         return d
@@ -107,6 +112,9 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
     state = dict(options, num_jobs=num_jobs, job_index=job_index) if num_jobs > 1 else options
     prog, resumed = start(target, state, overwrite=overwrite,
                           finished_hint=out / INDEX_NAME if num_jobs > 1 else None)
+    if prog.skipped and not opts.skip_bad:
+        raise ValueError(f"the interrupted run in {target} skipped {[x['id'] for x in prog.skipped]}; "
+                         "resume with --skip-bad, or pass --overwrite to start over")
     enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize)
     tasks = [(reader, ids[p], splits[ids[p]], enc_opts) for p in block[prog.position:]]
     skipped = list(prog.skipped)
