@@ -25,19 +25,21 @@ V2_DATA = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 V2_VIDEO = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
 VIDEO_KEYS = ("observation.images.front", "observation.images.wrist")
 IMAGE_KEY = "observation.images.gripper"
-# encoder -> (LeRobot's codec name, options); LeRobot's default is libsvtav1 with g=2, crf=30
-ENCODERS = {"libsvtav1": ("av1", {"g": "2", "crf": "30", "preset": "12", "svtav1-params": "log-level=0"}),
-            "libaom-av1": ("av1", {"g": "2", "crf": "30", "cpu-used": "8"}),
-            "libx264": ("h264", {"g": "2", "crf": "18", "preset": "ultrafast"}),
-            "h264": ("h264", {"g": "2", "crf": "18", "preset": "ultrafast"})}
+# encoder -> (the codec name info.json records, options); LeRobot's default is libsvtav1, g=2, crf=30
+ENCODERS = {"libsvtav1": ("av1", {"crf": "30", "preset": "12"}),
+            "libaom-av1": ("av1", {"crf": "30", "cpu-used": "8"}),
+            "libx264": ("h264", {"crf": "18", "preset": "ultrafast"}),
+            "h264": ("h264", {"crf": "18", "preset": "ultrafast"}),
+            "libx265": ("hevc", {"crf": "20", "preset": "ultrafast", "x265-params": "log-level=error"}),
+            "libvpx-vp9": ("vp9", {"crf": "20", "b": "0", "deadline": "realtime", "cpu-used": "8"})}
+FAMILIES = {"av1": ("libsvtav1", "libaom-av1"), "h264": ("libx264", "h264"), "hevc": ("libx265",),
+            "vp9": ("libvpx-vp9",)}
 
 
-def available_encoders() -> list[str]:
-    """One AV1 and one h264 encoder, where this PyAV build has them."""
+def available_encoders(families: tuple[str, ...] = ("av1", "h264")) -> list[str]:
+    """One encoder per codec family (LeRobot's AV1 first), where this PyAV build has one."""
     have = av.codecs_available
-    av1 = [e for e in ("libsvtav1", "libaom-av1") if e in have][:1]
-    h264 = [e for e in ("libx264", "h264") if e in have][:1]
-    return av1 + h264
+    return [e for f in families for e in [next((e for e in FAMILIES[f] if e in have), None)] if e]
 
 
 @dataclass
@@ -53,8 +55,11 @@ class SourceEpisode:
 def make_lerobot(root: Path, *, num_episodes: int = 3, length: int = 15, lengths: tuple[int, ...] | None = None,
                  height: int = 64, width: int = 96, fps: int = 10, encoder: str | None = None,
                  version: str = "v3.0", episodes_per_file: int = 2, image_feature: bool = True,
-                 short_video: int = 0, seed: int = 0) -> list[SourceEpisode]:
-    """Write a LeRobot dataset into ``root``; ``short_video`` drops that many frames from each video's end."""
+                 gop: int = 2, short_video: int = 0, seed: int = 0) -> list[SourceEpisode]:
+    """Write a LeRobot dataset into ``root``; ``short_video`` drops that many frames from each video's end.
+
+    ``gop=2`` is LeRobot's keyframe interval; a long one puts episode starts mid-GOP, to test seeking.
+    """
     encoder = encoder or available_encoders()[0]
     synth = SyntheticReader(num_episodes=num_episodes, length=length, lengths=lengths, height=height, width=width,
                             cameras=(*VIDEO_KEYS, IMAGE_KEY) if image_feature else VIDEO_KEYS, fps=fps, seed=seed)
@@ -73,7 +78,7 @@ def make_lerobot(root: Path, *, num_episodes: int = 3, length: int = 15, lengths
         names = {"chunk_index": 0, "file_index": f} if version == "v3.0" else \
             {"episode_chunk": 0, "episode_index": group[0].index}
         spans = {k: _write_video(root / (V3_VIDEO if version == "v3.0" else V2_VIDEO).format(video_key=k, **names),
-                                 [e.frames[k] for e in group], fps, encoder, short_video) for k in VIDEO_KEYS}
+                                 [e.frames[k] for e in group], fps, encoder, gop, short_video) for k in VIDEO_KEYS}
         rows = []
         for j, e in enumerate(group):
             n = len(e.arrays["action"])
@@ -110,14 +115,14 @@ def _rows(e: SourceEpisode, first: int, task_index: int, fps: int, image_feature
     return pa.table(cols)
 
 
-def _write_video(path: Path, episodes: list[np.ndarray], fps: int, encoder: str,
+def _write_video(path: Path, episodes: list[np.ndarray], fps: int, encoder: str, gop: int,
                  short: int) -> list[tuple[float, float]]:
     """Encode episodes back to back into one mp4; returns each one's (from, to) timestamps."""
     path.parent.mkdir(parents=True, exist_ok=True)
     frames = np.concatenate(episodes)
     frames = frames[:len(frames) - short]
     with av.open(str(path), "w") as out:
-        stream = out.add_stream(encoder, rate=fps, options=ENCODERS[encoder][1])
+        stream = out.add_stream(encoder, rate=fps, options={"g": str(gop), **ENCODERS[encoder][1]})
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
         for i, a in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(a, format="rgb24")

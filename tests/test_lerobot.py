@@ -63,6 +63,20 @@ def test_sharded_lerobot_v3_matches_the_source(tmp_path, encoder):
                 assert int(np.argmin(errors)) == f, (ep.id, key, f, errors)  # the right frame, not a neighbour
 
 
+@pytest.mark.parametrize("encoder", available_encoders(("av1", "h264", "hevc", "vp9")))
+def test_every_codec_with_episodes_starting_mid_gop(tmp_path, encoder):
+    # 30-frame GOPs and three episodes per mp4: seeks land on keyframes well before (hevc: open-GOP, after) a start
+    src = make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, encoder=encoder, gop=30,
+                       episodes_per_file=3, image_feature=False)
+    reader = LeRobotReader(tmp_path / "lr")
+    for eid, s in zip(reader.episode_ids(), src, strict=True):
+        got = np.stack(list(reader.read(eid).cameras["observation_images_front"])).astype(np.float32)
+        want = s.frames["observation.images.front"].astype(np.float32)
+        errors = np.abs(got[:, None] - want[None]).mean(axis=(2, 3, 4))  # every decoded frame vs every source
+        assert errors.diagonal().max() < 12, (eid, errors.diagonal())
+        assert (errors.argmin(axis=1) == np.arange(len(want))).all(), eid
+
+
 def test_v21_layout_reads_the_same_episodes(tmp_path):
     src = make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, version="v2.1", image_feature=False)
     reader = LeRobotReader(tmp_path / "lr")

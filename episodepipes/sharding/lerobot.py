@@ -240,17 +240,36 @@ def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray
     half = 0.5 / fps  # span edges sit half a frame out, so rounding never drops an edge frame
     try:
         with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            if start > 0:
-                container.seek(int(start / stream.time_base), stream=stream, backward=True)
-            decoded = ((f.time, f) for f in container.decode(stream) if f.time is not None and f.time >= start - half)
+            decoded = itertools.dropwhile(lambda tf: tf[0] < start - half, _decode_from(container, start, half))
             if end is not None:  # frames past the span belong to the next episode in the file
                 decoded = itertools.takewhile(lambda tf: tf[0] < end - half, decoded)  # stop decoding there
             yield from _match(decoded, start + times, start, tol, where)
     except (av.FFmpegError, OSError, IndexError) as e:
         raise EpisodeError(f"{where}: cannot decode the video ({type(e).__name__}: {e}); re-download or "
                            "re-encode it") from e
+
+
+def _decode_from(container, start: float, half: float) -> Iterator[tuple[float, object]]:  # noqa: ANN001
+    """(time, frame) pairs from a keyframe at or before ``start``.
+
+    An open-GOP keyframe (hevc CRA) can sit before the seek target in decode order yet show after it,
+    so when the first frame comes too late, seek further back, down to the file start if need be.
+    """
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"
+    back = 0.0
+    while True:
+        target = max(start - back, 0.0)
+        if target > 0 or back:
+            container.seek(int(target / stream.time_base), stream=stream, backward=True)
+        frames = ((f.time, f) for f in container.decode(stream) if f.time is not None)
+        first = next(frames, None)
+        if first is None or first[0] <= start + half or target == 0.0:
+            yield from ([first] if first else [])
+            yield from frames
+            return
+        log.debug("seek to %.3fs started decoding at %.3fs; seeking further back", target, first[0])
+        back = max(2 * back, 1.0)
 
 
 def _match(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: float, tol: float,
