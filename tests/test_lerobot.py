@@ -41,6 +41,7 @@ def test_sharded_lerobot_v3_matches_the_source(tmp_path, encoder):
     reader = LeRobotReader(tmp_path / "lr")
     assert isinstance(reader, EpisodeReader)
     assert reader.episode_ids() == ["episode_000000", "episode_000001", "episode_000002"]
+    assert len(pickle.dumps(reader)) < 500  # encoder processes get the root, not every episode's metadata
     index = _shard(pickle.loads(pickle.dumps(reader)), tmp_path / "shards")
     assert len(index.shards) > 1  # episodes span shards, as in real runs
     safe = {k: k.replace(".", "_") for k in [*VIDEO_KEYS, IMAGE_KEY]}
@@ -122,7 +123,7 @@ def test_missing_meta_is_refused(tmp_path):
         LeRobotReader(tmp_path)
     make_lerobot(tmp_path / "lr", num_episodes=1, length=3, image_feature=False)
     (tmp_path / "lr/meta/episodes/chunk-000/file-000.parquet").unlink()
-    with pytest.raises(FileNotFoundError, match=r"meta/episodes holds no .*re-download"):
+    with pytest.raises(FileNotFoundError, match=r"/meta has no v3.0 episode metadata .*re-download"):
         LeRobotReader(tmp_path / "lr")
 
 

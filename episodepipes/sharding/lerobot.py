@@ -34,6 +34,7 @@ LEGACY = ("v2.0", "v2.1")
 INDEX_COLUMNS = frozenset({"timestamp", "frame_index", "episode_index", "index", "task_index"})
 DEFAULT_TOLERANCE_S = 1e-4  # LeRobotDataset's default
 _ID = re.compile(r"episode_(\d+)")
+_EPISODES: dict[tuple, dict[int, _Episode]] = {}  # per process, as workers unpickle a reader per episode
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,14 @@ class LeRobotReader:
         skipped = sorted(set(feats) - set(self.names) - INDEX_COLUMNS)
         if skipped:
             log.info("%s: skipping non-numeric features %s", self.root, skipped)
-        eps = self._v3_episodes() if self.version == V3 else self._legacy_episodes()
-        self.episodes = {e.index: e for e in eps}
+        self.episodes = self._load_episodes()
+
+    def __getstate__(self) -> dict:
+        """Only the root travels to encoder processes, not the metadata of every episode."""
+        return {"root": self.root, "tolerance_s": self.tolerance_s}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"], tolerance_s=state["tolerance_s"])
 
     def episode_ids(self) -> list[str]:
         return [f"episode_{i:06d}" for i in sorted(self.episodes)]
@@ -122,13 +129,27 @@ class LeRobotReader:
                               filters=[("episode_index", "=", ep.index)])
         return table.sort_by("frame_index")
 
-    def _v3_episodes(self) -> list[_Episode]:
+    def _load_episodes(self) -> dict[int, _Episode]:
+        """Episode metadata, loaded once per process for as long as its files do not change."""
+        if self.version == V3:
+            files = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+        else:
+            files = [p for p in [self.root / "meta" / "episodes.jsonl"] if p.is_file()]
+        if not files:
+            raise FileNotFoundError(f"{self.root / 'meta'} has no {self.version} episode metadata (meta/episodes/"
+                                    "chunk-*/file-*.parquet, or meta/episodes.jsonl before v3.0); re-download meta/")
+        stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in [self.root / "meta/info.json", *files])
+        key = (str(self.root.resolve()), stamp, tuple(self.video_keys))
+        if key not in _EPISODES:
+            if len(_EPISODES) >= 4:
+                _EPISODES.clear()
+            eps = self._v3_episodes(files) if self.version == V3 else self._legacy_episodes(files[0])
+            _EPISODES[key] = {e.index: e for e in eps}
+        return _EPISODES[key]
+
+    def _v3_episodes(self, files: list[Path]) -> list[_Episode]:
         import pyarrow.parquet as pq
 
-        files = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
-        if not files:
-            raise FileNotFoundError(f"{self.root / 'meta' / 'episodes'} holds no chunk-*/file-*.parquet: "
-                                    f"the {V3} episode metadata is missing; re-download the dataset's meta/ folder")
         vcols = [f"videos/{k}/{c}" for k in self.video_keys
                  for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
         cols = ["episode_index", "length", "tasks", "data/chunk_index", "data/file_index", *vcols]
@@ -147,10 +168,7 @@ class LeRobotReader:
                 out.append(_Episode(int(r["episode_index"]), int(r["length"]), tuple(r["tasks"] or ()), data, videos))
         return out
 
-    def _legacy_episodes(self) -> list[_Episode]:
-        path = self.root / "meta" / "episodes.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: the {self.version} episode metadata; re-download meta/")
+    def _legacy_episodes(self, path: Path) -> list[_Episode]:
         size = int(self.info.get("chunks_size", 1000))
         out = []
         for line in path.read_text().splitlines():
