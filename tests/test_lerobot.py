@@ -135,6 +135,15 @@ def test_unsupported_codebase_version_is_named(tmp_path):
         LeRobotReader(tmp_path / "lr")
 
 
+def test_features_that_would_share_a_member_name_are_refused(tmp_path):
+    make_lerobot(tmp_path / "lr", num_episodes=1, length=3, image_feature=False)
+    info = json.loads((tmp_path / "lr/meta/info.json").read_text())
+    info["features"]["observation_state"] = {"dtype": "float32", "shape": [7], "names": None}
+    (tmp_path / "lr/meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"\['observation.state', 'observation_state'\] would share.*rename"):
+        LeRobotReader(tmp_path / "lr")
+
+
 @pytest.mark.parametrize("tolerance_s", [1e-4, 0.1 - 1e-4])
 def test_video_shorter_than_its_episode_names_episode_and_timestamp(tmp_path, tolerance_s):
     # episodes 0 and 1 share file-000; its last 2 frames are gone, so episode 1 runs past the video

@@ -206,14 +206,11 @@ def _numeric(dtype: object) -> bool:
 
 
 def _safe_names(keys: list[str], where: Path) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for k in keys:
-        s = safe_field(k)
-        if s in names.values():
-            other = next(o for o, v in names.items() if v == s)
-            raise ValueError(f"{where}: features {other!r} and {k!r} both become {s!r} in shard member names; "
-                             "rename one of them")
-        names[k] = s
+    names = {k: safe_field(k) for k in keys}
+    clash = sorted(k for k in keys if list(names.values()).count(names[k]) > 1)
+    if clash:
+        raise ValueError(f"{where}: features {clash} would share the shard member name {names[clash[0]]!r}; "
+                         "rename one of them")
     return names
 
 
