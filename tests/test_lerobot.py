@@ -156,6 +156,16 @@ def test_video_shorter_than_its_episode_names_episode_and_timestamp(tmp_path, to
         list(ep1.cameras["observation_images_front"])
 
 
+def test_rows_past_the_episode_video_span_are_refused_before_decoding(tmp_path):
+    make_lerobot(tmp_path / "lr", num_episodes=2, length=6, image_feature=False)
+    path = tmp_path / "lr/meta/episodes/chunk-000/file-000.parquet"
+    t = pq.read_table(path)
+    col = "videos/observation.images.wrist/to_timestamp"
+    pq.write_table(t.set_column(t.schema.get_field_index(col), col, [[0.5, 1.2]]), path)
+    with pytest.raises(EpisodeError, match=r"episode_000000.*wrist.*timestamp 0.500000s lies past.*0.500000s\)"):
+        LeRobotReader(tmp_path / "lr").read("episode_000000")
+
+
 def test_missing_parquet_and_video_are_named(tmp_path):
     make_lerobot(tmp_path / "lr", num_episodes=3, length=4, image_feature=False)
     (tmp_path / "lr/data/chunk-000/file-001.parquet").unlink()

@@ -100,6 +100,10 @@ class LeRobotReader:
         for key in self.video_keys:
             rel, start, end = ep.videos[key]
             where = f"episode {episode_id!r} camera {key!r} ({self.root / rel})"
+            if end is not None and n and start + times.max() >= end - 0.5 / self.fps:
+                raise EpisodeError(f"{where}: the last row's timestamp {times.max():.6f}s lies past the episode's "
+                                   f"video span [{start:.6f}s, {end:.6f}s) from meta/episodes; fix its "
+                                   "to_timestamp or the rows")
             cameras[self.names[key]] = _video_frames(self.root / rel, start, end, times, self.fps,
                                                      self.tolerance_s, where)
             files[self.names[key]] = str(self.root / rel)
