@@ -191,16 +191,17 @@ def test_rows_disagreeing_with_episode_length_are_refused(tmp_path):
         LeRobotReader(tmp_path / "lr").read("episode_000000")
 
 
-def test_format_registry_detects_lerobot_and_write_shards_uses_worker_processes(tmp_path):
-    readers = pytest.importorskip("episodepipes.sharding.readers")
-    write = pytest.importorskip("episodepipes.sharding.write")
+def test_cli_writes_a_lerobot_dataset_with_worker_processes(tmp_path, capsys):
+    cli = pytest.importorskip("episodepipes.sharding.cli")
     src = make_lerobot(tmp_path / "lr", num_episodes=3, length=5, image_feature=False)
-    reader = readers.open_reader(tmp_path / "lr")
-    assert isinstance(reader, LeRobotReader)
-    res = write.write_shards(reader, tmp_path / "out", write.WriteOptions(format="lerobot"), workers=2)
+    assert cli.main(["write", str(tmp_path / "lr"), str(tmp_path / "out"), "--workers", "2"]) == 0  # auto-detected
     index = EpisodeIndex.open(tmp_path / "out", verify=True)
-    assert (res.episodes, res.frames) == (3, 15)
-    assert [e.prompt for e in index.episodes] == [s.task for s in src]
+    assert [(e.id, e.length, e.prompt) for e in index.episodes] == [
+        (f"episode_{s.index:06d}", 5, s.task) for s in src]
+    info = tmp_path / "lr/meta/info.json"
+    info.write_text(info.read_text().replace('"v3.0"', '"v1.6"'))
+    assert cli.main(["write", str(tmp_path / "lr"), str(tmp_path / "out2"), "--format", "lerobot"]) == 2
+    assert "codebase_version='v1.6' is not supported" in capsys.readouterr().err
 
 
 def test_decoding_stops_at_the_episode_end_in_a_shared_file(tmp_path, monkeypatch):
@@ -229,3 +230,13 @@ def test_decoding_stops_at_the_episode_end_in_a_shared_file(tmp_path, monkeypatc
     ep = LeRobotReader(tmp_path / "lr").read("episode_000000")
     assert len(list(ep.cameras["observation_images_front"])) == 9
     assert max(decoded) <= 0.9 + 1e-6  # one frame of episode 1 (at 0.9 s) at most, not the rest of the file
+
+
+def test_cli_skip_bad_skips_an_episode_whose_video_is_short(tmp_path, capsys):
+    cli = pytest.importorskip("episodepipes.sharding.cli")
+    make_lerobot(tmp_path / "lr", num_episodes=3, length=5, short_video=1, image_feature=False)  # ep 1 and 2 short
+    assert cli.main(["write", str(tmp_path / "lr"), str(tmp_path / "out"), "--format", "lerobot"]) == 2
+    assert "episode_000001" in capsys.readouterr().err
+    assert cli.main(["write", str(tmp_path / "lr"), str(tmp_path / "ok"), "--skip-bad", "--workers", "1"]) == 0
+    assert [e.id for e in EpisodeIndex.open(tmp_path / "ok").episodes] == ["episode_000000"]
+    assert "skipped episode_000002" in capsys.readouterr().out
