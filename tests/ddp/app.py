@@ -59,7 +59,10 @@ class TinyModel(pl.LightningModule):
         err = (pred - target(batch)).abs().sum(1)
         valid = batch["valid"]
         n = int(valid.sum())
-        self.log("val/err", err[valid].sum() / max(n, 1), batch_size=n, sync_dist=True, add_dataloader_idx=False)
+        # Sums, not a batch_size-weighted mean: Lightning 2.6 mean-syncs its int64 batch-size accumulator, which
+        # floors when ranks hold different numbers of valid samples (a padded split) - Lightning issue #21859.
+        self.log("val/err_sum", err[valid].sum(), reduce_fx="sum", sync_dist=True, add_dataloader_idx=False)
+        self.log("val/count", float(n), reduce_fx="sum", sync_dist=True, add_dataloader_idx=False)
         return {}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -127,14 +130,14 @@ def main() -> None:
     model = TinyModel()
     dm = EpisodeData(a.root, pinned=["ep0000", "ep0003"], method="process", num_workers=1)
     trainer.fit(model, datamodule=dm)
-    fit_err = float(trainer.callback_metrics["val/err"])
-    results = trainer.validate(model, datamodule=dm, verbose=False)
+    fit = {k: float(trainer.callback_metrics[f"val/{k}"]) for k in ("err_sum", "count")}
+    results = trainer.validate(model, datamodule=dm, verbose=False)[0]
     rank = trainer.global_rank
     if rank == 0:
         torch.save(model.state_dict(), out / "model.pt")
-    record = {"rank": rank, "world_size": trainer.world_size, "passes": counters.passes, "fit_err": fit_err,
-              "validate_err": float(results[0]["val/err"]), "written": [str(x) for x in writer.written],
-              "fit_passes": writer.fit_passes, "pid": os.getpid()}
+    record = {"rank": rank, "world_size": trainer.world_size, "passes": counters.passes, "fit": fit,
+              "validate": {k: float(results[f"val/{k}"]) for k in ("err_sum", "count")},
+              "written": [str(x) for x in writer.written], "fit_passes": writer.fit_passes, "pid": os.getpid()}
     (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
 
 
