@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -76,13 +77,15 @@ class Decoder(BaseNode[dict]):
     A corrupt JPEG is replaced by zeros and the sample marked ``valid=False`` (so lengths stay exact),
     counted in ``stats["frames_corrupt"]`` and logged with its shard and frame, or raised
     (``on_corrupt="raise"``).
+    ``fn`` replaces `decode_members` as the per-sample worker function (train windows use it).
     """
 
     SOURCE_KEY = "source"
 
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, *, num_workers: int = 2,
                  method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
-                 prefetch: int | None = None, stats: Stats | None = None) -> None:
+                 prefetch: int | None = None, stats: Stats | None = None,
+                 fn: Callable[..., tuple[dict[str, Any], list[str]]] = decode_members) -> None:
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"method={method!r} should be one of {METHODS}")
@@ -94,6 +97,7 @@ class Decoder(BaseNode[dict]):
         self.resize = None if resize is None else (int(resize[0]), int(resize[1]))
         self.on_corrupt, self.prefetch = on_corrupt, prefetch or 4 * num_workers
         self.stats = stats if stats is not None else Stats()
+        self.fn = fn  # fn(members, cameras, resize) -> (fields, corrupt cameras); picklable for processes
         self._pool: _pool.Pool | None = None
         self._pending: deque[tuple[dict, RawSample, Future]] = deque()
         self._done = False
@@ -144,7 +148,7 @@ class Decoder(BaseNode[dict]):
                 self._done = True
                 break
             cams = {c: (cam.height, cam.width) for c, cam in self.index.episode(raw.item.episode).cameras.items()}
-            self._pending.append((before, raw, self._pool.submit(decode_members, raw.members, cams, self.resize)))
+            self._pending.append((before, raw, self._pool.submit(self.fn, raw.members, cams, self.resize)))
 
     def _finish(self, raw: RawSample, fields: dict[str, Any], bad: list[str]) -> dict:
         ep = self.index.episode(raw.item.episode)

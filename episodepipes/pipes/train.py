@@ -1,0 +1,192 @@
+"""`train_pipe`: shuffled training frames with history/horizon windows, even over ranks, exactly resumable.
+
+Graph: `TrainReader` (planned permutation, read by seeking through the byte-range index) -> `Decoder`
+(with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `Collator`.
+The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
+of a train loader it iterates once per epoch. The resume state is ``{seed, epoch, pos, stop}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from episodepipes.pipes.batch import Collator
+from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
+from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.index import Episode, EpisodeIndex
+from episodepipes.pipes.pipe import Pipe
+from episodepipes.pipes.plan import Item
+from episodepipes.pipes.read import RawSample
+from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, rank_order
+from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.tarmembers import frame_fields
+from episodepipes.pipes.window import Window, WindowDecode, fields_by_step, plan_windows, window_members
+
+log = logging.getLogger(__name__)
+
+
+class TrainReader(BaseNode[RawSample]):
+    """Yield this rank's window samples, epoch after epoch, in the seeded order of `rank_order`.
+
+    A pass runs ``epochs`` epochs (forever when None). ``reset(None)`` starts a new pass at the first
+    epoch not yet begun; a restored state continues its pass, or starts the next one if it had ended.
+    """
+
+    SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = "seed", "epoch", "pos", "stop"
+
+    def __init__(self, index: EpisodeIndex, episodes: Sequence[Episode], *, windows: Mapping[str, Window], seed: int,
+                 rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None) -> None:
+        super().__init__()
+        self.index, self.episodes, self.windows = index, list(episodes), dict(windows)
+        self.seed, self.rank, self.world_size, self.batch_size, self.epochs = seed, rank, world_size, batch_size, epochs
+        self.stats = stats if stats is not None else Stats()
+        self.table = FrameTable([e.id for e in self.episodes], [e.length for e in self.episodes])
+        self.per_epoch = batches_per_epoch(len(self.table), world_size=world_size, batch_size=batch_size) * batch_size
+        self._epoch = self._pos = 0
+        self._stop: int | None = None
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
+        self._fds: dict[int, int] = {}
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        stop: int | None = None
+        if initial_state is None:
+            epoch, pos = self._epoch + (self._pos > 0), 0
+        else:
+            if initial_state[self.SEED_KEY] != self.seed:
+                raise ValueError(f"the saved state has seed={initial_state[self.SEED_KEY]}, this pipe {self.seed}; "
+                                 "build the pipe with the checkpoint's seed")
+            epoch, pos, stop = (initial_state[k] for k in (self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY))
+            if stop is not None and epoch >= stop:
+                stop = None  # that pass had ended: this one is the next pass, as in an uninterrupted run
+        self._epoch, self._pos = int(epoch), int(pos)
+        self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
+
+    def next(self) -> RawSample:
+        if self._stop is not None and self._epoch >= self._stop:
+            raise StopIteration
+        raw = self._sample(int(self._order_of(self._epoch)[self._pos]))
+        self._pos += 1
+        if self._pos == self.per_epoch:
+            self._epoch, self._pos = self._epoch + 1, 0
+        return raw
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SEED_KEY: self.seed, self.EPOCH_KEY: self._epoch, self.POS_KEY: self._pos,
+                self.STOP_KEY: self._stop}
+
+    def close(self) -> None:
+        """Close shard files; they are reopened on demand."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _order_of(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, rank_order(len(self.table), seed=self.seed, epoch=epoch, rank=self.rank,
+                                             world_size=self.world_size, batch_size=self.batch_size))
+        return self._order[1]
+
+    def _sample(self, flat: int) -> RawSample:
+        e, t = self.table.locate(flat)
+        ep = self.episodes[e]
+        read = {t: self._fields(ep, t, None)}
+        for s, want in fields_by_step(t, ep.length, self.windows).items():
+            read[s] = self._fields(ep, s, want)
+        self.stats.add("frames_read", len(read))
+        item = Item(ep.id, t)
+        shard = self.index.shards[ep.frame_range(t)[0]].name
+        return RawSample(item, shard, window_members(item, ep.length, ep.prompt, self.windows, read))
+
+    def _fields(self, ep: Episode, step: int, want: set[str] | None) -> dict[str, bytes]:
+        shard, start, end = ep.frame_range(step)
+        if shard not in self._fds:
+            path = self.index.shard_path(shard)
+            try:
+                self._fds[shard] = os.open(path, os.O_RDONLY)  # closed in close()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
+        fd = self._fds[shard]
+        fields, n = frame_fields(lambda size, off: os.pread(fd, size, off), start, end, ep.id, step, want,
+                                 where=str(self.index.shard_path(shard)))
+        self.stats.add("bytes_read", n)
+        return fields
+
+
+class TrainPipe(Pipe):
+    """A `Pipe` whose ``len()`` is ``epochs * batches_per_epoch``; in infinite mode ``len()`` raises TypeError."""
+
+    def __init__(self, root: Collator, *, length: int | None, index: EpisodeIndex, stats: Stats) -> None:
+        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False)  # type: ignore[arg-type]
+        self.infinite = length is None
+
+    def __len__(self) -> int:
+        if self.infinite:
+            raise TypeError("train_pipe(epochs=None) is infinite and has no len(); pass epochs=N for a length, "
+                            "or bound training by steps (Lightning's max_steps)")
+        return super().__len__()
+
+
+def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train", batch_size: int, seed: int,
+               history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None,
+               rank: int | None = None, world_size: int | None = None, num_workers: int = 2, method: str = "thread",
+               transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, epochs: int | None = 1,
+               resize: tuple[int, int] | None = None, on_corrupt: str = "skip") -> TrainPipe:
+    """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
+
+    Order: epoch ``e`` is a permutation of every frame drawn from ``SeedSequence(seed, spawn_key=(e,))``;
+    rank ``r`` takes every ``world_size``-th entry from ``r``, trimmed to ``len(pipe) // epochs`` full
+    batches (drop-last: at most ``world_size * batch_size - 1`` frames sit out an epoch, different ones
+    each epoch). Each ``iter()`` continues with the next epochs; ``epochs=None`` is one endless pass.
+
+    Windows (see `episodepipes.pipes.window`): ``history={"state": K}`` gives steps ``t-K+1..t`` (the
+    current step last), ``horizon={"action": H}`` gives ``t..t+H-1`` (the current step first), both
+    padded at episode edges with the nearest real step and marked in ``<key>_pad``. Only the returned
+    steps' members are read and decoded.
+
+    ``transform(sample) -> sample`` runs per sample in the decode workers, before collation (so it must
+    pickle for ``method="process"``); ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt``
+    are restored after it. ``state_dict()``/``load_state_dict()`` resume exactly, in any step.
+    """
+    idx = open_index(index)
+    rank, world_size = dist_rank_world(rank, world_size)
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed={seed!r} should be a non-negative int (it fixes every epoch's order)")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform={transform!r} should be a callable taking and returning a sample dict")
+    episodes = idx.split(split)
+    if not episodes:
+        raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
+                         f"{sorted({e.split for e in idx.episodes})}")
+    check_batchable(episodes, resize)
+    windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
+    n = sum(e.length for e in episodes)
+    per = batches_per_epoch(n, world_size=world_size, batch_size=batch_size)
+    if per == 0:
+        raise ValueError(f"split={split!r} has {n} frames, fewer than world_size * batch_size = "
+                         f"{world_size * batch_size}: every rank needs a full batch; lower batch_size")
+    fn = WindowDecode(windows, transform)
+    if method == "process":
+        try:
+            pickle.dumps(fn)
+        except Exception as e:
+            raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
+                            "module-level function or a picklable callable object, or method='thread'") from None
+    stats = Stats()
+    reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
+                         batch_size=batch_size, epochs=epochs, stats=stats)
+    dec = Decoder(reader, idx, num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt,
+                  stats=stats, fn=fn)
+    log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", n, per, rank, world_size)
+    return TrainPipe(Collator(dec, batch_size=batch_size, stats=stats),
+                     length=None if epochs is None else epochs * per, index=idx, stats=stats)

@@ -1,0 +1,152 @@
+"""History and horizon windows: which steps a training sample returns, which are padding, and their decode.
+
+Convention (LeRobot's ``delta_timestamps``; ACT and Diffusion Policy action chunks): the current step
+``t`` is part of both windows, so no key is returned twice.
+
+- ``history={"state": K}``: steps ``t-K+1 .. t``, K steps, the current one last (``[..., -1, :]``);
+- ``horizon={"action": H}``: steps ``t .. t+H-1``, H steps, the current one first (``[..., 0, :]``);
+- a key in both: steps ``t-K+1 .. t+H-1``, the current one at index ``K-1``.
+
+A windowed key's value gains a step axis (camera ``[W, 3, H, W]``, array ``[W, ...]``). Steps outside
+the episode repeat the nearest real step, and ``<key>_pad`` (bool ``[W]``) is True exactly there.
+
+The reader hands a window to a decode worker as one members dict (`window_members`): the current
+step's plain fields (``"front.jpg"``, ``"keypoints.npy"``, ``"json"``) for the keys without a window,
+``"<key>@<i>"`` for window position ``i``, ``"<key>_pad"`` (one byte per step) and ``"__item__"``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from episodepipes.format import npy_load
+from episodepipes.pipes.decode import decode_jpeg, decode_members
+from episodepipes.pipes.plan import Item
+
+ITEM_KEY = "__item__"
+
+
+@dataclass(frozen=True)
+class Window:
+    """Offsets ``first .. last`` (inclusive, ``first <= 0 <= last``) of one key, relative to the current step."""
+
+    key: str
+    field: str  # its tar member field: "<camera>.jpg" or "<array>.npy"
+    first: int
+    last: int
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+
+def _sizes(name: str, spec: Mapping[str, int] | None) -> dict[str, int]:
+    if spec is None:
+        return {}
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"{name}={spec!r} should be a dict of key -> number of steps, e.g. {{'state': 2}}")
+    for k, n in spec.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name}[{k!r}]={n!r} should be a positive int (number of steps, current included)")
+    return dict(spec)
+
+
+def plan_windows(history: Mapping[str, int] | None, horizon: Mapping[str, int] | None, *,
+                 cameras: set[str], arrays: set[str]) -> dict[str, Window]:
+    """Validate ``history`` / ``horizon`` against the episodes' keys and return one `Window` per key."""
+    hist, hor = _sizes("history", history), _sizes("horizon", horizon)
+    known = cameras | arrays
+    out: dict[str, Window] = {}
+    for k in sorted(set(hist) | set(hor)):
+        if k not in known:
+            raise ValueError(f"window key {k!r} is not a camera or array of these episodes; known: {sorted(known)}")
+        if f"{k}_pad" in known:
+            raise ValueError(f"window key {k!r}: its mask {k}_pad clashes with a key of the same name; rename it")
+        field = f"{k}.jpg" if k in cameras else f"{k}.npy"
+        out[k] = Window(k, field, 1 - hist.get(k, 1), hor.get(k, 1) - 1)
+    return out
+
+
+def window_steps(t: int, length: int, w: Window) -> tuple[np.ndarray, np.ndarray]:
+    """(steps clamped into the episode, pad mask) of ``w`` around step ``t`` of an episode of ``length``."""
+    if not 0 <= t < length:
+        raise IndexError(f"step {t} is outside an episode of length {length}")
+    raw = np.arange(t + w.first, t + w.last + 1)
+    steps = np.clip(raw, 0, length - 1)
+    return steps, steps != raw
+
+
+def fields_by_step(t: int, length: int, windows: Mapping[str, Window]) -> dict[int, set[str]]:
+    """The member fields to read at each step other than ``t`` (step ``t`` itself is read whole)."""
+    need: dict[int, set[str]] = {}
+    for w in windows.values():
+        for s in window_steps(t, length, w)[0].tolist():
+            if s != t:
+                need.setdefault(s, set()).add(w.field)
+    return need
+
+
+def window_members(item: Item, length: int, prompt: str, windows: Mapping[str, Window],
+                   read: Mapping[int, Mapping[str, bytes]]) -> dict[str, bytes]:
+    """One sample's members for `WindowDecode`, from ``read[step][field]`` (step ``item.frame`` whole)."""
+    t = item.frame
+    windowed = {w.field for w in windows.values()}
+    out = {f: b for f, b in read[t].items() if f not in windowed}
+    for w in windows.values():
+        steps, pad = window_steps(t, length, w)
+        for i, s in enumerate(steps.tolist()):
+            out[f"{w.key}@{i}"] = read[s][w.field]  # the same bytes object for repeats: decoded once
+        out[f"{w.key}_pad"] = pad.astype(np.uint8).tobytes()
+    out[ITEM_KEY] = json.dumps([item.episode, t, item.valid, prompt]).encode()
+    return out
+
+
+@dataclass(frozen=True)
+class WindowDecode:
+    """Decode one window sample in a worker, then apply ``transform``; picklable when ``transform`` is.
+
+    Called by `Decoder` as ``fn(members, cameras, resize)`` and returns ``(fields, corrupt cameras)``.
+    """
+
+    windows: Mapping[str, Window]
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def __call__(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
+                 size: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
+        plain = {k: v for k, v in members.items() if "@" not in k and not k.endswith("_pad") and k != ITEM_KEY}
+        fields, bad = decode_members(plain, {c: s for c, s in cameras.items() if c not in self.windows}, size)
+        for key, w in self.windows.items():
+            done: dict[int, np.ndarray] = {}
+            steps = []
+            for i in range(w.size):
+                data = members[f"{key}@{i}"]
+                if id(data) not in done:
+                    done[id(data)] = self._decode(key, data, cameras, size, bad)
+                steps.append(done[id(data)])
+            fields[key] = np.stack(steps)
+            fields[f"{key}_pad"] = np.frombuffer(members[f"{key}_pad"], np.uint8).astype(bool)
+        if ITEM_KEY in members:
+            episode, frame, valid, prompt = json.loads(members[ITEM_KEY])
+            fields.update(episode=episode, frame=frame, valid=valid, prompt=prompt)
+        if self.transform is not None:
+            fields = self.transform(fields)
+            if not isinstance(fields, dict):
+                raise TypeError(f"transform={self.transform!r} returned {type(fields).__name__}; it should return "
+                                "the sample dict")
+        return fields, bad
+
+    @staticmethod
+    def _decode(key: str, data: bytes, cameras: dict[str, tuple[int, int]], size: tuple[int, int] | None,
+                bad: list[str]) -> np.ndarray:
+        if key not in cameras:
+            return npy_load(data)
+        img = decode_jpeg(data, src=cameras[key], size=size)
+        if img is None:
+            bad.append(key)
+            img = np.zeros((3, *(size or cameras[key])), np.uint8)
+        return img
