@@ -1,0 +1,87 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from episodepipes.format import sample_key, tar_member
+from episodepipes.pipes.plan import Item
+from episodepipes.pipes.tarmembers import frame_fields
+from episodepipes.pipes.window import Window, WindowDecode, fields_by_step, plan_windows, window_members, window_steps
+
+CAMS, ARRS = {"front", "wrist"}, {"state", "action"}
+
+
+def test_plan_windows_convention():
+    w = plan_windows({"state": 3, "front": 2}, {"action": 4, "state": 2}, cameras=CAMS, arrays=ARRS)
+    assert w["state"] == Window("state", "state.npy", -2, 1)  # t-2 .. t+1, current step once
+    assert w["front"] == Window("front", "front.jpg", -1, 0)
+    assert w["action"] == Window("action", "action.npy", 0, 3)
+    assert w["action"].size == 4 and "wrist" not in w
+
+
+@pytest.mark.parametrize("history, match", [({"nope": 2}, "not a camera or array"), ({"state": 0}, "positive int"),
+                                            ({"state": True}, "positive int"), ([("state", 2)], "dict")])
+def test_plan_windows_refuses_bad_specs(history, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        plan_windows(history, None, cameras=CAMS, arrays=ARRS)
+
+
+def test_pad_mask_name_clash_is_refused():
+    with pytest.raises(ValueError, match="state_pad"):
+        plan_windows({"state": 2}, None, cameras=CAMS, arrays=ARRS | {"state_pad"})
+
+
+@given(length=st.integers(1, 30), data=st.data(), k=st.integers(1, 8), h=st.integers(1, 8))
+def test_window_steps_pad_with_nearest_real_step(length, data, k, h):
+    t = data.draw(st.integers(0, length - 1))
+    w = Window("state", "state.npy", 1 - k, h - 1)
+    steps, pad = window_steps(t, length, w)
+    raw = np.arange(t - k + 1, t + h)
+    assert len(steps) == k + h - 1 and steps[k - 1] == t and not pad[k - 1]
+    assert np.array_equal(pad, (raw < 0) | (raw >= length))
+    assert np.array_equal(steps[~pad], raw[~pad])
+    assert all(s == (0 if r < 0 else length - 1) for s, r in zip(steps[pad], raw[pad]))
+    need = fields_by_step(t, length, {"state": w})
+    assert set(need) == set(steps.tolist()) - {t} and all(v == {"state.npy"} for v in need.values())
+
+
+def _frame(ep, t, fields):
+    return b"".join(tar_member(f"{sample_key(ep, t)}.{f}", d) for f, d in sorted(fields.items()))
+
+
+def test_frame_fields_reads_only_wanted_members():
+    big = {"front.jpg": b"J" * 5000, "state.npy": b"S" * 40, "json": b"{}"}
+    blob = _frame("ep" + "x" * 120, 3, big)  # > 100-byte names take GNU long-name members
+    pread = lambda n, off: blob[off:off + n]  # noqa: E731
+    whole, n_whole = frame_fields(pread, 0, len(blob), "ep" + "x" * 120, 3)
+    assert whole == big and n_whole == len(blob)
+    part, n_part = frame_fields(pread, 0, len(blob), "ep" + "x" * 120, 3, {"state.npy"})
+    assert part == {"state.npy": b"S" * 40} and n_part == len(blob) - 5120 - 2 * 512 + 40  # headers + state data only
+    with pytest.raises(ValueError, match="not in frame"):
+        frame_fields(pread, 0, len(blob), "other", 3)
+    with pytest.raises(ValueError, match="no member"):
+        frame_fields(pread, 0, len(blob), "ep" + "x" * 120, 3, {"wrist.jpg"})
+
+
+def _npy(a):
+    from episodepipes.format import npy_bytes
+
+    return npy_bytes(np.asarray(a, np.float32))
+
+
+def test_window_members_and_decode_give_source_values_and_masks():
+    windows = plan_windows({"state": 3}, {"action": 2}, cameras=set(), arrays={"state", "action"})
+    length, t = 4, 0
+    read = {s: {"state.npy": _npy([s]), "action.npy": _npy([10 + s]), "json": b'{"timestamp": 0.5}'}
+            for s in range(length)}
+    members = window_members(Item("ep", t), length, "go", windows, read)
+    fields, bad = WindowDecode(windows, transform=_add_one)(members, {}, None)
+    assert bad == []
+    assert fields["state"].ravel().tolist() == [0, 0, 0] and fields["state_pad"].tolist() == [True, True, False]
+    assert fields["action"].ravel().tolist() == [10, 11] and fields["action_pad"].tolist() == [False, False]
+    assert (fields["episode"], fields["frame"], fields["prompt"], fields["timestamp"]) == ("ep", 0, "go", 0.5)
+    assert fields["plus_one"] == 1
+
+
+def _add_one(sample):
+    return {**sample, "plus_one": sample["frame"] + 1}
