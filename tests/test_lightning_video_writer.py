@@ -1,0 +1,151 @@
+import importlib.util
+import logging
+
+import cv2
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from ddp.app import EpisodeData, PassCounters, TinyModel
+from helpers import make_shards
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from episodepipes.lightning_glue import AtomicMp4, OverlayVideoWriter, draw_overlay
+from episodepipes.lightning_glue.mp4 import partial_path, remove_partials
+from episodepipes.lightning_glue.overlay import POINT, TRAJECTORY
+from episodepipes.lightning_glue.video_writer import read_rgb
+
+FPS, LENGTH = 7.5, 12
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(make_shards(tmp_path_factory.mktemp("writer") / "s", num_episodes=6, length=LENGTH, height=32,
+                           width=48, fps=FPS))
+
+
+def _trainer(callbacks, **kw):
+    kw = {"max_epochs": 4, "num_sanity_val_steps": 2, "logger": False, **kw}
+    return pl.Trainer(accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=callbacks, **kw)
+
+
+def _frames(n=5, h=24, w=32, value=0):
+    return [np.full((h, w, 3), value + i, np.uint8) for i in range(n)]
+
+
+def test_one_mp4_per_pinned_episode_per_render_pass_at_the_source_fps(root, tmp_path):
+    writer, counters = OverlayVideoWriter(tmp_path / "v", every_n_passes=2), PassCounters()
+    trainer = _trainer([writer, counters])
+    dm = EpisodeData(root, pinned=["ep0000", "ep0002"], video_batch=5, max_batches=10)
+    trainer.fit(TinyModel(), datamodule=dm)
+    steps = [p["step"] for p in counters.passes[1:]]  # fit passes 1..4
+    expected = {f"{e}_step{s:08d}.mp4" for e in ("ep0000", "ep0002") for s in (steps[1], steps[3])}
+    folder = tmp_path / "v" / "pinned"
+    assert {p.name for p in folder.iterdir()} == expected
+    assert sorted(p.name for p in writer.written) == sorted(expected)
+    for name in expected:
+        cap = cv2.VideoCapture(str(folder / name))
+        assert cap.get(cv2.CAP_PROP_FPS) == pytest.approx(FPS)
+        cap.release()
+        assert read_rgb(folder / name).shape == (LENGTH, 32, 48, 3)
+
+
+def test_a_capped_pipe_writes_the_frames_it_read(root, tmp_path):
+    writer = OverlayVideoWriter(tmp_path, every_n_passes=1)
+    model = TinyModel()
+    _trainer([writer]).validate(model, datamodule=EpisodeData(root, pinned=["ep0000", "ep0001"], video_batch=5,
+                                                              max_batches=3), verbose=False)
+    assert [p.name for p in writer.written] == ["ep0000_step00000000_validate.mp4",
+                                                "ep0001_step00000000_validate.mp4"]
+    assert [len(read_rgb(p)) for p in writer.written] == [LENGTH, 15 - LENGTH]
+
+
+def test_atomic_write_publishes_only_complete_files(tmp_path):
+    path = tmp_path / "ep_step1.mp4"
+    with AtomicMp4(path, fps=5) as f:
+        for fr in _frames():
+            f.write(fr)
+        assert not path.exists() and partial_path(path).exists()
+    assert path.exists() and not partial_path(path).exists() and len(read_rgb(path)) == 5
+    old = path.read_bytes()
+    with pytest.raises(RuntimeError, match="crash"), AtomicMp4(path, fps=5) as f:  # a failing rewrite
+        f.write(_frames(1)[0])
+        raise RuntimeError("crash mid-write")
+    assert path.read_bytes() == old and not partial_path(path).exists()
+
+
+def test_a_killed_writer_leaves_no_file_under_the_final_name(tmp_path):
+    path = tmp_path / "pinned" / "ep_step2.mp4"
+    f = AtomicMp4(path, fps=5)
+    for fr in _frames(3):
+        f.write(fr)
+    del f  # the process dies here: no close(), no discard()
+    assert not path.exists() and partial_path(path).exists()
+    OverlayVideoWriter(tmp_path).setup(_trainer([]), TinyModel(), "fit")  # a new run clears leftovers
+    assert not partial_path(path).exists() and remove_partials(path.parent) == 0
+
+
+class _CrashingWriter(OverlayVideoWriter):
+    def render(self, frames, batch, outputs):
+        if int(batch["frame"][0]) >= 10:
+            raise RuntimeError("render crashed")
+        return super().render(frames, batch, outputs)
+
+
+def test_a_crash_during_a_render_pass_leaves_no_video(root, tmp_path):
+    writer = _CrashingWriter(tmp_path, every_n_passes=1)
+    with pytest.raises(RuntimeError, match="render crashed"):
+        _trainer([writer]).validate(TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"], video_batch=5),
+                                    verbose=False)
+    assert list(tmp_path.rglob("*.mp4")) == [] and writer.written == []
+
+
+class _WhiteWriter(OverlayVideoWriter):
+    def render(self, frames, batch, outputs):
+        assert frames.shape[1:] == (32, 48, 3) and set(outputs) == {"points", "trajectories"}
+        return np.full_like(frames, 255)
+
+
+def test_render_hook_replaces_the_default(root, tmp_path):
+    writer = _WhiteWriter(tmp_path, every_n_passes=1, camera="wrist")
+    _trainer([writer]).validate(TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
+    assert read_rgb(writer.written[0]).mean() > 250
+
+
+def test_unknown_camera_is_named(root, tmp_path):
+    with pytest.raises(KeyError, match="camera='side'.*front"):
+        _trainer([OverlayVideoWriter(tmp_path, every_n_passes=1, camera="side")]).validate(
+            TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
+
+
+def test_default_overlay_draws_points_trajectories_and_labels():
+    frames = np.zeros((2, 64, 96, 3), np.uint8)
+    batch = {"episode": ["ep7", "ep7"], "frame": torch.tensor([3, 4])}
+    outputs = {"points": torch.tensor([[[60.0, 40.0]], [[10.0, 50.0]]]),
+               "trajectories": torch.tensor([[[70.0, 10.0], [90.0, 10.0]], [[5.0, 60.0], [5.0, 60.0]]])}
+    out = draw_overlay(frames, batch, outputs)
+    assert tuple(out[0, 40, 60]) == POINT
+    assert np.allclose(out[0, 10, 80], TRAJECTORY, atol=40)  # antialiased
+    assert out[0, :16, :40].max() == 255  # the label
+    assert out[1, 40, 60].max() == 0
+    draw_overlay(np.zeros((1, 8, 8, 3), np.uint8), {"episode": ["e"]}, None)  # outputs optional
+    with pytest.raises(ValueError, match=r"outputs\['points'\] has shape"):
+        draw_overlay(frames, batch, {"points": torch.zeros(3, 1, 2)})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("moviepy") is not None, reason="moviepy installed: add_video works")
+def test_tensorboard_without_moviepy_warns_once_and_keeps_the_files(root, tmp_path, caplog):
+    writer = OverlayVideoWriter(tmp_path / "v", every_n_passes=1)
+    trainer = _trainer([writer], max_epochs=2, num_sanity_val_steps=0, logger=TensorBoardLogger(tmp_path / "tb"))
+    with caplog.at_level(logging.WARNING, logger="episodepipes"):
+        trainer.fit(TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]))
+    assert len([r for r in caplog.records if "moviepy" in r.getMessage()]) == 1
+    assert len(writer.written) == 2
+
+
+def test_render_pass_duration_is_logged(root, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="episodepipes"):
+        _trainer([OverlayVideoWriter(tmp_path, every_n_passes=1)]).validate(
+            TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
+    assert any("render pass at global step 0 took" in r.getMessage() for r in caplog.records)
