@@ -127,7 +127,7 @@ def test_default_overlay_draws_points_trajectories_and_labels():
     out = draw_overlay(frames, batch, outputs)
     assert tuple(out[0, 40, 60]) == POINT
     assert np.allclose(out[0, 10, 80], TRAJECTORY, atol=40)  # antialiased
-    assert out[0, :16, :40].max() == 255  # the label
+    assert out[0, :16, :40].max() > 200  # the label
     assert out[1, 40, 60].max() == 0
     draw_overlay(np.zeros((1, 8, 8, 3), np.uint8), {"episode": ["e"]}, None)  # outputs optional
     with pytest.raises(ValueError, match=r"outputs\['points'\] has shape"):
