@@ -1,0 +1,186 @@
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_shards
+
+from episodepipes.pipes import EpisodeIndex, video_pipe
+from episodepipes.pipes.train import train_pipe
+from episodepipes.sharding.synthetic import SyntheticReader
+
+SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)  # train: ep0,1,3,4 = 39 frames
+TRAIN = {"ep0000": 12, "ep0001": 7, "ep0003": 9, "ep0004": 11}
+WINDOWS = dict(history={"state": 3, "front": 2}, horizon={"action": 4})
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    out = make_shards(tmp_path_factory.mktemp("train") / "s", shard_size=20_000, **SHAPE)
+    return EpisodeIndex.open(out)
+
+
+def _keys(batch):
+    """A comparable view of a batch: ids plus checksums of every tensor, per sample."""
+    sums = [v.reshape(len(v), -1).double().sum(1).tolist() for _, v in sorted(batch.items()) if torch.is_tensor(v)]
+    return list(zip(batch["episode"], *sums))
+
+
+def _items(pipe):
+    return [(e, f) for b in pipe for e, f in zip(b["episode"], b["frame"].tolist())]
+
+
+def test_same_seed_same_order_other_seed_other_order(index):
+    a = _items(train_pipe(index, batch_size=4, seed=7, rank=0, world_size=1))
+    assert a == _items(train_pipe(index, batch_size=4, seed=7, rank=0, world_size=1))
+    assert a != _items(train_pipe(index, batch_size=4, seed=8, rank=0, world_size=1))
+
+
+def test_every_epoch_covers_every_frame_once_in_a_new_order(index):
+    pipe = train_pipe(index, batch_size=1, seed=0, rank=0, world_size=1, epochs=1)
+    every = sorted((e, f) for e, n in TRAIN.items() for f in range(n))
+    first, second = _items(pipe), _items(pipe)  # each iter() is the next epoch
+    assert sorted(first) == sorted(second) == every
+    assert first != second
+    assert _items(train_pipe(index, batch_size=1, seed=0, rank=0, world_size=1, epochs=2)) == first + second
+
+
+@pytest.mark.parametrize("world, batch", [(1, 4), (2, 3), (3, 5), (4, 2)])
+def test_ranks_get_equal_batches_len_matches_and_ranks_are_disjoint(index, world, batch):
+    seen = []
+    for rank in range(world):
+        pipe = train_pipe(index, batch_size=batch, seed=1, rank=rank, world_size=world, num_workers=1)
+        batches = list(pipe)
+        assert len(batches) == len(pipe) == 39 // (world * batch)
+        assert all(len(b["episode"]) == batch for b in batches)
+        seen += [(e, f) for b in batches for e, f in zip(b["episode"], b["frame"].tolist())]
+    assert len(set(seen)) == len(seen) > 39 - world * batch
+
+
+def test_windows_hold_source_values_pad_masks_and_decoded_frames(index):
+    reader = SyntheticReader(**SHAPE)
+    decoded = {e: next(iter(video_pipe(index, episodes=[e], batch_size=16, max_batches=1))) for e in TRAIN}
+    pipe = train_pipe(index, batch_size=5, seed=3, rank=0, world_size=1, **WINDOWS)
+    n = 0
+    for b in pipe:
+        assert b["state"].shape[1:] == (3, 7) and b["front"].shape[1:] == (2, 3, 16, 24)
+        assert b["action"].shape[1:] == (4, 7) and b["wrist"].shape[1:] == (3, 16, 24)
+        for i, (e, t) in enumerate(zip(b["episode"], b["frame"].tolist())):
+            arrays, length = reader.read(e).arrays, TRAIN[e]
+            for key, offsets in (("state", range(-2, 1)), ("front", range(-1, 1)), ("action", range(0, 4))):
+                raw = np.array([t + d for d in offsets])
+                steps = raw.clip(0, length - 1)
+                assert b[f"{key}_pad"][i].tolist() == (raw != steps).tolist()
+                want = decoded[e]["front"][steps] if key == "front" else torch.from_numpy(arrays[key][steps])
+                assert torch.equal(b[key][i], want), (key, e, t)
+            assert torch.equal(b["wrist"][i], decoded[e]["wrist"][t])  # no window: the current frame only
+            assert torch.equal(b["keypoints"][i], torch.from_numpy(arrays["keypoints"][t]))
+            n += 1
+    assert n == 35
+
+
+def test_array_windows_read_only_their_npy_members(tmp_path):
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=2, length=8, height=96, width=128))
+    plain = train_pipe(idx, batch_size=2, seed=0, rank=0, world_size=1)
+    windowed = train_pipe(idx, batch_size=2, seed=0, rank=0, world_size=1, history={"state": 4},
+                          horizon={"action": 4})
+    list(plain), list(windowed)
+    extra_steps = windowed.stats["frames_read"] - plain.stats["frames_read"]
+    frame_bytes = plain.stats["bytes_read"] / plain.stats["frames_read"]
+    assert extra_steps > 0
+    ratio = (windowed.stats["bytes_read"] - plain.stats["bytes_read"]) / (extra_steps * frame_bytes)
+    assert ratio < 0.3, ratio  # headers and npy data; the JPEGs beside them are skipped
+
+
+def plus_frame(sample):
+    """A module-level transform, so it pickles into process workers."""
+    return {**sample, "state": sample["state"] * 0 + sample["frame"], "extra": np.float32(sample["frame"])}
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_transform_runs_per_sample_before_collation(index, method):
+    pipe = train_pipe(index, batch_size=4, seed=0, rank=0, world_size=1, method=method, transform=plus_frame,
+                      history={"state": 2})
+    for b in pipe:
+        assert torch.equal(b["extra"], b["frame"].float())
+        assert torch.equal(b["state"], b["frame"].float()[:, None, None].expand_as(b["state"]))
+
+
+def test_unpicklable_transform_is_refused_for_processes(index):
+    with pytest.raises(TypeError, match="does not pickle"):
+        train_pipe(index, batch_size=4, seed=0, method="process", transform=lambda s: s)
+
+
+def test_infinite_mode_has_no_len_and_continues_epoch_after_epoch(index):
+    pipe = train_pipe(index, batch_size=4, seed=2, rank=1, world_size=2, epochs=None)
+    with pytest.raises(TypeError, match="epochs=None"):
+        len(pipe)
+    two = train_pipe(index, batch_size=4, seed=2, rank=1, world_size=2, epochs=2)
+    assert [_keys(b) for b in itertools.islice(pipe, len(two))] == [_keys(b) for b in two]
+
+
+def test_bad_options_name_the_fix(index):
+    with pytest.raises(ValueError, match="lower batch_size"):
+        train_pipe(index, batch_size=40, seed=0, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="seed"):
+        train_pipe(index, batch_size=4, seed=-1)
+    with pytest.raises(ValueError, match="epochs=0"):
+        train_pipe(index, batch_size=4, seed=0, epochs=0)
+    with pytest.raises(ValueError, match="splits there"):
+        train_pipe(index, split="test", batch_size=4, seed=0)
+
+
+def check_save_load(make, midpoints, passes):
+    """Like torchdata's run_test_save_load_state: save at each midpoint, restore into a fresh pipe, compare."""
+    ref = make()
+    flat = [_keys(b) for _ in range(passes) for b in ref]
+    for m in midpoints:
+        pipe, head = make(), []
+        while len(head) < m:
+            it = iter(pipe)
+            head += [_keys(b) for b in itertools.islice(it, m - len(head))]
+        state = copy.deepcopy(pipe.state_dict())
+        pipe.close()
+        fresh, tail = make(), []
+        fresh.load_state_dict(state)
+        while len(tail) < len(flat) - m:
+            got = [_keys(b) for b in fresh]
+            assert got, f"an empty pass after resuming at batch {m}"
+            tail += got
+        assert head + tail == flat, m
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_resume_at_any_step_gives_the_uninterrupted_batches(index, method):
+    def make():
+        return train_pipe(index, batch_size=3, seed=5, rank=1, world_size=2, method=method, epochs=1, **WINDOWS)
+
+    per = len(make())  # 6 batches per pass; three passes = three epochs
+    check_save_load(make, [0, 1, per - 1, per, per + 2, 2 * per + 5], passes=3)
+
+
+def test_resume_within_a_multi_epoch_and_an_endless_pass(index):
+    check_save_load(lambda: train_pipe(index, batch_size=4, seed=9, rank=0, world_size=1, epochs=2), [3, 9, 10],
+                    passes=1)
+
+    def endless():
+        return train_pipe(index, batch_size=4, seed=9, rank=0, world_size=1, epochs=None)
+
+    want = [_keys(b) for b in itertools.islice(endless(), 25)]
+    pipe = endless()
+    head = [_keys(b) for b in itertools.islice(iter(pipe), 13)]
+    fresh = endless()
+    fresh.load_state_dict(pipe.state_dict())
+    assert head + [_keys(b) for b in itertools.islice(iter(fresh), 12)] == want
+
+
+def test_state_is_a_small_cursor_and_checks_the_seed(index):
+    pipe = train_pipe(index, batch_size=4, seed=5, rank=0, world_size=1)
+    next(iter(pipe))
+    state = pipe.state_dict()
+    assert state["root"]["source"]["source"] == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1}
+    other = train_pipe(index, batch_size=4, seed=6, rank=0, world_size=1)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        next(iter(other))
