@@ -2,10 +2,15 @@ import glob
 import io
 import tarfile
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
+import numpy as np
 import pytest
 import webdataset as wds
 from helpers import make_shards
+from hypothesis import given, settings
 
+from episodepipes.format import npy_bytes, npy_load
 from episodepipes.pipes import EpisodeIndex
 
 
@@ -56,3 +61,24 @@ def test_missing_index_says_unfinished_write(tmp_path):
     (tmp_path / "s").mkdir()
     with pytest.raises(FileNotFoundError, match="unfinished write"):
         EpisodeIndex.open(tmp_path / "s")
+
+
+@given(name=st.text(min_size=1, max_size=40).map(lambda s: s.replace("\0", "")).filter(bool),
+       size=st.integers(0, 8**11 - 1))
+@settings(max_examples=200, deadline=None)
+def test_fast_tar_header_equals_tarfile(name, size):
+    from episodepipes.format import _fast_header, _tar_header
+
+    raw = name.encode("utf-8")
+    if len(raw) <= 100:
+        assert _fast_header(raw, size) == _tar_header(name, size)
+
+
+@given(arr=hnp.arrays(dtype=st.sampled_from(["<f4", ">i2", "u1", "<f8", "?", "<U3", "<c8"]),
+                      shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4)))
+@settings(max_examples=100, deadline=None)
+def test_npy_bytes_equals_numpy_save(arr):
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    assert npy_bytes(arr) == buf.getvalue()
+    np.testing.assert_array_equal(npy_load(npy_bytes(arr)), arr)

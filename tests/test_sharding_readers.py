@@ -36,7 +36,8 @@ def _check_round_trip(src_reader, out, *, tol):
             refs = np.stack(list(frames)).astype(int)
             for i in range(len(refs)):
                 jpg = samples[f"{eid}/{i:06d}"][f"{cam}.jpg"]
-                got = cv2.cvtColor(cv2.imdecode(np.frombuffer(jpg, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+                got = cv2.imdecode(np.frombuffer(jpg, np.uint8), cv2.IMREAD_COLOR)  # BGR
+                got = got if src.channel_order == "bgr" else cv2.cvtColor(got, cv2.COLOR_BGR2RGB)
                 err = np.abs(refs - got).mean(axis=(1, 2, 3))
                 assert err[i] < tol and err.argmin() == i, (eid, cam, i, err)
         for name, arr in syn.arrays.items():
@@ -50,8 +51,10 @@ def test_raw_png_round_trip(tmp_path):
     reader = RawReader(write_raw(tmp_path / "src", SYN))
     _check_round_trip(reader, tmp_path / "out", tol=8.0)
     # png is lossless, so the shard is within JPEG tolerance of the synthetic frames themselves
-    assert all(np.array_equal(a, b) for a, b in zip(reader.read("ep0000").cameras["front"],
-                                                     SYN.read("ep0000").cameras["front"]))
+    ep = reader.read("ep0000")
+    assert ep.channel_order == "bgr"  # as OpenCV decodes: the encoder then needs no conversion
+    syn = SYN.read("ep0000").cameras["front"]
+    assert all(np.array_equal(a[..., ::-1], b) for a, b in zip(ep.cameras["front"], syn))
 
 
 def test_raw_mp4_round_trip_takes_fps_from_the_container(tmp_path):
@@ -59,7 +62,7 @@ def test_raw_mp4_round_trip_takes_fps_from_the_container(tmp_path):
     assert reader.read("ep0001").fps == 10.0
     _check_round_trip(reader, tmp_path / "out", tol=8.0)
     # and the video itself is near the synthetic source (mp4v is lossy)
-    got = np.stack(list(reader.read("ep0001").cameras["front"])).astype(int)
+    got = np.stack(list(reader.read("ep0001").cameras["front"]))[..., ::-1].astype(int)
     assert np.abs(got - np.stack(list(SYN.read("ep0001").cameras["front"]))).mean() < 12
 
 

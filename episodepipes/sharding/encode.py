@@ -28,13 +28,13 @@ class EncodedEpisode:
         return [b"".join(tar_member(name, data) for name, data in members) for members in self.samples]
 
 
-def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str) -> bytes:
+def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = False) -> bytes:
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
-        raise EpisodeError(f"{where}: expected HxWx3 uint8 RGB, got {frame.dtype} {frame.shape}")
+        raise EpisodeError(f"{where}: expected HxWx3 uint8 {'BGR' if bgr else 'RGB'}, got {frame.dtype} {frame.shape}")
     if opts.resize is not None:
         h, w = opts.resize
         frame = cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA)
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(frame, cv2.COLOR_RGB2BGR),
+    ok, buf = cv2.imencode(".jpg", frame if bgr else cv2.cvtColor(frame, cv2.COLOR_RGB2BGR),
                            [cv2.IMWRITE_JPEG_QUALITY, opts.jpeg_quality])
     if not ok:
         raise EpisodeError(f"{where}: JPEG encoding failed")
@@ -44,6 +44,9 @@ def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str) -> bytes:
 def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str = "train") -> EncodedEpisode:
     """Encode every frame; check that cameras and arrays agree on the number of steps."""
     eid = safe_episode_id(ep.id)
+    if ep.channel_order not in ("rgb", "bgr"):
+        raise EpisodeError(f"episode {ep.id!r}: channel_order={ep.channel_order!r}; the reader must say 'rgb' or 'bgr'")
+    bgr = ep.channel_order == "bgr"
     if not ep.cameras:
         raise EpisodeError(f"episode {ep.id!r}: no cameras; every episode needs at least one")
     cams = {safe_field(c): (c, it) for c, it in sorted(ep.cameras.items())}
@@ -53,7 +56,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
         where = f"episode {ep.id!r} camera {orig!r} ({ep.files.get(orig, '?')})"
         out = []
         for i, frame in enumerate(frames):
-            out.append(_jpeg(np.asarray(frame), opts, f"{where} frame {i}"))
+            out.append(_jpeg(np.asarray(frame), opts, f"{where} frame {i}", bgr=bgr))
             if i == 0:
                 shapes[cam] = opts.resize or (int(frame.shape[0]), int(frame.shape[1]))
         per_cam[cam] = out

@@ -6,8 +6,11 @@ A reader is a small picklable object (it is sent to encoder processes) with two 
         def episode_ids(self) -> list[str]: ...          # sorted, stable
         def read(self, episode_id: str) -> EpisodeData: ...
 
-`EpisodeData.cameras` maps a camera name to an iterable of HxWx3 uint8 RGB frames, produced
-lazily so a long video is never held twice. Arrays are per-step: first dimension = frames.
+`EpisodeData.cameras` maps a camera name to an iterable of HxWx3 uint8 frames, produced
+lazily so a long video is never held twice. Frames are RGB unless ``channel_order="bgr"``: a reader
+that decodes with OpenCV (or PyAV's ``bgr24``) yields BGR as is, and the JPEG encoder, which wants
+BGR, then skips a colour conversion that costs a quarter of the encode. Arrays are per-step:
+first dimension = frames.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class EpisodeData:
     sources: dict[str, str] = field(default_factory=dict)
     # camera name -> file it comes from, for error messages
     files: dict[str, str] = field(default_factory=dict)
+    channel_order: str = "rgb"  # of every camera's frames: "rgb" or "bgr"
 
 
 @runtime_checkable

@@ -9,7 +9,8 @@ Layout::
 
 The fps comes from ``meta.json``, else from the first video's container; image-only episodes
 without ``meta.json`` fps are an error, because guessing a frame rate would corrupt the videos
-rendered from them later.
+rendered from them later. Frames are yielded in BGR, as OpenCV decodes them, so the JPEG encoder
+needs no colour conversion.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _frame_key(p: Path) -> tuple[int, int, str]:
 
 @dataclass(frozen=True)
 class ImageFrames:
-    """Lazy RGB frames of an image folder; a file that does not decode is an `EpisodeError`."""
+    """Lazy BGR frames of an image folder; a file that does not decode is an `EpisodeError`."""
 
     files: tuple[Path, ...]
     where: str
@@ -51,7 +52,7 @@ class ImageFrames:
             if bgr is None:
                 raise EpisodeError(f"{self.where}: cannot decode image {f}; replace or delete the file, "
                                    "or pass --skip-bad")
-            yield cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+            yield bgr
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ class RawReader:
             raise EpisodeError(f"{where}: no frame rate (fps={fps!r}); add {{\"fps\": <frames per second>}} "
                                f"to {d / 'meta.json'}")
         return EpisodeData(id=episode_id, cameras=cameras, arrays=_arrays(d / "arrays.npz", where),
-                           fps=float(fps), prompt=str(meta.get("prompt", "")), split=meta.get("split"), files=files)
+                           fps=float(fps), prompt=str(meta.get("prompt", "")), split=meta.get("split"), files=files,
+                           channel_order="bgr")  # OpenCV and PyAV decode to BGR at no cost
 
 
 def _meta(path: Path, where: str) -> dict:

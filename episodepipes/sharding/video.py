@@ -20,7 +20,8 @@ except ImportError:  # the `lerobot` extra brings PyAV; OpenCV decodes the commo
 
 @dataclass(frozen=True)
 class VideoFrames:
-    """RGB uint8 frames of one video file, decoded only while iterated."""
+    """BGR uint8 frames of one video file (OpenCV's order, which the JPEG encoder wants), decoded only
+    while iterated."""
 
     path: Path
     where: str = ""
@@ -56,7 +57,7 @@ class VideoFrames:
                 if not c.streams.video:
                     raise self._fail("no video stream")
                 for frame in c.decode(video=0):
-                    yield frame.to_ndarray(format="rgb24")
+                    yield frame.to_ndarray(format="bgr24")
         except (av.FFmpegError, OSError) as e:
             raise self._fail(e) from e
 
@@ -69,6 +70,6 @@ class VideoFrames:
                 ok, bgr = cap.read()
                 if not ok:
                     break
-                yield cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                yield bgr
         finally:
             cap.release()
