@@ -17,11 +17,11 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from episodepipes.pipes.train import train_pipe
 from lightning.pytorch.strategies import DDPStrategy
 
 from episodepipes.lightning_glue import OverlayVideoWriter, ValLoaders
 from episodepipes.pipes import EpisodeIndex, metric_pipe, video_pipe
+from episodepipes.pipes.train import train_pipe
 
 TIMEOUT = timedelta(seconds=90)
 
@@ -76,7 +76,8 @@ class KeypointNet(pl.LightningModule):
         if self.trainer.val_dataloaders.is_video(dataloader_idx):
             return {"points": pred}  # drawn by OverlayVideoWriter; video loaders log nothing (DDP invariant)
         valid = batch["valid"]
-        self.log("val/px_err", err[valid].sqrt().mean(), sync_dist=True, batch_size=int(valid.sum()))
+        self.log("val/px_err", err[valid].sqrt().mean(), sync_dist=True, batch_size=int(valid.sum()),
+                 add_dataloader_idx=False)
         return None
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -91,13 +92,19 @@ class PassRecorder(pl.Callback):
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loaders: ValLoaders = trainer.val_dataloaders
-        self.t0 = time.perf_counter()
+        self.t0 = self.t_metrics_done = time.perf_counter()
         self.before = {n: dict(p.stats) for n, p in {**loaders.metrics, **loaders.videos}.items()}
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: object,
+                                batch: object, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not trainer.val_dataloaders.is_video(dataloader_idx):
+            self.t_metrics_done = time.perf_counter()  # video loaders come last: the rest is theirs
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loaders: ValLoaders = trainer.val_dataloaders
+        now = time.perf_counter()
         row = {"rank": trainer.global_rank, "pass": self.passes, "sanity": trainer.sanity_checking,
-               "seconds": round(time.perf_counter() - self.t0, 3)}
+               "seconds": round(now - self.t0, 3), "video_seconds": round(now - self.t_metrics_done, 3)}
         for name, pipe in {**loaders.metrics, **loaders.videos}.items():
             d = {k: pipe.stats[k] - self.before[name][k] for k in pipe.stats}
             row[name] = {k: d[k] for k in ("frames_decoded", "bytes_read", "workers_started")}
