@@ -184,3 +184,39 @@ def test_state_is_a_small_cursor_and_checks_the_seed(index):
     other.load_state_dict(state)
     with pytest.raises(ValueError, match="seed"):
         next(iter(other))
+
+
+@pytest.mark.parametrize("stop", [4, 9, 14])  # mid-epoch, end of epoch 0 (9 batches each), mid-epoch 1
+def test_lightning_checkpoint_resumes_the_same_batches(index, tmp_path, stop):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.seen = torch.nn.Linear(7, 1), []
+
+        def training_step(self, batch, i):
+            self.seen.append(list(zip(batch["episode"], batch["frame"].tolist())))
+            return self.lin(batch["state"]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):
+            return train_pipe(index, batch_size=4, seed=1, rank=0, world_size=1, num_workers=1)
+
+    def fit(model, callbacks=(), ckpt=None, **kw):
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                  enable_checkpointing=bool(callbacks), callbacks=list(callbacks), **kw).fit(model, ckpt_path=ckpt)
+
+    full = Model()
+    fit(full, max_epochs=2)
+    first = Model()
+    fit(first, [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=stop, save_top_k=-1)], max_steps=stop)
+    (ckpt,) = tmp_path.glob("*.ckpt")
+    cursor = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert cursor[0]["root"]["source"]["source"]["seed"] == 1
+    rest = Model()
+    fit(rest, ckpt=ckpt, max_epochs=2)
+    assert len(full.seen) == 18 and first.seen + rest.seen == full.seen
