@@ -25,7 +25,27 @@ def load_index(out: str | Path) -> dict:
     if data.get("format") != FORMAT_NAME or data.get("version") != FORMAT_VERSION:
         raise ValueError(f"{file}: format {data.get('format')!r} version {data.get('version')!r}, expected "
                          f"{FORMAT_NAME!r} version {FORMAT_VERSION}; re-shard with this version's write --overwrite")
+    _check_keys(data, file)
     return data
+
+
+_KEYS = {"shard": ("name", "bytes", "sha256", "samples"),
+         "episode": ("id", "split", "length", "fps", "cameras", "arrays", "segments"),
+         "segment": ("shard", "first", "count", "offsets", "end")}
+
+
+def _check_keys(data: dict, file: Path) -> None:
+    """Structure only (no I/O), so a damaged index is named instead of failing with a bare KeyError."""
+    entries = [("shard", i, s) for i, s in enumerate(data.get("shards", []))]
+    for e in data.get("episodes", []):
+        entries.append(("episode", e.get("id", "?") if isinstance(e, dict) else "?", e))
+        segs = e.get("segments", []) if isinstance(e, dict) else []
+        entries += [("segment", f"{e.get('id', '?')}#{k}", s) for k, s in enumerate(segs)]
+    missing = [f"{kind} {name}: {key!r}" for kind, name, d in entries for key in _KEYS[kind]
+               if not isinstance(d, dict) or key not in d]
+    if "shards" not in data or "episodes" not in data or missing:
+        raise ValueError(f"{file} is damaged (missing {(missing or ['shards/episodes'])[:3]}); "
+                         "re-shard with write --overwrite")
 
 
 def summarize(data: dict) -> list[tuple[str, str]]:

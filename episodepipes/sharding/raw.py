@@ -91,8 +91,8 @@ class RawReader:
             raise EpisodeError(f"{where}: {d} has no video ({'/'.join(VIDEO_EXTS)}) and no image folder; "
                                "add a camera or remove the folder")
         fps = meta.get("fps", video_fps)
-        if fps is None or not float(fps) > 0:
-            raise EpisodeError(f"{where}: no frame rate (fps={fps!r}); add {{\"fps\": <frames per second>}} "
+        if not isinstance(fps, (int, float)) or not fps > 0:
+            raise EpisodeError(f"{where}: no usable frame rate (fps={fps!r}); add {{\"fps\": <frames per second>}} "
                                f"to {d / 'meta.json'}")
         return EpisodeData(id=episode_id, cameras=cameras, arrays=_arrays(d / "arrays.npz", where),
                            fps=float(fps), prompt=str(meta.get("prompt", "")), split=meta.get("split"), files=files,

@@ -79,7 +79,7 @@ class ZarrReader:
         except Exception as e:  # a damaged store: name it instead of leaking a zarr internal
             raise EpisodeError(f"{where}: cannot read {store} ({e}); re-write it, or pass --skip-bad") from e
         fps = attrs.get("fps")
-        if fps is None or not float(fps) > 0:
+        if not isinstance(fps, (int, float)) or not fps > 0:
             raise EpisodeError(f"{where}: {store} attrs have fps={fps!r}; set group.attrs['fps'] to the frame rate")
         return EpisodeData(
             id=episode_id, cameras={c: ZarrImages(store, f"images/{c}", where) for c in cams}, arrays=arrays,
