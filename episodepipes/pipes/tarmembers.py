@@ -15,12 +15,21 @@ from episodepipes.format import BLOCK, sample_key
 Pread = Callable[[int, int], bytes]  # (size, offset) -> bytes
 
 
-def _header(buf: bytes, where: str, offset: int) -> tarfile.TarInfo:
+def _header(buf: bytes, where: str, offset: int) -> tuple[str, int, bytes]:
+    """(name, size, type) of a tar header block; plain octal fields parsed directly, the rest by tarfile."""
+    size_field = buf[124:136]
+    if len(buf) == BLOCK and buf[257:262] == b"ustar" and size_field[:1] != b"\x80":
+        try:
+            return buf[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape"), \
+                int(size_field.split(b"\0", 1)[0].strip() or b"0", 8), buf[156:157]
+        except ValueError:
+            pass
     try:
-        return tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+        info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
     except tarfile.HeaderError as e:
         raise ValueError(f"{where}: no valid tar header at byte {offset} ({e}); the shard does not match its index, "
                          "re-shard it or check with verify=True") from None
+    return info.name, info.size, info.type
 
 
 def _padded(size: int) -> int:
@@ -45,11 +54,11 @@ def frame_fields(pread: Pread, start: int, end: int, episode: str, frame: int, w
     while pos < end and (whole or len(out) < len(want or ())):
         hdr = buf[pos - start:pos - start + BLOCK] if whole else pread(BLOCK, pos)
         nread += 0 if whole else len(hdr)
-        info = _header(hdr, where, pos)
-        data_at, pos = pos + BLOCK, pos + BLOCK + _padded(info.size)
-        name, long_name = long_name or info.name, None
-        if info.type == tarfile.GNUTYPE_LONGNAME:  # the next member's name, longer than 100 bytes
-            raw = buf[data_at - start:data_at - start + info.size] if whole else pread(info.size, data_at)
+        name, size, kind = _header(hdr, where, pos)
+        data_at, pos = pos + BLOCK, pos + BLOCK + _padded(size)
+        name, long_name = long_name or name, None
+        if kind == tarfile.GNUTYPE_LONGNAME:  # the next member's name, longer than 100 bytes
+            raw = buf[data_at - start:data_at - start + size] if whole else pread(size, data_at)
             nread += 0 if whole else len(raw)
             long_name = raw.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
@@ -58,9 +67,9 @@ def frame_fields(pread: Pread, start: int, end: int, episode: str, frame: int, w
                              "the shard does not match its index, re-shard it or check with verify=True")
         field = name[len(prefix):]
         if whole:
-            out[field] = buf[data_at - start:data_at - start + info.size]
+            out[field] = buf[data_at - start:data_at - start + size]
         elif field in want:  # type: ignore[operator]
-            out[field] = pread(info.size, data_at)
+            out[field] = pread(size, data_at)
             nread += len(out[field])
     missing = sorted(set(want or ()) - set(out))
     if missing:

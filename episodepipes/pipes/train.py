@@ -52,7 +52,7 @@ class TrainReader(BaseNode[RawSample]):
         self._epoch = self._pos = 0
         self._stop: int | None = None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
-        self._fds: dict[int, int] = {}
+        self._fds: dict[int, tuple[int, str]] = {}  # shard -> (fd, path)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -85,7 +85,7 @@ class TrainReader(BaseNode[RawSample]):
 
     def close(self) -> None:
         """Close shard files; they are reopened on demand."""
-        for fd in self._fds.values():
+        for fd, _ in self._fds.values():
             os.close(fd)
         self._fds.clear()
 
@@ -109,14 +109,13 @@ class TrainReader(BaseNode[RawSample]):
     def _fields(self, ep: Episode, step: int, want: set[str] | None) -> dict[str, bytes]:
         shard, start, end = ep.frame_range(step)
         if shard not in self._fds:
-            path = self.index.shard_path(shard)
+            path = str(self.index.shard_path(shard))
             try:
-                self._fds[shard] = os.open(path, os.O_RDONLY)  # closed in close()
+                self._fds[shard] = (os.open(path, os.O_RDONLY), path)  # closed in close()
             except FileNotFoundError:
                 raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
-        fd = self._fds[shard]
-        fields, n = frame_fields(lambda size, off: os.pread(fd, size, off), start, end, ep.id, step, want,
-                                 where=str(self.index.shard_path(shard)))
+        fd, path = self._fds[shard]
+        fields, n = frame_fields(lambda size, off: os.pread(fd, size, off), start, end, ep.id, step, want, where=path)
         self.stats.add("bytes_read", n)
         return fields
 

@@ -17,6 +17,7 @@ step's plain fields (``"front.jpg"``, ``"keypoints.npy"``, ``"json"``) for the k
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,22 @@ from episodepipes.pipes.decode import decode_jpeg, decode_members
 from episodepipes.pipes.plan import Item
 
 ITEM_KEY = "__item__"
+_NPY_HEADERS: dict[bytes, tuple[np.dtype, tuple[int, ...]]] = {}  # .npy header -> (dtype, shape), per process
+
+
+def fast_npy(data: bytes) -> np.ndarray:
+    """`npy_load` for the shards' small arrays without re-parsing the same header for every step."""
+    n = 10 + int.from_bytes(data[8:10], "little")
+    meta = _NPY_HEADERS.get(data[:n]) if data[6:7] == b"\x01" else None
+    if meta is None:
+        f = io.BytesIO(data)
+        if np.lib.format.read_magic(f) != (1, 0) or len(_NPY_HEADERS) > 1024:
+            return npy_load(data)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        if fortran or dtype.hasobject:
+            return npy_load(data)
+        meta = _NPY_HEADERS[data[:n]] = (dtype, shape)
+    return np.frombuffer(data, meta[0], offset=n).reshape(meta[1]).copy()  # writable, like npy_load
 
 
 @dataclass(frozen=True)
@@ -118,8 +135,9 @@ class WindowDecode:
 
     def __call__(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
                  size: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
-        plain = {k: v for k, v in members.items() if "@" not in k and not k.endswith("_pad") and k != ITEM_KEY}
+        plain = {k: v for k, v in members.items() if "@" not in k and not k.endswith((".npy", "_pad", ITEM_KEY))}
         fields, bad = decode_members(plain, {c: s for c, s in cameras.items() if c not in self.windows}, size)
+        fields.update((k[:-4], fast_npy(v)) for k, v in members.items() if k.endswith(".npy") and "@" not in k)
         for key, w in self.windows.items():
             done: dict[int, np.ndarray] = {}
             steps = []
@@ -144,7 +162,7 @@ class WindowDecode:
     def _decode(key: str, data: bytes, cameras: dict[str, tuple[int, int]], size: tuple[int, int] | None,
                 bad: list[str]) -> np.ndarray:
         if key not in cameras:
-            return npy_load(data)
+            return fast_npy(data)
         img = decode_jpeg(data, src=cameras[key], size=size)
         if img is None:
             bad.append(key)
