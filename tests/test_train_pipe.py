@@ -93,6 +93,26 @@ def test_array_windows_read_only_their_npy_members(tmp_path):
     assert ratio < 0.3, ratio  # headers and npy data; the JPEGs beside them are skipped
 
 
+def test_camera_history_decodes_each_returned_frame_once(index, monkeypatch):
+    import episodepipes.pipes.decode as decode_mod
+    import episodepipes.pipes.window as window_mod
+
+    calls = {"front": 0, "wrist": 0}
+
+    def counting(real, cam):
+        def f(*a, **kw):
+            calls[cam] += 1
+            return real(*a, **kw)
+        return f
+
+    monkeypatch.setattr(window_mod, "decode_jpeg", counting(window_mod.decode_jpeg, "front"))
+    monkeypatch.setattr(decode_mod, "decode_jpeg", counting(decode_mod.decode_jpeg, "wrist"))
+    batches = list(train_pipe(index, batch_size=13, seed=0, rank=0, world_size=1, history={"front": 3}))
+    frames = [(e, t) for b in batches for e, t in zip(b["episode"], b["frame"].tolist())]
+    assert calls["wrist"] == len(frames) == 39  # no window: the current frame only
+    assert calls["front"] == sum(len({min(max(t + d, 0), TRAIN[e] - 1) for d in (-2, -1, 0)}) for e, t in frames)
+
+
 def plus_frame(sample):
     """A module-level transform, so it pickles into process workers."""
     return {**sample, "state": sample["state"] * 0 + sample["frame"], "extra": np.float32(sample["frame"])}
@@ -219,4 +239,6 @@ def test_lightning_checkpoint_resumes_the_same_batches(index, tmp_path, stop):
     assert cursor[0]["root"]["source"]["source"]["seed"] == 1
     rest = Model()
     fit(rest, ckpt=ckpt, max_epochs=2)
+    pipe = full.train_dataloader()
+    assert full.seen == [list(zip(b["episode"], b["frame"].tolist())) for _ in range(2) for b in pipe]  # epochs 0, 1
     assert len(full.seen) == 18 and first.seen + rest.seen == full.seen
