@@ -116,7 +116,7 @@ def run(workdir: Path, quick: bool) -> dict:
         {"metric": "write --workers 1 vs imencode in 1 process", "ours": wall["w1"], "baseline": None,
          "ceiling": wall["enc1"], "unit": "frames/s", "note": f"ratio {wall['w1'] / wall['enc1']:.2f}"},
         {"metric": "CPU cost: write --workers 2 vs imencode in 2 processes", "ours": cpu["w2"], "baseline": None,
-         "ceiling": cpu["enc2"], "unit": "frames/CPU-s",
+         "ceiling": cpu["enc2"], "unit": "frames/s (CPU time)",
          "note": f"ratio {cpu['w2'] / cpu['enc2']:.2f}; CPU time is immune to other load on a shared machine"},
     ]
     shutil.rmtree(workdir / "w1", ignore_errors=True)

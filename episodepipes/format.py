@@ -73,15 +73,19 @@ def _fast_header(name: bytes, size: int) -> bytes:
                      b"%06o\0 " % chksum, _TEMPLATE[156:]))
 
 
-def tar_member(name: str, data: bytes) -> bytes:
-    """One tar member (header, data, padding) with fixed metadata, so output is byte-reproducible."""
+def tar_member_parts(name: str, data: bytes) -> tuple[bytes, bytes, bytes]:
+    """One tar member as (header, data, padding), to be joined with its neighbours in one copy."""
     raw = name.encode("utf-8")
     if len(raw) <= 100 and len(data) < _MAX_SIZE:
         header = _fast_header(raw, len(data))
     else:  # long names need a GNU longname header: leave them to tarfile
         header = _tar_header(name, len(data))
-    pad = (-len(data)) % BLOCK
-    return header + data + b"\0" * pad
+    return header, data, b"\0" * ((-len(data)) % BLOCK)
+
+
+def tar_member(name: str, data: bytes) -> bytes:
+    """One tar member (header, data, padding) with fixed metadata, so output is byte-reproducible."""
+    return b"".join(tar_member_parts(name, data))
 
 
 TAR_END = b"\0" * (2 * BLOCK)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from episodepipes.format import npy_bytes, safe_episode_id, safe_field, sample_key, tar_member
+from episodepipes.format import npy_bytes, safe_episode_id, safe_field, sample_key, tar_member_parts
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
 
 
@@ -25,7 +25,8 @@ class EncodedEpisode:
 
     def blocks(self) -> list[bytes]:
         """Each frame's tar members as one byte string, ready to append to a shard."""
-        return [b"".join(tar_member(name, data) for name, data in members) for members in self.samples]
+        return [b"".join(part for name, data in members for part in tar_member_parts(name, data))
+                for members in self.samples]
 
 
 def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = False) -> bytes:

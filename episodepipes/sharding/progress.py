@@ -44,6 +44,7 @@ def clear(out: Path, *, jobs: bool = True) -> None:
                     "shard-*.tar", "shard-*.tar.tmp"):
         for p in out.glob(pattern):
             p.unlink()
+    shutil.rmtree(out / "_spool", ignore_errors=True)
     if jobs:
         shutil.rmtree(out / JOBS_DIR, ignore_errors=True)
 

@@ -8,8 +8,13 @@ sorted episode list into ``out/_jobs/job-NNNN/``; `episodepipes.sharding.merge` 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
+import mmap
 import multiprocessing as mp
+import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -68,8 +73,13 @@ def job_dir(out: Path, job_index: int) -> Path:
 
 
 def _encode(task: tuple) -> tuple:
-    """Worker: read and encode one episode. Input errors come back as values, to be skipped or raised."""
-    reader, eid, split, opts = task
+    """Worker: read and encode one episode. Input errors come back as values, to be skipped or raised.
+
+    With a ``spool`` folder the samples go to a file there and only its name and the sample sizes
+    return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
+    writing them, and the parent is the one process that cannot be parallelised.
+    """
+    reader, eid, split, opts, spool = task
     try:
         ep = reader.read(eid)
         if split is not None:
@@ -78,10 +88,36 @@ def _encode(task: tuple) -> tuple:
             raise EpisodeError(f"episode {eid!r}: split {ep.split!r} is not 'train' or 'val'; fix its metadata "
                                "or pass --val-fraction/--val-episodes")
         enc = encode_episode(ep, opts)
-        return "ok", enc.meta, enc.blocks()
+        blocks = enc.blocks()
+        if spool is None:
+            return "ok", enc.meta, blocks
+        path = Path(spool) / f"{enc.meta['id']}.samples"
+        with open(path, "wb") as f:
+            f.writelines(blocks)
+        return "ok", enc.meta, (str(path), [len(b) for b in blocks])
     except (EpisodeError, ValueError, OSError, cv2.error) as e:
         msg = str(e) if isinstance(e, EpisodeError) else f"episode {eid!r}: {type(e).__name__}: {e}"
         return "bad", eid, msg
+
+
+@contextlib.contextmanager
+def _samples(payload: list[bytes] | tuple[str, list[int]]) -> Iterator[list]:
+    """The sample blocks of a worker result: as sent, or memory-mapped (no copy) from its spool file."""
+    if isinstance(payload, list):
+        yield payload
+        return
+    path, sizes = payload
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        whole = memoryview(mm)
+        bounds = list(itertools.accumulate(sizes, initial=0))
+        views = [whole[a:b] for a, b in zip(bounds, bounds[1:])]
+        try:
+            yield views
+        finally:
+            for v in views:
+                v.release()
+            whole.release()
+    os.unlink(path)
 
 
 def _init_worker() -> None:
@@ -116,7 +152,12 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
         raise ValueError(f"the interrupted run in {target} skipped {[x['id'] for x in prog.skipped]}; "
                          "resume with --skip-bad, or pass --overwrite to start over")
     enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize)
-    tasks = [(reader, ids[p], splits[ids[p]], enc_opts) for p in block[prog.position:]]
+    spool = target / "_spool"
+    shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
+    if workers > 1:
+        spool.mkdir()
+    tasks = [(reader, ids[p], splits[ids[p]], enc_opts, str(spool) if workers > 1 else None)
+             for p in block[prog.position:]]
     skipped = list(prog.skipped)
     position = prog.position  # relative to the block; read by `save` when a shard finishes
 
@@ -139,8 +180,9 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                 skipped.append({"id": res[1], "error": res[2]})
             else:
                 first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
-                writer.add_blocks(res[1], res[2], start=first, segments=segs)
-                frames += len(res[2]) - first
+                with _samples(res[2]) as blocks:
+                    writer.add_blocks(res[1], blocks, start=first, segments=segs)
+                frames += len(blocks) - first
             bar.update(1)
             bar.set_postfix_str(f"{frames / max(time.perf_counter() - t0, 1e-9):.0f} frames/s", refresh=False)
         extra: dict = {"skipped": skipped} if skipped else {}
@@ -149,6 +191,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                             "first": block[0] if block else 0, "count": len(block)}
         writer.extra = extra
     bar.close()
+    shutil.rmtree(spool, ignore_errors=True)
     (target / PROGRESS_NAME).unlink(missing_ok=True)
     total = sum(e["length"] for e in writer.episodes)
     return WriteResult(target, len(writer.episodes), total, len(writer.shards), skipped, resumed)
