@@ -145,3 +145,15 @@ def test_empty_episode_is_named(tmp_path):
         g.create_array(k, shape=(0, 7), dtype="float32", overwrite=True)
     with pytest.raises(EpisodeError, match="ep0001.*empty episode"):
         write_shards(ZarrReader(src), tmp_path / "out", WriteOptions(format="zarr"))
+
+
+def test_an_interrupted_job_resumes_and_still_merges_to_the_single_job_bytes(tmp_path):
+    write_shards(SYN, tmp_path / "one", OPTS)
+    crashing = _CrashingReader(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width",
+                                                                "lengths")})
+    write_shards(SYN, tmp_path / "m", OPTS, num_jobs=2, job_index=0)
+    with pytest.raises(_Crash):  # ep0004 is in job 1's block (episodes 3..6)
+        write_shards(crashing, tmp_path / "m", OPTS, num_jobs=2, job_index=1, workers=2)
+    assert write_shards(SYN, tmp_path / "m", OPTS, num_jobs=2, job_index=1, workers=2).resumed
+    merge_jobs(tmp_path / "m")
+    assert _files(tmp_path / "m") == _files(tmp_path / "one")
