@@ -49,6 +49,9 @@ class TrainReader(BaseNode[RawSample]):
         self.stats = stats if stats is not None else Stats()
         self.table = FrameTable([e.id for e in self.episodes], [e.length for e in self.episodes])
         self.per_epoch = batches_per_epoch(len(self.table), world_size=world_size, batch_size=batch_size) * batch_size
+        if self.per_epoch == 0:
+            raise ValueError(f"{len(self.table)} frames make no full batch of batch_size={batch_size} on each of "
+                             f"world_size={world_size} ranks; lower batch_size")
         self._epoch = self._pos = 0
         self._stop: int | None = None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
@@ -67,6 +70,9 @@ class TrainReader(BaseNode[RawSample]):
             epoch, pos, stop = (initial_state[k] for k in (self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY))
             if stop is not None and epoch >= stop:
                 stop = None  # that pass had ended: this one is the next pass, as in an uninterrupted run
+        if not 0 <= pos < self.per_epoch:
+            raise ValueError(f"the saved state is at sample {pos} of an epoch, but this pipe has {self.per_epoch} "
+                             "per epoch and rank; resume with the checkpoint's batch_size and world_size")
         self._epoch, self._pos = int(epoch), int(pos)
         self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
 
