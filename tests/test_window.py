@@ -85,3 +85,17 @@ def test_window_members_and_decode_give_source_values_and_masks():
 
 def _add_one(sample):
     return {**sample, "plus_one": sample["frame"] + 1}
+
+
+@given(length=st.integers(1, 12), data=st.data(), k=st.integers(1, 5), h=st.integers(1, 5))
+def test_decoded_windows_equal_the_source_rows_at_clamped_steps(length, data, k, h):
+    t = data.draw(st.integers(0, length - 1))
+    state = np.arange(length * 2, dtype=np.float32).reshape(length, 2)
+    action = -state
+    windows = plan_windows({"state": k}, {"action": h, "state": 2}, cameras=set(), arrays={"state", "action"})
+    read = {s: {"state.npy": _npy(state[s]), "action.npy": _npy(action[s]), "json": b"{}"} for s in range(length)}
+    fields, _ = WindowDecode(windows)(window_members(Item("e", t), length, "", windows, read), {}, None)
+    hist = np.clip(np.arange(t - k + 1, t + 2), 0, length - 1)
+    assert np.array_equal(fields["state"], state[hist]) and fields["state"].shape == (k + 1, 2)
+    assert np.array_equal(fields["action"], action[np.clip(np.arange(t, t + h), 0, length - 1)])
+    assert fields["state_pad"].tolist() == [not 0 <= s < length for s in range(t - k + 1, t + 2)]
