@@ -93,7 +93,7 @@ def test_decoded_windows_equal_the_source_rows_at_clamped_steps(length, data, k,
     state = np.arange(length * 2, dtype=np.float32).reshape(length, 2)
     action = -state
     windows = plan_windows({"state": k}, {"action": h, "state": 2}, cameras=set(), arrays={"state", "action"})
-    read = {s: {"state.npy": _npy(state[s]), "action.npy": _npy(action[s]), "json": b"{}"} for s in range(length)}
+    read = {s: {"state.npy": _npy(state[s]), "action.npy": _npy(action[s])} for s in range(length)}
     fields, _ = WindowDecode(windows)(window_members(Item("e", t), length, "", windows, read), {}, None)
     hist = np.clip(np.arange(t - k + 1, t + 2), 0, length - 1)
     assert np.array_equal(fields["state"], state[hist]) and fields["state"].shape == (k + 1, 2)
