@@ -8,25 +8,18 @@ sorted episode list into ``out/_jobs/job-NNNN/``; `episodepipes.sharding.merge` 
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
-import mmap
-import multiprocessing as mp
-import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import cv2
-
-from episodepipes.format import INDEX_NAME
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
+from episodepipes.format import INDEX_NAME, safe_episode_id
+from episodepipes.sharding.encode import EncodeOptions
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
 from episodepipes.sharding.plan import assign_splits, job_block
+from episodepipes.sharding.pool import encoded, samples
 from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, Progress, start
 from episodepipes.sharding.writer import ShardWriter
 
@@ -72,67 +65,6 @@ def job_dir(out: Path, job_index: int) -> Path:
     return out / JOBS_DIR / f"job-{job_index:04d}"
 
 
-def _encode(task: tuple) -> tuple:
-    """Worker: read and encode one episode. Input errors come back as values, to be skipped or raised.
-
-    With a ``spool`` folder the samples go to a file there and only its name and the sample sizes
-    return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
-    writing them, and the parent is the one process that cannot be parallelised.
-    """
-    reader, eid, split, opts, spool = task
-    try:
-        ep = reader.read(eid)
-        if split is not None:
-            ep.split = split
-        if ep.split not in (None, "train", "val"):
-            raise EpisodeError(f"episode {eid!r}: split {ep.split!r} is not 'train' or 'val'; fix its metadata "
-                               "or pass --val-fraction/--val-episodes")
-        enc = encode_episode(ep, opts)
-        blocks = enc.blocks()
-        if spool is None:
-            return "ok", enc.meta, blocks
-        path = Path(spool) / f"{enc.meta['id']}.samples"
-        with open(path, "wb") as f:
-            f.writelines(blocks)
-        return "ok", enc.meta, (str(path), [len(b) for b in blocks])
-    except (EpisodeError, ValueError, OSError, cv2.error) as e:
-        msg = str(e) if isinstance(e, EpisodeError) else f"episode {eid!r}: {type(e).__name__}: {e}"
-        return "bad", eid, msg
-
-
-@contextlib.contextmanager
-def _samples(payload: list[bytes] | tuple[str, list[int]]) -> Iterator[list]:
-    """The sample blocks of a worker result: as sent, or memory-mapped (no copy) from its spool file."""
-    if isinstance(payload, list):
-        yield payload
-        return
-    path, sizes = payload
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        whole = memoryview(mm)
-        bounds = list(itertools.accumulate(sizes, initial=0))
-        views = [whole[a:b] for a, b in zip(bounds, bounds[1:])]
-        try:
-            yield views
-        finally:
-            for v in views:
-                v.release()
-            whole.release()
-    os.unlink(path)
-
-
-def _init_worker() -> None:
-    cv2.setNumThreads(1)  # one process per core already; cv2's own threads would only contend
-
-
-def _results(tasks: list[tuple], workers: int) -> Iterator[tuple]:
-    if workers <= 1:
-        yield from map(_encode, tasks)
-        return
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker) as pool:
-        yield from pool.imap(_encode, tasks, chunksize=1)
-
-
 def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, workers: int = 1,
                  num_jobs: int = 1, job_index: int = 0, overwrite: bool = False,
                  progress_bar: bool = False) -> WriteResult:
@@ -141,6 +73,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
     ids = reader.episode_ids()
     if not ids:
         raise ValueError(f"the source has no episodes ({reader!r}); check SRC and --format")
+    _check_unique(ids)
     splits = assign_splits(ids, val_fraction=opts.val_fraction, val_episodes=opts.val_episodes, seed=opts.seed)
     block = list(job_block(len(ids), num_jobs=num_jobs, job_index=job_index))
     options = opts.to_dict()
@@ -168,11 +101,11 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                  position=position if w.pending else len(block), frame=pend["frame"],
                  segments=pend["segments"]).save(target)
 
-    bar = _bar(len(block), prog.position, enabled=progress_bar)
     frames, t0 = 0, time.perf_counter()
     with ShardWriter(target, shard_size=opts.shard_size, options=options, shards=prog.shards,
-                     episodes=prog.episodes, on_shard=save) as writer:
-        for position, res in zip(range(prog.position, len(block)), _results(tasks, workers)):
+                     episodes=prog.episodes, on_shard=save) as writer, \
+            _bar(len(block), prog.position, enabled=progress_bar) as bar:
+        for position, res in zip(range(prog.position, len(block)), encoded(tasks, workers)):
             if res[0] == "bad":
                 if not opts.skip_bad:
                     raise EpisodeError(res[2])
@@ -180,7 +113,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                 skipped.append({"id": res[1], "error": res[2]})
             else:
                 first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
-                with _samples(res[2]) as blocks:
+                with samples(res[2]) as blocks:
                     writer.add_blocks(res[1], blocks, start=first, segments=segs)
                 frames += len(blocks) - first
             bar.update(1)
@@ -190,11 +123,21 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
             extra["job"] = {"index": job_index, "num_jobs": num_jobs, "episodes": len(ids),
                             "first": block[0] if block else 0, "count": len(block)}
         writer.extra = extra
-    bar.close()
     shutil.rmtree(spool, ignore_errors=True)
     (target / PROGRESS_NAME).unlink(missing_ok=True)
     total = sum(e["length"] for e in writer.episodes)
     return WriteResult(target, len(writer.episodes), total, len(writer.shards), skipped, resumed)
+
+
+def _check_unique(ids: list[str]) -> None:
+    """Two source ids that become one tar-safe id would share member names: refuse before writing."""
+    seen: dict[str, str] = {}
+    for eid in ids:
+        safe = safe_episode_id(eid)
+        if safe in seen:
+            raise ValueError(f"episodes {seen[safe]!r} and {eid!r} both become {safe!r} in shard member names; "
+                             "rename one of them")
+        seen[safe] = eid
 
 
 def _bar(total: int, initial: int, *, enabled: bool):  # noqa: ANN202 - a tqdm or a no-op stand-in
