@@ -61,7 +61,7 @@ class RenderGate(pl.Callback):
         self.render_passes = 0  # passes this callback opened the gates for (on this rank)
         self._trainer: pl.Trainer | None = None
         self._loaders: ValLoaders | None = None
-        self._checked: set[int] = set()
+        self._checked: int | None = None  # id of the ValLoaders whose lengths were compared
         self._warned = False
         self._guard: checks.LogGuard | None = None
         self._rendering = False
@@ -76,8 +76,8 @@ class RenderGate(pl.Callback):
         open_ = is_render_pass(global_rank=t.global_rank, fn=t.state.fn, sanity_checking=t.sanity_checking,
                                fit_pass=self.fit_passes, every_n_passes=self.every_n_passes,
                                render_sanity_check=self.render_sanity_check)
-        if open_ and not self._rendering:
-            self._rendering = True
+        if open_ and not self._rendering:  # the first gate of this pass to open: rank 0's extra work starts
+            self._rendering, self._video_start = True, time.perf_counter()
             self.render_passes += 1
         return open_
 
@@ -99,17 +99,15 @@ class RenderGate(pl.Callback):
                 self._warned = True
             return
         self._trainer, self._loaders = trainer, loaders
-        if id(loaders) not in self._checked:  # once per ValLoaders, on every rank at the same point
+        if self._checked != id(loaders):  # once per ValLoaders, on every rank at the same point
             checks.check_same_lengths(loaders, pl_module)
-            self._checked = {id(loaders)}
+            self._checked = id(loaders)
         for pipe in (loaders.videos or {}).values():
             pipe.gate.bind(self.should_render)
 
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         if self._loaders is not None and self._loaders.is_video(dataloader_idx):
-            if self._video_start is None:
-                self._video_start = time.perf_counter()  # first video batch drawn: other ranks start waiting
             self._guard = checks.LogGuard(pl_module, self._loaders.name(dataloader_idx), dataloader_idx)
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -117,12 +115,11 @@ class RenderGate(pl.Callback):
         self._drop_guard()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._rendering or self._video_start is not None:
+        if self._rendering:  # timed from the gate opening to the last video written
             self.end_render_pass(trainer, pl_module)
-            if self._video_start is not None:
-                seconds = time.perf_counter() - self._video_start
-                checks.report_render_duration(seconds, checks.pg_timeout(trainer, self.pg_timeout),
-                                              step=trainer.global_step)
+            seconds = time.perf_counter() - (self._video_start or 0.0)
+            timeout = checks.pg_timeout(trainer, self.pg_timeout)
+            checks.report_render_duration(seconds, timeout, step=trainer.global_step)
         self._rendering, self._video_start = False, None
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

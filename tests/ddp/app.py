@@ -7,6 +7,7 @@ The unit tests import the classes; tests/ddp/test_ddp_fit.py runs ``main()`` as 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 from datetime import timedelta
@@ -117,6 +118,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=2)
     p.add_argument("--timeout", type=float, default=60)
     a = p.parse_args()
+    faulthandler.dump_traceback_later(2 * a.timeout, exit=True)  # a hang shows where, then ends this rank
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
     out = Path(a.out)

@@ -6,13 +6,16 @@ never hangs the suite (Lightning installs a SIGTERM handler, hence ``-k``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import cv2
 import pytest
@@ -26,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("app.py")
 PINNED = ["ep0000", "ep0003"]  # train-split episodes: the metric pipe (val split) never reads them
 EPOCHS, EVERY, FPS, LENGTH = 4, 2, 7.5, 12
+DEADLINE = 150  # seconds for the whole run; the strategy's timeout is 60
 pytestmark = pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
 
 
@@ -39,11 +43,23 @@ def run(tmp_path_factory):
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
     env.pop("MASTER_PORT", None)
-    cmd = ["timeout", "-k", "10", "150", sys.executable, str(APP), str(root), str(out),
+    cmd = ["timeout", "-k", "10", str(DEADLINE), sys.executable, str(APP), str(root), str(out),
            "--epochs", str(EPOCHS), "--every", str(EVERY), "--timeout", "60"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    # Output goes to files, not pipes: a rank that outlives rank 0 (Lightning handles SIGTERM, and `timeout`
+    # stops waiting once its own child has exited) would otherwise hold the pipes open forever. A new session
+    # lets us reap every process of the run afterwards, whatever happened.
+    with open(tmp / "stdout.txt", "w") as so, open(tmp / "stderr.txt", "w") as se:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=so, stderr=se, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=DEADLINE + 20)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.perf_counter() - t0
+    proc = SimpleNamespace(returncode=rc, stderr=(tmp / "stderr.txt").read_text())
     ranks = {r: json.loads(p.read_text()) for r in (0, 1) if (p := out / f"rank{r}.json").exists()}
     return {"proc": proc, "root": root, "out": out, "ranks": ranks, "seconds": seconds}
 
