@@ -61,7 +61,7 @@ class RenderGate(pl.Callback):
         self.render_passes = 0  # passes this callback opened the gates for (on this rank)
         self._trainer: pl.Trainer | None = None
         self._loaders: ValLoaders | None = None
-        self._checked: int | None = None  # id of the ValLoaders whose lengths were compared
+        self._checked: ValLoaders | None = None  # held, not its id: a freed object's id is reused
         self._warned = False
         self._guard: checks.LogGuard | None = None
         self._rendering = False
@@ -99,9 +99,9 @@ class RenderGate(pl.Callback):
                 self._warned = True
             return
         self._trainer, self._loaders = trainer, loaders
-        if self._checked != id(loaders):  # once per ValLoaders, on every rank at the same point
+        if self._checked is not loaders:  # once per ValLoaders: a collective, so every rank decides alike
             checks.check_same_lengths(loaders, pl_module)
-            self._checked = id(loaders)
+            self._checked = loaders
         for pipe in (loaders.videos or {}).values():
             pipe.gate.bind(self.should_render)
 
@@ -130,7 +130,7 @@ class RenderGate(pl.Callback):
         if self._loaders is not None:
             for pipe in (self._loaders.videos or {}).values():
                 pipe.gate.bind(None)  # no trainer: the pipe is a plain open iterable again
-        self._trainer = self._loaders = None
+        self._trainer = self._loaders = self._checked = None
 
     def end_render_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Called on rank 0 at the end of each render pass, inside the timed span; subclasses write here."""
