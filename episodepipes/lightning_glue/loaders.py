@@ -95,4 +95,7 @@ def _check_sized(name: str, pipe: Any) -> None:
         raise TypeError(f"loader {name!r}={pipe!r} should be a sized iterable such as an episodepipes Pipe")
 
 
-torch.export.register_dataclass(ValLoaders, serialized_type_name="episodepipes.lightning_glue.ValLoaders")
+try:
+    torch.export.register_dataclass(ValLoaders, serialized_type_name="episodepipes.lightning_glue.ValLoaders")
+except ValueError:  # already registered: this module was imported again (importlib.reload)
+    pass
