@@ -15,14 +15,12 @@ _MMAP_THRESHOLD = 64 << 20
 
 
 def _init_process() -> None:
-    """Tune a decode process we own: one OpenCV thread, and no mmap/munmap page faults per frame.
+    """Tune a decode process we own: no mmap/munmap page faults per frame.
 
     glibc serves each decoded frame (about 1 MB) with a fresh mmap by default, which costs hundreds of
     page faults per frame; a 64 MB threshold keeps them in the heap. Only our own workers are tuned.
+    (Do not call `cv2.setNumThreads` here: in a forked child it waits forever on the parent's pool.)
     """
-    import cv2
-
-    cv2.setNumThreads(1)
     try:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     except OSError:  # not glibc: nothing to tune

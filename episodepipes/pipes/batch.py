@@ -1,4 +1,4 @@
-"""`Collator`: decoded samples into batch dicts of tensors, reusing batch buffers nobody holds any more.
+"""`Collator`: decoded samples into batch dicts of tensors, without copying frames the decoder laid out.
 
 A batch has one uint8 ``[B, 3, H, W]`` tensor per camera and one tensor per array key (both stacked
 from the samples' arrays), ``frame`` (int64), ``timestamp`` (float64 seconds), ``valid`` (bool),
@@ -7,39 +7,19 @@ from the samples' arrays), ``frame`` (int64), ``timestamp`` (float64 seconds), `
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from episodepipes.pipes._buffers import BufferPool, consecutive_rows
 from episodepipes.pipes.stats import Stats
+
+__all__ = ["BufferPool", "Collator", "collate"]
 
 LISTS = ("episode", "prompt")
 SCALARS = {"frame": torch.int64, "timestamp": torch.float64, "valid": torch.bool}
-
-
-class BufferPool:
-    """Arrays to stack into, handed out again only once every tensor made from them is gone.
-
-    `torch.from_numpy` keeps a reference to its array, and so does every view of that tensor, so an
-    array whose reference count is back to ours alone is free. A fresh large buffer costs page faults
-    on every first touch; a reused one does not.
-    """
-
-    def __init__(self) -> None:
-        self._free: dict[tuple, list[np.ndarray]] = {}
-
-    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        bufs = self._free.setdefault((shape, np.dtype(dtype).str), [])
-        for b in bufs:
-            if sys.getrefcount(b) <= 3:  # the list, the loop variable, getrefcount's argument
-                return b
-        b = np.empty(shape, dtype)
-        if len(bufs) < 8:
-            bufs.append(b)
-        return b
 
 
 def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str, Any]:
@@ -51,11 +31,14 @@ def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str,
     for k, v in first.items():
         if k in out:
             continue
-        shape = (len(samples), *np.shape(v))
-        arr = np.asarray(v)
-        buf = buffers.get(shape, arr.dtype) if buffers is not None else np.empty(shape, arr.dtype)
-        for i, s in enumerate(samples):
-            buf[i] = s[k]
+        rows = [s[k] for s in samples]
+        buf = consecutive_rows(rows) if isinstance(v, np.ndarray) else None
+        if buf is None:  # not laid out by the decoder: stack (into a reused buffer)
+            arr = np.asarray(v)
+            shape = (len(samples), *arr.shape)
+            buf = buffers.get(shape, arr.dtype) if buffers is not None else np.empty(shape, arr.dtype)
+            for i, r in enumerate(rows):
+                buf[i] = r
         out[k] = torch.from_numpy(buf)
     return out
 

@@ -65,7 +65,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
             verified.append(True)
         reader = ShardReader(index, items, stats=stats, url=url)
         dec = Decoder(reader, index, num_workers=num_workers, method=method, resize=resize,
-                      on_corrupt=on_corrupt, stats=stats)
+                      on_corrupt=on_corrupt, stats=stats, slab=batch_size)
         return Collator(dec, batch_size=batch_size, stats=stats)
 
     return build

@@ -20,6 +20,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.format import npy_load
 from episodepipes.pipes import _pool
+from episodepipes.pipes._buffers import BufferPool
 from episodepipes.pipes.index import EpisodeIndex
 from episodepipes.pipes.read import RawSample
 from episodepipes.pipes.stats import Stats
@@ -39,33 +40,59 @@ def reduced_flag(src: tuple[int, int], dst: tuple[int, int] | None) -> int:
     return cv2.IMREAD_COLOR
 
 
-def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None) -> np.ndarray | None:
-    """uint8 RGB ``[3, H, W]`` at ``size`` (or the source size); None when the bytes do not decode."""
+def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
+                out: np.ndarray | None = None) -> np.ndarray | None:
+    """uint8 RGB ``[3, H, W]`` at ``size`` (or the source size), written into ``out`` if given;
+    None when the bytes do not decode."""
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), reduced_flag(src, size))
     if bgr is None:
         return None
     if size is not None and bgr.shape[:2] != tuple(size):
         bgr = cv2.resize(bgr, (size[1], size[0]), interpolation=cv2.INTER_AREA)
-    out = np.empty((3, *bgr.shape[:2]), np.uint8)
-    cv2.split(bgr, [out[2], out[1], out[0]])  # BGR HWC -> RGB CHW in one SIMD pass
+    if out is None or out.shape != (3, *bgr.shape[:2]):
+        out = np.empty((3, *bgr.shape[:2]), np.uint8)
+    cv2.split(bgr, [out[2], out[1], out[0]])  # BGR HWC -> RGB CHW in one SIMD pass, into out's planes
     return out
 
 
+def load_npy(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An .npy member whose dtype and shape the index already gives: a view of its tail, no header parse.
+
+    `np.lib.format.read_array` parses the header with `ast.literal_eval` (tens of µs per array);
+    the general path is kept for anything that does not match the index.
+    """
+    dt = np.dtype(dtype)
+    nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    if data[:6] == b"\x93NUMPY" and len(data) - nbytes >= 10 and dt.isnative:
+        return np.frombuffer(data, dt, offset=len(data) - nbytes).reshape(shape)
+    return npy_load(data)
+
+
 def decode_members(members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
-                   size: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
-    """Decode one sample's members; returns (fields, corrupt camera names). Runs in a worker."""
+                   size: tuple[int, int] | None,
+                   arrays: dict[str, tuple[str, tuple[int, ...]]] | None = None,
+                   dest: dict[str, np.ndarray] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Decode one sample's members; returns (fields, corrupt camera names). Runs in a worker.
+
+    ``arrays`` (key -> (dtype, shape) from the index) skips .npy header parsing; ``dest`` (camera ->
+    ``[3, H, W]`` array) is where to write each frame (a row of the batch buffer, for threads).
+    """
     out: dict[str, Any] = {}
     bad: list[str] = []
     for cam, src in cameras.items():
         data = members.get(f"{cam}.jpg")
-        img = None if data is None else decode_jpeg(data, src=src, size=size)
+        slot = dest.get(cam) if dest else None
+        img = None if data is None else decode_jpeg(data, src=src, size=size, out=slot)
         if img is None:
             bad.append(cam)
-            img = np.zeros((3, *(size or src)), np.uint8)
+            img = slot if slot is not None else np.empty((3, *(size or src)), np.uint8)
+            img[...] = 0
         out[cam] = img
     for field, data in members.items():
         if field.endswith(".npy"):
-            out[field[:-4]] = npy_load(data)
+            key = field[:-4]
+            spec = (arrays or {}).get(key)
+            out[key] = load_npy(data, *spec) if spec else npy_load(data)
     if "json" in members:
         out["timestamp"] = float(json.loads(members["json"])["timestamp"])
     return out, bad
@@ -85,7 +112,7 @@ class Decoder(BaseNode[dict]):
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, *, num_workers: int = 2,
                  method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
                  prefetch: int | None = None, stats: Stats | None = None,
-                 fn: Callable[..., tuple[dict[str, Any], list[str]]] = decode_members) -> None:
+                 fn: Callable[..., tuple[dict[str, Any], list[str]]] = decode_members, slab: int = 0) -> None:
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"method={method!r} should be one of {METHODS}")
@@ -100,6 +127,13 @@ class Decoder(BaseNode[dict]):
         self.fn = fn  # fn(members, cameras, resize) -> (fields, corrupt cameras); picklable for processes
         self._pool: _pool.Pool | None = None
         self._pending: deque[tuple[dict, RawSample, Future]] = deque()
+        self._spec_cache: dict[str, tuple[dict, dict]] = {}
+        # Threads decode straight into rows of a shared ``[slab, 3, H, W]`` buffer per camera; with
+        # ``slab`` equal to the Collator's batch size, a batch is a view of one buffer: no pixel copy.
+        self.slab = slab if method == "thread" and fn is decode_members else 0
+        self._buffers = BufferPool()
+        self._rows: dict[str, np.ndarray] = {}
+        self._row = 0
         self._done = False
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -107,6 +141,7 @@ class Decoder(BaseNode[dict]):
         self.close()
         self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
         self._done = False
+        self._rows, self._row = {}, 0  # batches start at row 0 of a fresh slab
 
     def next(self) -> dict:
         if self._pool is None and not self._done:
@@ -147,8 +182,32 @@ class Decoder(BaseNode[dict]):
             except StopIteration:
                 self._done = True
                 break
-            cams = {c: (cam.height, cam.width) for c, cam in self.index.episode(raw.item.episode).cameras.items()}
-            self._pending.append((before, raw, self._pool.submit(self.fn, raw.members, cams, self.resize)))
+            cams, arrays = self._specs(raw.item.episode)
+            if self.fn is decode_members:
+                fut = self._pool.submit(decode_members, raw.members, cams, self.resize, arrays, self._dest(cams))
+            else:
+                fut = self._pool.submit(self.fn, raw.members, cams, self.resize)
+            self._pending.append((before, raw, fut))
+
+    def _specs(self, episode: str) -> tuple[dict, dict]:
+        """Camera source sizes and array (dtype, shape) of an episode, cached for the node's life."""
+        if episode not in self._spec_cache:
+            ep = self.index.episode(episode)
+            self._spec_cache[episode] = ({c: (cam.height, cam.width) for c, cam in ep.cameras.items()},
+                                         {k: (a.dtype, a.shape) for k, a in ep.arrays.items()})
+        return self._spec_cache[episode]
+
+    def _dest(self, cams: dict[str, tuple[int, int]]) -> dict[str, np.ndarray] | None:
+        """The next row of the current slab, per camera (a new slab when full or the sizes change)."""
+        if not self.slab:
+            return None
+        shapes = {c: (3, *(self.resize or src)) for c, src in cams.items()}
+        if self._row >= self.slab or {c: a.shape[1:] for c, a in self._rows.items()} != shapes:
+            self._rows = {}  # drop ours first, so a slab only in-flight samples still use is not handed back
+            self._rows = {c: self._buffers.get((self.slab, *shp), np.uint8) for c, shp in shapes.items()}
+            self._row = 0
+        self._row += 1
+        return {c: a[self._row - 1] for c, a in self._rows.items()}
 
     def _finish(self, raw: RawSample, fields: dict[str, Any], bad: list[str]) -> dict:
         ep = self.index.episode(raw.item.episode)

@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+import torch
+from helpers import make_shards
+
+from episodepipes.pipes import collate, video_pipe
+from episodepipes.pipes.batch import BufferPool
+
+
+def _sample(img, frame=0):
+    return {"front": img, "state": np.arange(3, dtype=np.float32), "episode": "e", "frame": frame,
+            "timestamp": frame / 10, "valid": True, "prompt": "p"}
+
+
+def test_rows_of_one_buffer_collate_without_a_copy():
+    slab = np.random.default_rng(0).integers(0, 255, (4, 3, 5, 6), dtype=np.uint8)
+    b = collate([_sample(slab[i], i) for i in range(1, 4)])
+    assert np.shares_memory(b["front"].numpy(), slab)
+    np.testing.assert_array_equal(b["front"].numpy(), slab[1:4])
+    assert b["frame"].dtype == torch.int64 and b["timestamp"].dtype == torch.float64 and b["valid"].dtype == torch.bool
+    assert b["state"].shape == (3, 3) and b["episode"] == ["e"] * 3
+
+
+def test_unrelated_arrays_are_stacked_into_a_copy():
+    imgs = [np.full((3, 5, 6), i, np.uint8) for i in range(3)]
+    b = collate([_sample(x) for x in imgs], BufferPool())
+    assert not any(np.shares_memory(b["front"].numpy(), x) for x in imgs)
+    assert b["front"][:, 0, 0, 0].tolist() == [0, 1, 2]
+
+
+def test_buffer_pool_never_hands_out_a_buffer_still_in_use():
+    pool = BufferPool()
+    a = pool.get((2, 3), np.uint8)
+    first = id(a)
+    t = torch.from_numpy(a)[1:]  # a view of a tensor made from the buffer
+    del a
+    assert id(pool.get((2, 3), np.uint8)) != first
+    del t
+    assert id(pool.get((2, 3), np.uint8)) == first  # free again: reused
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return make_shards(tmp_path_factory.mktemp("batch") / "s", num_episodes=2, length=30, height=24, width=32)
+
+
+def test_buffers_are_reused_when_the_consumer_lets_batches_go(shards):
+    pipe = video_pipe(shards, episodes=["ep0000", "ep0001"], batch_size=4, max_batches=100)
+    ptrs = [b["front"].data_ptr() for b in pipe]
+    assert len(ptrs) == 15 and len(set(ptrs)) < 8
+    kept = list(pipe)
+    assert len({b["front"].data_ptr() for b in kept}) == 15
