@@ -93,3 +93,15 @@ def test_bad_options_are_refused_by_name(shards):
         metric_pipe(shards, frames_per_episode=2, batch_size=2, on_corrupt="ignore")
     with pytest.raises(ValueError, match="split='test'"):
         metric_pipe(shards, split="test", frames_per_episode=2, batch_size=2)
+
+
+def test_processes_write_into_shared_batch_rows_that_are_reused(shards):
+    jpegs = _jpegs(shards)
+    pipe = video_pipe(shards, episodes=["ep0000", "ep0001", "ep0002"], batch_size=2, max_batches=100,
+                      method="process")
+    ptrs = []
+    for b in pipe:  # batches let go: the ring of shared slabs is reused
+        ptrs.append(b["front"].data_ptr())
+        for i, (e, f) in enumerate(zip(b["episode"], b["frame"].tolist())):
+            np.testing.assert_array_equal(b["wrist"][i].numpy(), _rgb(jpegs[f"{e}/{f:06d}.wrist.jpg"][1]))
+    assert len(ptrs) == 15 and len(set(ptrs)) < 10

@@ -1,8 +1,10 @@
-"""`Decoder`: JPEG members to uint8 RGB ``[3, H, W]`` arrays in a pool of threads or processes.
+"""`Decoder`: samples' JPEG members to uint8 RGB ``[3, H, W]`` frames in a pool of threads or processes.
 
 `cv2.imdecode` releases the GIL, so threads scale and cost no start-up; processes are there for
-graphs whose other stages hold the GIL. Where the target size is at most 1/2, 1/4 or 1/8 of the
-source, libjpeg's reduced decode (`cv2.IMREAD_REDUCED_COLOR_*`) does most of the resize for free.
+graphs whose other stages hold the GIL. Either way the workers write each frame straight into its
+row of a batch buffer (`episodepipes.pipes._slabs`), and the pool lives for one pass. Where the
+target size is at most 1/2, 1/4 or 1/8 of the source, libjpeg's reduced decode
+(`cv2.IMREAD_REDUCED_COLOR_*`) does most of the resize for free.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.format import npy_load
 from episodepipes.pipes import _pool
-from episodepipes.pipes._buffers import BufferPool
+from episodepipes.pipes._slabs import Slabs, worker_rows
 from episodepipes.pipes.index import EpisodeIndex
 from episodepipes.pipes.read import RawSample
 from episodepipes.pipes.stats import Stats
@@ -98,6 +100,16 @@ def decode_members(members: dict[str, bytes], cameras: dict[str, tuple[int, int]
     return out, bad
 
 
+def decode_shared(members: dict[str, bytes], cameras: dict[str, tuple[int, int]], size: tuple[int, int] | None,
+                  arrays: dict[str, tuple[str, tuple[int, ...]]] | None,
+                  addr: tuple[int, int, int]) -> tuple[dict[str, Any], list[str]]:
+    """In a decode process: decode into the shared rows ``addr`` names, and send back all but the frames."""
+    fields, bad = decode_members(members, cameras, size, arrays, worker_rows(addr))
+    for cam in cameras:
+        fields.pop(cam, None)
+    return fields, bad
+
+
 class Decoder(BaseNode[dict]):
     """Decode `RawSample`s in order with up to ``prefetch`` in flight; the pool lives for one pass.
 
@@ -126,14 +138,12 @@ class Decoder(BaseNode[dict]):
         self.stats = stats if stats is not None else Stats()
         self.fn = fn  # fn(members, cameras, resize) -> (fields, corrupt cameras); picklable for processes
         self._pool: _pool.Pool | None = None
-        self._pending: deque[tuple[dict, RawSample, Future]] = deque()
+        self._pending: deque[tuple[dict, RawSample, Future, dict | None]] = deque()
         self._spec_cache: dict[str, tuple[dict, dict]] = {}
-        # Threads decode straight into rows of a shared ``[slab, 3, H, W]`` buffer per camera; with
-        # ``slab`` equal to the Collator's batch size, a batch is a view of one buffer: no pixel copy.
-        self.slab = slab if method == "thread" and fn is decode_members else 0
-        self._buffers = BufferPool()
-        self._rows: dict[str, np.ndarray] = {}
-        self._row = 0
+        # Workers decode straight into rows of ``[slab, 3, H, W]`` buffers; with ``slab`` equal to the
+        # Collator's batch size, a batch is a view of one buffer: no pixel copy.
+        self.slab = slab if fn is decode_members else 0
+        self._slabs = Slabs(self.slab) if self.slab else None
         self._done = False
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -141,17 +151,16 @@ class Decoder(BaseNode[dict]):
         self.close()
         self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
         self._done = False
-        self._rows, self._row = {}, 0  # batches start at row 0 of a fresh slab
 
     def next(self) -> dict:
-        if self._pool is None and not self._done:
-            self._pool = _pool.Pool(self.method, self.num_workers, self.stats)
         self._fill()
         if not self._pending:
             self.close()
             raise StopIteration
-        _, raw, fut = self._pending.popleft()
+        _, raw, fut, rows = self._pending.popleft()
         fields, bad = fut.result()
+        if rows:  # a process wrote these frames into shared rows: use them, nothing was pickled
+            fields.update(rows)
         self._fill()
         if not self._pending:
             self.close()  # the last frame is decoded: release the workers now, not at the next call
@@ -165,17 +174,19 @@ class Decoder(BaseNode[dict]):
 
     def close(self) -> None:
         """Stop the pool (threads joined, processes ended) and drop frames in flight."""
-        for *_, fut in self._pending:
+        for _, _, fut, _ in self._pending:
             fut.cancel()
         self._pending.clear()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._slabs is not None:
+            self._slabs.unshare()
         if hasattr(self.source, "close"):
             self.source.close()
 
     def _fill(self) -> None:
-        while not self._done and self._pool is not None and len(self._pending) < self.prefetch:
+        while not self._done and len(self._pending) < self.prefetch:
             before = self.source.state_dict()
             try:
                 raw = next(self.source)
@@ -183,11 +194,30 @@ class Decoder(BaseNode[dict]):
                 self._done = True
                 break
             cams, arrays = self._specs(raw.item.episode)
-            if self.fn is decode_members:
-                fut = self._pool.submit(decode_members, raw.members, cams, self.resize, arrays, self._dest(cams))
+            if self._pool is None:  # first sample of the pass: workers start now, not at reset
+                self._start(cams)
+            assert self._pool is not None
+            rows, addr, shared = None, None, None
+            if self._slabs is not None:
+                rows, addr = self._slabs.next_rows(self._shapes(cams))
+            if self.method == "process" and addr is not None:
+                fut = self._pool.submit(decode_shared, raw.members, cams, self.resize, arrays, addr)
+                shared = rows
+            elif self.fn is decode_members:
+                fut = self._pool.submit(decode_members, raw.members, cams, self.resize, arrays,
+                                        rows if self.method == "thread" else None)
             else:
                 fut = self._pool.submit(self.fn, raw.members, cams, self.resize)
-            self._pending.append((before, raw, fut))
+            self._pending.append((before, raw, fut, shared))
+
+    def _start(self, cams: dict[str, tuple[int, int]]) -> None:
+        if self._slabs is not None and self.method == "process":
+            # enough slabs for the frames in flight, the batch being built and two the consumer holds
+            self._slabs.share(self._shapes(cams), -(-self.prefetch // self.slab) + 3)
+        self._pool = _pool.Pool(self.method, self.num_workers, self.stats)
+
+    def _shapes(self, cams: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int, int]]:
+        return {c: (3, *(self.resize or src)) for c, src in cams.items()}
 
     def _specs(self, episode: str) -> tuple[dict, dict]:
         """Camera source sizes and array (dtype, shape) of an episode, cached for the node's life."""
@@ -196,18 +226,6 @@ class Decoder(BaseNode[dict]):
             self._spec_cache[episode] = ({c: (cam.height, cam.width) for c, cam in ep.cameras.items()},
                                          {k: (a.dtype, a.shape) for k, a in ep.arrays.items()})
         return self._spec_cache[episode]
-
-    def _dest(self, cams: dict[str, tuple[int, int]]) -> dict[str, np.ndarray] | None:
-        """The next row of the current slab, per camera (a new slab when full or the sizes change)."""
-        if not self.slab:
-            return None
-        shapes = {c: (3, *(self.resize or src)) for c, src in cams.items()}
-        if self._row >= self.slab or {c: a.shape[1:] for c, a in self._rows.items()} != shapes:
-            self._rows = {}  # drop ours first, so a slab only in-flight samples still use is not handed back
-            self._rows = {c: self._buffers.get((self.slab, *shp), np.uint8) for c, shp in shapes.items()}
-            self._row = 0
-        self._row += 1
-        return {c: a[self._row - 1] for c, a in self._rows.items()}
 
     def _finish(self, raw: RawSample, fields: dict[str, Any], bad: list[str]) -> dict:
         ep = self.index.episode(raw.item.episode)

@@ -33,6 +33,7 @@ class Run(NamedTuple):
     start: int
     end: int
     items: tuple[Item, ...]
+    bounds: tuple[int, ...] = ()  # each item's start byte, then the run's end
 
 
 def choose_frames(length: int, k: int, *, sampling: str = "even", seed: int = 0, key: str = "") -> list[int]:
@@ -105,18 +106,20 @@ def read_runs(index: EpisodeIndex, items: Sequence[Item]) -> list[Run]:
     """Group items into contiguous byte ranges, so a local reader does one seek and one read per run."""
     runs: list[Run] = []
     cur: list[Item] = []
-    shard = start = end = -1
+    starts: list[int] = []
+    shard = end = -1
     for it in items:
         s, a, b = index.episode(it.episode).frame_range(it.frame)
         if cur and s == shard and a == end:
             cur.append(it)
+            starts.append(a)
             end = b
             continue
         if cur:
-            runs.append(Run(shard, start, end, tuple(cur)))
-        cur, shard, start, end = [it], s, a, b
+            runs.append(Run(shard, starts[0], end, tuple(cur), (*starts, end)))
+        cur, starts, shard, end = [it], [a], s, b
     if cur:
-        runs.append(Run(shard, start, end, tuple(cur)))
+        runs.append(Run(shard, starts[0], end, tuple(cur), (*starts, end)))
     return runs
 
 

@@ -131,7 +131,18 @@ class ShardReader(BaseNode[RawSample]):
         if len(data) != run.end - run.start:
             raise ValueError(f"shard {url} ends at byte {run.start + len(data)}, the index expects {run.end}: "
                              "truncated? re-shard it or check with verify=True")
-        yield from self._group(run.items, tar_members(data), url)
+        name = os.path.basename(url)
+        for k, item in enumerate(run.items):  # each frame's bytes are known: split, no grouping by name
+            a, b = run.bounds[k] - run.start, run.bounds[k + 1] - run.start
+            prefix = sample_key(item.episode, item.frame) + "."
+            members = {}
+            for m in tar_members(data[a:b]):
+                if not m["fname"].startswith(prefix):
+                    raise ValueError(f"shard {url} holds {m['fname']!r} where the index puts {prefix[:-1]!r}: "
+                                     "the shard does not match its index; re-shard it or check with verify=True")
+                members[m["fname"][len(prefix):]] = m["data"]
+            self.stats.add("frames_read")
+            yield RawSample(item, name, members)
 
     def _read_stream(self, items: Sequence[Item], url: str) -> Iterator[RawSample]:
         stream = _Counting(gopen(url, "rb"), self.stats)

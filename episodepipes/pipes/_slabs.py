@@ -1,0 +1,80 @@
+"""Batch-shaped buffers that decode workers write frames into, so collation copies no pixels.
+
+A slab is one ``[slab, 3, H, W]`` uint8 array per camera; sample ``i`` of a batch is row ``i``.
+Threads share memory, so any array works. Forked decode processes write into a fixed ring of
+anonymous shared mappings made before the workers fork (they inherit them); a worker names its row
+by ``(ring, slab, row)``. A slab is reused only once nothing the consumer holds points into it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import sys
+from typing import Any
+
+import numpy as np
+
+from episodepipes.pipes._buffers import BufferPool
+
+Shapes = dict[str, tuple[int, int, int]]
+_RINGS: dict[int, list[dict[str, np.ndarray]]] = {}  # inherited by forked workers
+_tokens = itertools.count()
+
+
+def _refs(slab: dict[str, np.ndarray]) -> list[int]:
+    return [sys.getrefcount(a) for a in slab.values()]
+
+
+def worker_rows(addr: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    """In a decode process: the rows named by ``addr`` in the inherited ring."""
+    ring, slab, row = addr
+    return {c: a[row] for c, a in _RINGS[ring][slab].items()}
+
+
+class Slabs:
+    """Hands out the next batch row per camera, starting a new slab every ``size`` rows."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._pool = BufferPool()
+        self._cur: dict[str, np.ndarray] = {}
+        self._row = size
+        self._ring: list[dict[str, np.ndarray]] | None = None
+        self._token = -1
+        self._free_refs: list[int] = []
+        self._slab = -1
+
+    def share(self, shapes: Shapes, count: int) -> None:
+        """Make a ring of ``count`` shared slabs for ``shapes``; call before forking the workers."""
+        self._ring = [{c: np.ndarray((self.size, *s), np.uint8, buffer=mmap.mmap(-1, self.size * int(np.prod(s))))
+                       for c, s in shapes.items()} for _ in range(count)]
+        self._free_refs = _refs(self._ring[0])
+        self._token = next(_tokens)
+        _RINGS[self._token] = self._ring
+
+    def unshare(self) -> None:
+        """Forget the ring (its memory lives on while the consumer holds batches made from it)."""
+        _RINGS.pop(self._token, None)
+        self._ring, self._cur, self._row = None, {}, self.size
+
+    def next_rows(self, shapes: Shapes) -> tuple[dict[str, np.ndarray] | None, Any]:
+        """(rows to decode into, what to send a process worker: ``(ring, slab, row)`` or None)."""
+        if self._row >= self.size or {c: a.shape[1:] for c, a in self._cur.items()} != shapes:
+            self._cur = {}  # drop ours first, so a slab only in-flight samples still use is not handed back
+            self._cur = self._new_slab(shapes)
+            self._row = 0
+        self._row += 1
+        if not self._cur:
+            return None, None
+        rows = {c: a[self._row - 1] for c, a in self._cur.items()}
+        return rows, ((self._token, self._slab, self._row - 1) if self._ring is not None else None)
+
+    def _new_slab(self, shapes: Shapes) -> dict[str, np.ndarray]:
+        if self._ring is None:
+            return {c: self._pool.get((self.size, *s), np.uint8) for c, s in shapes.items()}
+        for i, slab in enumerate(self._ring):
+            if _refs(slab) == self._free_refs and {c: a.shape[1:] for c, a in slab.items()} == shapes:
+                self._slab = i
+                return slab
+        return {}  # every shared slab is still held (or the sizes differ): this slab's frames come back pickled
