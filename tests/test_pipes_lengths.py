@@ -52,3 +52,15 @@ def test_rank_defaults_to_single_process(index):
     pipe = metric_pipe(index, split="train", frames_per_episode=2, batch_size=3)
     n = sum(min(2, e.length) for e in index.split("train"))
     assert len(pipe) == len(list(pipe)) == -(-n // 3)
+
+
+def test_rank_and_world_size_come_from_torch_distributed_when_initialised(index, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 2)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 3)
+    auto = metric_pipe(index, split="train", frames_per_episode=4, batch_size=2)
+    explicit = metric_pipe(index, split="train", frames_per_episode=4, batch_size=2, rank=2, world_size=3)
+    assert len(auto) == len(explicit)
+    assert [b["frame"].tolist() for b in auto] == [b["frame"].tolist() for b in explicit]

@@ -145,12 +145,14 @@ class Decoder(BaseNode[dict]):
         self.slab = slab if fn is decode_members else 0
         self._slabs = Slabs(self.slab) if self.slab else None
         self._done = False
+        self._corrupt = 0  # this pass, for the end-of-pass summary
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self.close()
         self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
         self._done = False
+        self._corrupt = 0
 
     def next(self) -> dict:
         self._fill()
@@ -164,7 +166,12 @@ class Decoder(BaseNode[dict]):
         self._fill()
         if not self._pending:
             self.close()  # the last frame is decoded: release the workers now, not at the next call
-        return self._finish(raw, fields, bad)
+        out = self._finish(raw, fields, bad)
+        if self._done and not self._pending and self._corrupt:
+            log.warning("%d corrupt JPEG frame(s) skipped this pass (their samples have valid=False); "
+                        "re-shard the named shards to recover them", self._corrupt)
+            self._corrupt = 0
+        return out
 
     def get_state(self) -> dict[str, Any]:
         # The source is ahead by the frames in flight: resume from the state before the first of them.
@@ -238,6 +245,7 @@ class Decoder(BaseNode[dict]):
                 raise ValueError(f"corrupt JPEG in {where}; re-shard it, or pass on_corrupt='skip'")
             log.warning("corrupt JPEG in %s: skipped (valid=False)", where)
             self.stats.add("frames_corrupt", len(bad))
+            self._corrupt += len(bad)
             valid = False
         fields.setdefault("timestamp", raw.item.frame / ep.fps)
         fields.update(episode=ep.id, frame=raw.item.frame, valid=valid, prompt=ep.prompt)

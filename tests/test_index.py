@@ -1,0 +1,44 @@
+import pytest
+from helpers import make_shards
+
+from episodepipes.pipes import EpisodeIndex
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    out = make_shards(tmp_path_factory.mktemp("idx") / "s", num_episodes=5, length=15, height=32, width=48,
+                      shard_size=50_000)
+    return EpisodeIndex.open(out)
+
+
+def test_frame_ranges_tile_each_episode_across_shards(index):
+    spanning = [e for e in index.episodes if len(e.segments) > 1]
+    assert spanning, "the fixture should make an episode span two shards"
+    for ep in index.episodes:
+        ranges = [ep.frame_range(f) for f in range(ep.length)]
+        for (s0, _, b0), (s1, a1, _) in zip(ranges, ranges[1:]):
+            assert s1 > s0 or a1 == b0  # contiguous within a shard, or the next shard starts
+        assert sum(b - a for _, a, b in ranges) == ep.nbytes
+    with pytest.raises(IndexError, match="outside episode"):
+        index.episodes[0].frame_range(15)
+
+
+def test_unknown_episode_names_close_matches(index):
+    with pytest.raises(KeyError, match=r"close matches: \['ep0003'"):
+        index.episode("ep003")
+
+
+def test_verify_checks_only_the_given_shards(index, tmp_path):
+    import shutil
+
+    copy = shutil.copytree(index.root, tmp_path / "s")
+    (copy / index.shards[-1].name).write_bytes(b"oops")
+    bad = EpisodeIndex.open(copy)
+    bad.verify(shards=[0])
+    with pytest.raises(ValueError, match=index.shards[-1].name):
+        bad.verify(shards=[0, len(index.shards) - 1])
+
+
+def test_splits(index):
+    assert [e.id for e in index.split("val")] == ["ep0002"]
+    assert len(index.split("train")) == 4
