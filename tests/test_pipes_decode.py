@@ -1,6 +1,8 @@
 import logging
+import multiprocessing
 import shutil
 import tarfile
+import threading
 
 import cv2
 import numpy as np
@@ -82,9 +84,11 @@ def test_corrupt_jpeg_is_skipped_counted_and_named(shards, tmp_path, method, cap
 
 def test_corrupt_jpeg_raises_by_option(shards, tmp_path):
     copy = _corrupt(shards, tmp_path, "ep0002/000004.front.jpg")
-    pipe = video_pipe(copy, episodes=["ep0002"], batch_size=4, max_batches=10, on_corrupt="raise")
+    pipe = video_pipe(copy, episodes=["ep0002"], batch_size=4, max_batches=10, on_corrupt="raise", method="process")
+    before = set(threading.enumerate()) | set(multiprocessing.active_children())
     with pytest.raises(ValueError, match=r"shard-000000.tar episode 'ep0002' frame 4"):
         list(pipe)
+    assert not (set(threading.enumerate()) | set(multiprocessing.active_children())) - before  # released
 
 
 def test_bad_options_are_refused_by_name(shards):

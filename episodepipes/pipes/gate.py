@@ -68,7 +68,7 @@ class Gate(BaseNode[T]):
             raise StopIteration
         try:
             return next(self._upstream)
-        except StopIteration:
+        except BaseException:  # the end of the pass, or an error that ends it: release the workers either way
             self.close()
             raise
 
