@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -35,28 +36,40 @@ def worker_rows(addr: tuple[int, int, int]) -> dict[str, np.ndarray]:
 class Slabs:
     """Hands out the next batch row per camera, starting a new slab every ``size`` rows."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, buffers: BufferPool | None = None) -> None:
         self.size = size
-        self._pool = BufferPool()
+        self._pool = buffers if buffers is not None else BufferPool(keep=4)
         self._cur: dict[str, np.ndarray] = {}
         self._row = size
         self._ring: list[dict[str, np.ndarray]] | None = None
+        self._sharing = False  # this pass's workers are processes writing into the ring
         self._token = -1
         self._free_refs: list[int] = []
         self._slab = -1
 
     def share(self, shapes: Shapes, count: int) -> None:
-        """Make a ring of ``count`` shared slabs for ``shapes``; call before forking the workers."""
-        self._ring = [{c: np.ndarray((self.size, *s), np.uint8, buffer=mmap.mmap(-1, self.size * int(np.prod(s))))
-                       for c, s in shapes.items()} for _ in range(count)]
-        self._free_refs = _refs(self._ring[0])
-        self._token = next(_tokens)
-        _RINGS[self._token] = self._ring
+        """Have a ring of ``count`` shared slabs for ``shapes`` (kept from the last pass if it fits);
+        call before forking the workers, which inherit it."""
+        ring = self._ring
+        if ring is None or len(ring) < count or {c: a.shape[1:] for c, a in ring[0].items()} != shapes:
+            self.drop_ring()
+            self._ring = [{c: np.ndarray((self.size, *s), np.uint8,
+                                         buffer=mmap.mmap(-1, self.size * int(np.prod(s))))
+                           for c, s in shapes.items()} for _ in range(count)]
+            self._free_refs = _refs(self._ring[0])
+            self._token = next(_tokens)
+            _RINGS[self._token] = self._ring
+            weakref.finalize(self, _RINGS.pop, self._token, None)
+        self._cur, self._row, self._sharing = {}, self.size, True
 
     def unshare(self) -> None:
+        """End of a pass: the next one starts a fresh slab (the ring stays for the next pass's workers)."""
+        self._cur, self._row, self._sharing = {}, self.size, False
+
+    def drop_ring(self) -> None:
         """Forget the ring (its memory lives on while the consumer holds batches made from it)."""
         _RINGS.pop(self._token, None)
-        self._ring, self._cur, self._row = None, {}, self.size
+        self._ring = None
 
     def next_rows(self, shapes: Shapes) -> tuple[dict[str, np.ndarray] | None, Any]:
         """(rows to decode into, what to send a process worker: ``(ring, slab, row)`` or None)."""
@@ -68,10 +81,10 @@ class Slabs:
         if not self._cur:
             return None, None
         rows = {c: a[self._row - 1] for c, a in self._cur.items()}
-        return rows, ((self._token, self._slab, self._row - 1) if self._ring is not None else None)
+        return rows, ((self._token, self._slab, self._row - 1) if self._sharing else None)
 
     def _new_slab(self, shapes: Shapes) -> dict[str, np.ndarray]:
-        if self._ring is None:
+        if not self._sharing or self._ring is None:
             return {c: self._pool.get((self.size, *s), np.uint8) for c, s in shapes.items()}
         for i, slab in enumerate(self._ring):
             if _refs(slab) == self._free_refs and {c: a.shape[1:] for c, a in slab.items()} == shapes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
+from episodepipes.pipes._slabs import Slabs
 from episodepipes.pipes.batch import Collator
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.gate import Gate
@@ -58,6 +59,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
     """A zero-argument builder of reader -> decoder -> collator over ``items`` (what a `Gate` holds)."""
     Decoder(ShardReader(index, []), index, num_workers=num_workers, method=method, on_corrupt=on_corrupt)  # validate
     verified: list[bool] = []
+    slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
 
     def build() -> Collator:
         if verify and not verified:  # once, before the first byte of the first open pass
@@ -65,7 +67,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
             verified.append(True)
         reader = ShardReader(index, items, stats=stats, url=url)
         dec = Decoder(reader, index, num_workers=num_workers, method=method, resize=resize,
-                      on_corrupt=on_corrupt, stats=stats, slab=batch_size)
+                      on_corrupt=on_corrupt, stats=stats, slab=slabs)
         return Collator(dec, batch_size=batch_size, stats=stats)
 
     return build

@@ -117,6 +117,8 @@ class Decoder(BaseNode[dict]):
     counted in ``stats["frames_corrupt"]`` and logged with its shard and frame, or raised
     (``on_corrupt="raise"``).
     ``fn`` replaces `decode_members` as the per-sample worker function (train windows use it).
+    ``slab`` (the batch size) makes workers decode into batch rows; pass a `Slabs` instead to keep
+    those buffers across passes (a pipe gives one to every pass's decoder: no page faults after the first).
     """
 
     SOURCE_KEY = "source"
@@ -124,7 +126,7 @@ class Decoder(BaseNode[dict]):
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, *, num_workers: int = 2,
                  method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
                  prefetch: int | None = None, stats: Stats | None = None,
-                 fn: Callable[..., tuple[dict[str, Any], list[str]]] = decode_members, slab: int = 0) -> None:
+                 fn: Callable[..., tuple[dict[str, Any], list[str]]] = decode_members, slab: int | Slabs = 0) -> None:
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"method={method!r} should be one of {METHODS}")
@@ -142,8 +144,9 @@ class Decoder(BaseNode[dict]):
         self._spec_cache: dict[str, tuple[dict, dict]] = {}
         # Workers decode straight into rows of ``[slab, 3, H, W]`` buffers; with ``slab`` equal to the
         # Collator's batch size, a batch is a view of one buffer: no pixel copy.
-        self.slab = slab if fn is decode_members else 0
-        self._slabs = Slabs(self.slab) if self.slab else None
+        slabs = slab if isinstance(slab, Slabs) else Slabs(slab) if slab else None
+        self._slabs = slabs if fn is decode_members else None
+        self.slab = self._slabs.size if self._slabs is not None else 0
         self._done = False
         self._corrupt = 0  # this pass, for the end-of-pass summary
 
