@@ -17,6 +17,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import torchmetrics
 from lightning.pytorch.strategies import DDPStrategy
 
 from episodepipes.lightning_glue import OverlayVideoWriter, ValLoaders
@@ -52,6 +53,7 @@ class KeypointNet(pl.LightningModule):
     def __init__(self, camera: str) -> None:
         super().__init__()
         self.camera = camera
+        self.val_err = torchmetrics.MeanMetric()
         self.net = torch.nn.Sequential(
             torch.nn.Conv2d(3, 16, 5, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 3, stride=2),
             torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(512, 2))
@@ -75,9 +77,9 @@ class KeypointNet(pl.LightningModule):
         pred, err = self._loss(batch)
         if self.trainer.val_dataloaders.is_video(dataloader_idx):
             return {"points": pred}  # drawn by OverlayVideoWriter; video loaders log nothing (DDP invariant)
-        valid = batch["valid"]
-        self.log("val/px_err", err[valid].sqrt().mean(), sync_dist=True, batch_size=int(valid.sum()),
-                 add_dataloader_idx=False)
+        # MeanMetric syncs sums and counts, so padded samples (valid=False) leave the metric exact under DDP.
+        self.val_err.update(err[batch["valid"]].sqrt())
+        self.log("val/px_err", self.val_err, add_dataloader_idx=False)
         return None
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
