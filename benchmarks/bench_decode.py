@@ -50,6 +50,16 @@ def best(fn: Callable[[], int], reps: int) -> float:
     return max(rates)
 
 
+def paired(ours: Callable[[], int], ref: Callable[[], int], reps: int) -> tuple[float, float]:
+    """(ours, ref) frames/s from back-to-back runs, the pair with the median ratio.
+
+    On a shared 2-core machine another job can take a core for seconds; runs side by side see the
+    same machine, so their ratio is stable even when both rates move.
+    """
+    pairs = sorted(((best(ours, 1), best(ref, 1)) for _ in range(reps)), key=lambda p: p[0] / p[1])
+    return pairs[len(pairs) // 2]
+
+
 def _jpegs(index: EpisodeIndex) -> list[bytes]:
     items = [Item(e.id, f) for e in index.episodes for f in range(e.length)]
     return [v for r in ShardReader(index, items) for k, v in r.members.items() if k.endswith(".jpg")]
@@ -112,31 +122,30 @@ def _copying(index: EpisodeIndex) -> int:
 def run(workdir: Path, quick: bool) -> dict:
     index = make_data(workdir, quick)
     jpegs = _jpegs(index)
-    reps = 3 if quick else 5
+    reps = 5 if quick else 7
     h, w = index.episodes[0].cameras["front"].height, index.episodes[0].cameras["front"].width
-    ceiling = best(lambda: _ceiling(jpegs), reps)
-    ours_t = best(_ours(index), reps)
-    ours_p = best(_ours(index, method="process"), reps)
+    ours_t, ceiling = paired(_ours(index), lambda: _ceiling(jpegs), reps)
+    ours_p, ceiling_p = paired(_ours(index, method="process"), lambda: _ceiling(jpegs), reps)
     wds_rate = best(lambda: _webdataset(index), 2 if quick else 3)
     rows = [
         {"metric": f"open pass {h}x{w}, threads", "ours": ours_t, "baseline": wds_rate, "ceiling": ceiling,
          "unit": "frames/s", "note": "goal >= 0.85 of ceiling, >= 1.0x webdataset"},
-        {"metric": f"open pass {h}x{w}, processes", "ours": ours_p, "baseline": wds_rate, "ceiling": ceiling,
+        {"metric": f"open pass {h}x{w}, processes", "ours": ours_p, "baseline": wds_rate, "ceiling": ceiling_p,
          "unit": "frames/s", "note": "method='process' (forked workers, mallopt-tuned)"},
     ]
     series = {"ceiling": ceiling, "threads": ours_t, "processes": ours_p, "webdataset": wds_rate}
     for div in (2, 4):
         size = (h // div, w // div)
-        full = best(lambda s=size: _ceiling(jpegs, s), reps)
-        red = best(_ours(index, resize=size), reps)
+        red, full = paired(_ours(index, resize=size), lambda s=size: _ceiling(jpegs, s), reps)
         rows.append({"metric": f"resize to 1/{div} ({size[0]}x{size[1]}), reduced decode", "ours": red,
                      "baseline": full, "ceiling": None, "unit": "frames/s",
                      "note": "baseline: bare full decode + cv2.resize on 2 threads"})
         series[f"reduced_{div}"], series[f"full_resize_{div}"] = red, full
-    copying = best(lambda: _copying(index), reps)
-    rows.append({"metric": f"open pass {h}x{w}, decode into batch rows", "ours": ours_t, "baseline": copying,
-                 "ceiling": ceiling, "unit": "frames/s",
+    rows_t, copying = paired(_ours(index), lambda: _copying(index), reps)
+    rows.append({"metric": f"open pass {h}x{w}, decode into batch rows", "ours": rows_t, "baseline": copying,
+                 "ceiling": None, "unit": "frames/s",
                  "note": "baseline: same graph decoding to per-frame arrays, then stacked into reused buffers"})
     series.update(copying_collate=copying, jpegs=len(jpegs))
     return {"section": "decode", "rows": rows, "series": series,
-            "intro": f"{len(jpegs)} JPEGs ({h}x{w}, 2 cameras), batch {BATCH}, 2 workers everywhere; best of {reps}."}
+            "intro": f"{len(jpegs)} JPEGs ({h}x{w}, 2 cameras), batch {BATCH}, 2 workers everywhere. Ours and its "
+                     f"reference run back to back {reps} times; the pair with the median ratio is shown."}
