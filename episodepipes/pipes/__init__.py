@@ -9,6 +9,7 @@ from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.read import RawSample, ShardReader
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.train import train_pipe
 
 __all__ = [
     "ArraySpec",
@@ -28,5 +29,6 @@ __all__ = [
     "collate",
     "decode_jpeg",
     "metric_pipe",
+    "train_pipe",
     "video_pipe",
 ]
