@@ -1,4 +1,5 @@
 import shutil
+import threading
 
 import pytest
 from helpers import make_shards
@@ -49,14 +50,24 @@ def test_streamed_url_gives_the_same_samples_as_seeking(shards):
     assert stream.stats["bytes_read"] > 0
 
 
+def test_metric_pipe_over_streamed_urls_matches_local(shards):
+    index = EpisodeIndex.open(shards)
+    kw = dict(frames_per_episode=4, batch_size=3, rank=1, world_size=2, sampling="random", seed=3)
+    local = [(b["episode"], b["frame"].tolist(), b["front"].sum().item()) for b in metric_pipe(index, **kw)]
+    streamed = metric_pipe(index, url=lambda i: f"pipe:cat {index.shard_path(i)}", **kw)
+    assert [(b["episode"], b["frame"].tolist(), b["front"].sum().item()) for b in streamed] == local
+
+
 def test_missing_shard_is_named(shards, tmp_path):
     copy = shutil.copytree(shards, tmp_path / "s")
     (copy / "shard-000001.tar").unlink()
     index = EpisodeIndex.open(copy)
     eid = next(e.id for e in index.episodes if any(s.shard == 1 for s in e.segments))
     pipe = video_pipe(index, episodes=[eid], batch_size=4, max_batches=50)
+    before = set(threading.enumerate())
     with pytest.raises(FileNotFoundError, match="shard-000001.tar"):
         list(pipe)
+    assert not set(threading.enumerate()) - before  # the failed pass released its workers
 
 
 def test_truncated_shard_is_named(shards, tmp_path):
