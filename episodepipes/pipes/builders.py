@@ -80,6 +80,10 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 url: Callable[[int], str] | None = None) -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
 
+    Frames are the centres of K equal slices of each episode (``sampling="even"``) or K drawn from a
+    generator seeded by ``(seed, episode id)`` (``"random"``); an episode shorter than K gives all its
+    frames. Each rank takes a contiguous block of the chosen frames, so its reads go forward through
+    the shards, one seek per frame or run of adjacent frames.
     ``url(shard_number)`` may point the reader at copies of the shards anywhere webdataset's ``gopen``
     opens (``pipe:``, ``http://``); local paths are read by seeking, other URLs are streamed.
     Padding samples repeat a real frame with ``valid=False``; the valid samples over all ranks are the
@@ -107,8 +111,10 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
                verify: bool = False, url: Callable[[int], str] | None = None) -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
 
-    Batches run across episode boundaries (group frames by ``batch["episode"]``). ``len()`` is the
-    length of an open pass, ``min(max_batches, ceil(frames / batch_size))``, on every rank.
+    Batches run across episode boundaries (group frames by ``batch["episode"]``); frames past
+    ``max_batches * batch_size`` are never read. ``len()`` is the length of an open pass,
+    ``min(max_batches, ceil(frames / batch_size))``, on every rank, open or closed. Frame tensors are
+    views of batch buffers the pipe reuses once nothing references them (copy before keeping raw pointers).
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(
