@@ -1,8 +1,10 @@
 """`ShardReader`: the raw tar members of planned items, read by seeking where the source can seek.
 
 Local shards are read one contiguous byte range (`Run`) at a time, so a pinned episode costs its own
-bytes only. Any other URL (``pipe:``, ``http://``...) is streamed through webdataset's opener and
-skipped forward to the wanted samples. Both paths parse members with webdataset's tar iterator.
+bytes only; the index's frame offsets split a run into samples, and a small header parser (with
+webdataset's tar iterator as fallback) splits a sample into members. Any other URL (``pipe:``,
+``http://``...) is streamed through webdataset's ``gopen``, ``tar_file_iterator`` and
+``group_by_keys``, skipping forward to the wanted samples and stopping after the last one.
 """
 
 from __future__ import annotations
