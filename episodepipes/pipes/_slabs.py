@@ -38,7 +38,7 @@ class Slabs:
 
     def __init__(self, size: int, buffers: BufferPool | None = None) -> None:
         self.size = size
-        self._pool = buffers if buffers is not None else BufferPool(keep=4)
+        self._pool = buffers if buffers is not None else BufferPool(keep=6)
         self._cur: dict[str, np.ndarray] = {}
         self._row = size
         self._ring: list[dict[str, np.ndarray]] | None = None
