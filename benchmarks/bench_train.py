@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 
 from episodepipes.format import npy_load
-from episodepipes.pipes.index import EpisodeIndex
+from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.train import TrainReader, train_pipe
 from episodepipes.pipes.window import plan_windows
 from episodepipes.sharding.encode import EncodeOptions, encode_episode

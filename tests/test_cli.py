@@ -77,7 +77,7 @@ def test_input_errors_exit_2_with_one_line(tmp_path, capsys):
     _fails(capsys, ["info", str(tmp_path / "nope")], "does not exist")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "index.json").write_text('{"format": "episodepipes-shards", "version": 1, "shards": [{}]}')
-    _fails(capsys, ["verify", str(tmp_path / "bad")], "damaged", "shard 0: 'name'", "--overwrite")
+    _fails(capsys, ["verify", str(tmp_path / "bad")], "damaged", "shard 0 has no 'name'", "--overwrite")
     (src / "ep0002" / "front" / "000001.png").write_bytes(b"junk")
     _fails(capsys, ["write", str(src), str(tmp_path / "o"), "--workers", "2"], "'ep0002'", "000001.png", "--skip-bad")
     assert main(["write", str(src), str(tmp_path / "o"), "--workers", "2", "--skip-bad"]) == 0

@@ -1,10 +1,10 @@
 """torchdata.nodes graphs over episodepipes shards: nodes, the lazy gate, and one builder per pipe kind."""
 
+from episodepipes.index import ArraySpec, Camera, Episode, EpisodeIndex, Segment, Shard
 from episodepipes.pipes.batch import Collator, collate
 from episodepipes.pipes.builders import metric_pipe, video_pipe
 from episodepipes.pipes.decode import Decoder, decode_jpeg
 from episodepipes.pipes.gate import Gate
-from episodepipes.pipes.index import ArraySpec, Camera, Episode, EpisodeIndex, Segment, Shard
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.read import RawSample, ShardReader

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
+from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._slabs import Slabs
 from episodepipes.pipes.batch import Collator
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.gate import Gate
-from episodepipes.pipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
 from episodepipes.pipes.read import ShardReader

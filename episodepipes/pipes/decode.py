@@ -21,9 +21,9 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from episodepipes.format import npy_load
+from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import _pool
 from episodepipes.pipes._slabs import Slabs, worker_rows
-from episodepipes.pipes.index import EpisodeIndex
 from episodepipes.pipes.read import RawSample
 from episodepipes.pipes.stats import Stats
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from torchdata.nodes import Loader
 
+from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.gate import Gate
-from episodepipes.pipes.index import EpisodeIndex
 from episodepipes.pipes.stats import Stats
 
 

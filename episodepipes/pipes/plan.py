@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from episodepipes.pipes.index import Episode, EpisodeIndex
+from episodepipes.index import Episode, EpisodeIndex
 
 SAMPLINGS = ("even", "random")
 

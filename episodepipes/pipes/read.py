@@ -21,7 +21,7 @@ from webdataset.gopen import gopen
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from episodepipes.format import sample_key
-from episodepipes.pipes.index import EpisodeIndex
+from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.plan import Item, read_runs
 from episodepipes.pipes.stats import Stats
 

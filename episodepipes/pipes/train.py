@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.batch import Collator
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
-from episodepipes.pipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.read import RawSample

@@ -24,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.plan import parse_resize, parse_size
 
@@ -96,7 +97,7 @@ def _run(a: argparse.Namespace) -> int:
     if a.command == "write":
         return _write(a)
     if a.command == "info":
-        print(_table([("output", str(a.out)), *inspect.summarize(inspect.load_index(a.out))]))
+        print(_table([("output", str(a.out)), *inspect.summarize(EpisodeIndex.open(a.out).data)]))
         return 0
     if a.command == "verify":
         problems = inspect.verify(a.out)

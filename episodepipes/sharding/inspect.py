@@ -1,51 +1,12 @@
-"""`summarize` and `verify` a shard folder from its ``index.json`` (the ``info`` and ``verify`` commands)."""
+"""`summarize` and `verify` a shard folder (the ``info`` and ``verify`` commands), read through `EpisodeIndex`."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tarfile
 from collections import Counter
 from pathlib import Path
 
-from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
-
-
-def load_index(out: str | Path) -> dict:
-    """The raw index of a finished output, or an error that says why it is not finished."""
-    file = Path(out) / INDEX_NAME
-    if not file.exists():
-        hint = ("an unfinished write: re-run the same write command to resume it" if Path(out).is_dir()
-                else "the folder does not exist; check OUT")
-        raise FileNotFoundError(f"no {INDEX_NAME} in {out}: {hint}")
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON ({e}); re-shard with write --overwrite") from e
-    if data.get("format") != FORMAT_NAME or data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{file}: format {data.get('format')!r} version {data.get('version')!r}, expected "
-                         f"{FORMAT_NAME!r} version {FORMAT_VERSION}; re-shard with this version's write --overwrite")
-    _check_keys(data, file)
-    return data
-
-
-_KEYS = {"shard": ("name", "bytes", "sha256", "samples"),
-         "episode": ("id", "split", "length", "fps", "cameras", "arrays", "segments"),
-         "segment": ("shard", "first", "count", "offsets", "end")}
-
-
-def _check_keys(data: dict, file: Path) -> None:
-    """Structure only (no I/O), so a damaged index is named instead of failing with a bare KeyError."""
-    entries = [("shard", i, s) for i, s in enumerate(data.get("shards", []))]
-    for e in data.get("episodes", []):
-        entries.append(("episode", e.get("id", "?") if isinstance(e, dict) else "?", e))
-        segs = e.get("segments", []) if isinstance(e, dict) else []
-        entries += [("segment", f"{e.get('id', '?')}#{k}", s) for k, s in enumerate(segs)]
-    missing = [f"{kind} {name}: {key!r}" for kind, name, d in entries for key in _KEYS[kind]
-               if not isinstance(d, dict) or key not in d]
-    if "shards" not in data or "episodes" not in data or missing:
-        raise ValueError(f"{file} is damaged (missing {(missing or ['shards/episodes'])[:3]}); "
-                         "re-shard with write --overwrite")
+from episodepipes.index import EpisodeIndex, sha256_file
 
 
 def summarize(data: dict) -> list[tuple[str, str]]:
@@ -73,14 +34,6 @@ def summarize(data: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify(out: str | Path) -> list[str]:
     """Every problem found, each naming the shard (and episode); an empty list means the output is intact.
 
@@ -88,7 +41,7 @@ def verify(out: str | Path) -> list[str]:
     offset and checks that the members up to the frame's end belong to that episode and frame.
     """
     out = Path(out)
-    data = load_index(out)
+    data = EpisodeIndex.open(out).data
     problems: list[str] = []
     shards = data["shards"]
     users: dict[int, list[str]] = {}

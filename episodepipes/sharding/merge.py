@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from episodepipes.format import INDEX_NAME
-from episodepipes.sharding.inspect import sha256_file
+from episodepipes.index import sha256_file
 from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.writer import ShardWriter
 

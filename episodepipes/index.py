@@ -1,7 +1,8 @@
 """`EpisodeIndex`: the validated, read-only view of a shard folder's ``index.json``.
 
 Every length, plan and byte range in the pipes is computed from this object alone, so nothing
-here touches a shard unless asked to (``verify=True``).
+here touches a shard unless asked to (``verify=True``). It imports no torch, so the sharding CLI
+(``info``, ``verify``, ``merge``) reads indexes through it too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from typing import Any
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
 
 
-class IndexError_(ValueError):
+class IndexFormatError(ValueError):
     """An index that cannot be used; the message names the file, the field and the fix."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ class Episode:
 
 def _need(d: dict, key: str, where: str, path: Path) -> Any:
     if key not in d:
-        raise IndexError_(f"{path}: {where} has no {key!r}; re-shard with scripts/shard.py write --overwrite")
+        raise IndexFormatError(f"{path} is damaged: {where} has no {key!r}; re-shard with write --overwrite")
     return d[key]
 
 
@@ -109,12 +118,13 @@ class EpisodeIndex:
         p = Path(path)
         root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
         if not file.exists():
-            hint = " (the folder exists: an unfinished write? re-run the same shard.py write)" if root.is_dir() else ""
-            raise FileNotFoundError(f"no shard index at {file}{hint}")
+            hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
+                    else "the folder does not exist; check the path")
+            raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
         try:
             data = json.loads(file.read_text())
         except json.JSONDecodeError as e:
-            raise IndexError_(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
+            raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
         _validate(data, file)
         index = cls(root, data)
         if verify:
@@ -146,13 +156,9 @@ class EpisodeIndex:
                 raise FileNotFoundError(f"shard {p} is missing; restore it or re-shard")
             size = p.stat().st_size
             if size != s.bytes:
-                raise IndexError_(f"shard {p} has {size} bytes, index says {s.bytes}: truncated? re-shard it")
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    h.update(chunk)
-            if h.hexdigest() != s.sha256:
-                raise IndexError_(f"shard {p}: sha256 mismatch with the index; the file changed, re-shard it")
+                raise IndexFormatError(f"shard {p} has {size} bytes, index says {s.bytes}: truncated? re-shard it")
+            if sha256_file(p) != s.sha256:
+                raise IndexFormatError(f"shard {p}: sha256 mismatch with the index; the file changed, re-shard it")
 
 
 def _episode(e: dict) -> Episode:
@@ -168,10 +174,10 @@ def _episode(e: dict) -> Episode:
 
 def _validate(data: dict, file: Path) -> None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise IndexError_(f"{file}: not an episodepipes shard index (format={data.get('format')!r})")
+        raise IndexFormatError(f"{file}: not an episodepipes shard index (format={data.get('format')!r})")
     version = data.get("version")
     if version != FORMAT_VERSION:
-        raise IndexError_(
+        raise IndexFormatError(
             f"{file}: index version {version!r}, this episodepipes reads version {FORMAT_VERSION}; "
             "re-shard with this version's scripts/shard.py write --overwrite, or install the matching episodepipes"
         )
@@ -184,7 +190,9 @@ def _validate(data: dict, file: Path) -> None:
         for k in ("id", "split", "length", "fps", "cameras", "arrays", "segments"):
             _need(e, k, where, file)
         if sum(s["count"] for s in e["segments"]) != e["length"]:
-            raise IndexError_(f"{file}: {where}: segments hold a different frame count than length={e['length']}")
-        for s in e["segments"]:
+            raise IndexFormatError(f"{file}: {where}: segments hold a different frame count than length={e['length']}")
+        for k, s in enumerate(e["segments"]):
+            for key in ("shard", "first", "count", "offsets", "end"):
+                _need(s, key, f"{where} segment {k}", file)
             if not 0 <= s["shard"] < len(shards) or len(s["offsets"]) != s["count"]:
-                raise IndexError_(f"{file}: {where}: a segment points outside the shard list or is malformed")
+                raise IndexFormatError(f"{file}: {where}: a segment points outside the shard list or is malformed")
