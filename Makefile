@@ -21,11 +21,11 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py $(if $(SRC),--src $(SRC) --format $(FORMAT),)
 
 test: $(STAMP)
-	$(BIN)/ruff check episodepipes scripts tests
+	$(BIN)/ruff check episodepipes scripts tests benchmarks docs
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check episodepipes scripts tests
+	$(BIN)/ruff check episodepipes scripts tests benchmarks docs
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py

@@ -11,7 +11,7 @@ from episodepipes.pipes import metric_pipe, video_pipe
 class MyData(pl.LightningDataModule):  # your DataModule: only val_dataloader() changes
     def val_dataloader(self) -> ValLoaders:  # metric loaders first, video loaders last; lengths known up front
         return ValLoaders(metrics={"val": metric_pipe("shards/", frames_per_episode=8, batch_size=32)},
-                          videos={"pinned": video_pipe("shards/", episodes=["ep2", "ep5"], batch_size=16,
+                          videos={"pinned": video_pipe("shards/", episodes=["ep0002", "ep0005"], batch_size=16,
                                                        max_batches=20)})  # a cap is required
 
 
