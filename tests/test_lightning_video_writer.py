@@ -1,5 +1,5 @@
-import importlib.util
 import logging
+import sys
 
 import cv2
 import lightning.pytorch as pl
@@ -134,8 +134,8 @@ def test_default_overlay_draws_points_trajectories_and_labels():
         draw_overlay(frames, batch, {"points": torch.zeros(3, 1, 2)})
 
 
-@pytest.mark.skipif(importlib.util.find_spec("moviepy") is not None, reason="moviepy installed: add_video works")
-def test_tensorboard_without_moviepy_warns_once_and_keeps_the_files(root, tmp_path, caplog):
+def test_tensorboard_without_moviepy_warns_once_and_keeps_the_files(root, tmp_path, caplog, monkeypatch):
+    monkeypatch.setitem(sys.modules, "moviepy.editor", None)  # as if moviepy were not installed: import fails
     writer = OverlayVideoWriter(tmp_path / "v", every_n_passes=1)
     trainer = _trainer([writer], max_epochs=2, num_sanity_val_steps=0, logger=TensorBoardLogger(tmp_path / "tb"))
     with caplog.at_level(logging.WARNING, logger="episodepipes"):

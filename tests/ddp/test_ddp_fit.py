@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +29,6 @@ APP = Path(__file__).with_name("app.py")
 PINNED = ["ep0000", "ep0003"]  # train-split episodes: the metric pipe (val split) never reads them
 EPOCHS, EVERY, FPS, LENGTH = 4, 2, 7.5, 12
 DEADLINE = 150  # seconds for the whole run; the strategy's timeout is 60
-pytestmark = pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
 
 
 @pytest.fixture(scope="module")
