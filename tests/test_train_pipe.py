@@ -242,3 +242,31 @@ def test_lightning_checkpoint_resumes_the_same_batches(index, tmp_path, stop):
     pipe = full.train_dataloader()
     assert full.seen == [list(zip(b["episode"], b["frame"].tolist())) for _ in range(2) for b in pipe]  # epochs 0, 1
     assert len(full.seen) == 18 and first.seen + rest.seen == full.seen
+
+
+_TORCH_IN_WORKER = """
+import sys, torch
+from episodepipes.pipes.train import train_pipe
+
+def big_torch_op(sample):
+    # over torch's parallel grain (32768 elements): runs on the intra-op (OpenMP) pool
+    sample["norm"] = float((torch.ones(256, 256) * 2).sum())
+    return sample
+
+x = torch.randn(512, 512)
+(x @ x).sum(), (x + 1).sum()  # the parent has used its OpenMP pool, as any training process has
+pipe = train_pipe(sys.argv[1], batch_size=4, seed=0, rank=0, world_size=1, method="process", transform=big_torch_op)
+assert [float(b["norm"][0]) for b in pipe] == [2 * 256 * 256] * len(pipe)
+print("ok")
+"""
+
+
+def test_torch_ops_in_forked_process_workers_do_not_hang(index, tmp_path):
+    """A forked child cannot use the parent's OpenMP threads: without one intra-op thread it waits forever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "torch_in_worker.py"
+    script.write_text(_TORCH_IN_WORKER)
+    proc = subprocess.run([sys.executable, str(script), str(index.root)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
