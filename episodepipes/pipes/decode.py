@@ -116,7 +116,9 @@ class Decoder(BaseNode[dict]):
     A corrupt JPEG is replaced by zeros and the sample marked ``valid=False`` (so lengths stay exact),
     counted in ``stats["frames_corrupt"]`` and logged with its shard and frame, or raised
     (``on_corrupt="raise"``).
-    ``fn`` replaces `decode_members` as the per-sample worker function (train windows use it).
+    ``fn`` replaces `decode_members` as the per-sample worker function (train windows use it); if it
+    decodes other than one JPEG per camera, its ``fn.jpegs(members, cameras)`` says how many, so
+    ``stats["frames_decoded"]`` counts every JPEG decoded (counted here, from the members, for both methods).
     ``slab`` (the batch size) makes workers decode into batch rows; pass a `Slabs` instead to keep
     those buffers across passes (a pipe gives one to every pass's decoder: no page faults after the first).
     """
@@ -239,8 +241,9 @@ class Decoder(BaseNode[dict]):
 
     def _finish(self, raw: RawSample, fields: dict[str, Any], bad: list[str]) -> dict:
         ep = self.index.episode(raw.item.episode)
-        n = len(ep.cameras) - len(bad)
-        self.stats.add("frames_decoded", n)
+        jpegs = getattr(self.fn, "jpegs", None)
+        n = jpegs(raw.members, self._specs(ep.id)[0]) if jpegs is not None else len(ep.cameras)
+        self.stats.add("frames_decoded", n - len(bad))
         valid = raw.item.valid
         if bad:
             where = f"shard {raw.shard} episode {ep.id!r} frame {raw.item.frame} camera(s) {bad}"

@@ -158,6 +158,14 @@ class WindowDecode:
                                 "the sample dict")
         return fields, bad
 
+    def jpegs(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]]) -> int:
+        """How many JPEGs ``self(members, cameras, ...)`` decodes (for ``stats["frames_decoded"]``): each
+        camera without a window once, and each distinct step of a camera window once (a step repeated as
+        padding is the same bytes object, decoded once)."""
+        windowed = [k for k in self.windows if k in cameras]
+        steps = {id(members[f"{k}@{i}"]) for k in windowed for i in range(self.windows[k].size)}
+        return len(cameras) - len(windowed) + len(steps)
+
     @staticmethod
     def _decode(key: str, data: bytes, cameras: dict[str, tuple[int, int]], size: tuple[int, int] | None,
                 bad: list[str]) -> np.ndarray:
