@@ -73,14 +73,16 @@ def _fast_header(name: bytes, size: int) -> bytes:
                      b"%06o\0 " % chksum, _TEMPLATE[156:]))
 
 
+def tar_header(name: bytes, size: int) -> bytes:
+    """The header block(s) of a member called ``name`` (UTF-8) holding ``size`` bytes."""
+    if len(name) <= 100 and size < _MAX_SIZE:
+        return _fast_header(name, size)
+    return _tar_header(name.decode("utf-8"), size)  # a GNU longname header: leave it to tarfile
+
+
 def tar_member_parts(name: str, data: bytes) -> tuple[bytes, bytes, bytes]:
     """One tar member as (header, data, padding), to be joined with its neighbours in one copy."""
-    raw = name.encode("utf-8")
-    if len(raw) <= 100 and len(data) < _MAX_SIZE:
-        header = _fast_header(raw, len(data))
-    else:  # long names need a GNU longname header: leave them to tarfile
-        header = _tar_header(name, len(data))
-    return header, data, b"\0" * ((-len(data)) % BLOCK)
+    return tar_header(name.encode("utf-8"), len(data)), data, b"\0" * ((-len(data)) % BLOCK)
 
 
 def tar_member(name: str, data: bytes) -> bytes:
@@ -92,7 +94,8 @@ TAR_END = b"\0" * (2 * BLOCK)
 
 
 @functools.lru_cache(maxsize=1024)
-def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The bytes `npy_bytes` puts before the data of an array of this dtype and shape."""
     buf = io.BytesIO()
     np.lib.format.write_array(buf, np.zeros(shape, dtype), allow_pickle=False)
     return buf.getvalue()[: buf.tell() - int(np.prod(shape, dtype=np.int64)) * dtype.itemsize]
@@ -109,7 +112,7 @@ def npy_bytes(array: np.ndarray) -> bytes:
         array = array.copy(order="C")
     if array.dtype.hasobject:
         raise ValueError(f"array of dtype {array.dtype} holds Python objects; store numbers or strings")
-    return _npy_header(array.dtype, array.shape) + array.tobytes()
+    return npy_header(array.dtype, array.shape) + array.tobytes()
 
 
 def npy_load(data: bytes) -> np.ndarray:

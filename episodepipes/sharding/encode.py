@@ -1,14 +1,20 @@
-"""Turn one episode into its encoded samples: JPEG per camera, .npy per array, json metadata."""
+"""Turn one episode into its encoded samples: JPEG per camera, .npy per array, json metadata.
+
+The tar bytes of a whole episode are laid out here, in the encoder process, as a list of parts
+(headers, payloads, padding) plus each frame's size, so the single writing process only cuts
+shards, hashes and writes large runs of bytes: it has no per-frame work left.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from episodepipes.format import npy_bytes, safe_episode_id, safe_field, sample_key, tar_member_parts
+from episodepipes.format import BLOCK, npy_bytes, npy_header, safe_episode_id, safe_field, tar_header
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
 
 
@@ -21,15 +27,22 @@ class EncodeOptions:
 @dataclass
 class EncodedEpisode:
     meta: dict  # the index entry, without "segments"
-    samples: list[list[tuple[str, bytes]]]  # per frame: (member name, bytes), in member order
+    parts: list  # bytes-like pieces whose concatenation is every frame's tar members, in order
+    sizes: list[int]  # tar bytes of each frame
+
+    def data(self) -> bytes:
+        return b"".join(self.parts)
 
     def blocks(self) -> list[bytes]:
-        """Each frame's tar members as one byte string, ready to append to a shard."""
-        return [b"".join(part for name, data in members for part in tar_member_parts(name, data))
-                for members in self.samples]
+        """Each frame's tar members as one byte string."""
+        data, out, pos = self.data(), [], 0
+        for size in self.sizes:
+            out.append(data[pos:pos + size])
+            pos += size
+        return out
 
 
-def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = False) -> bytes:
+def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = False) -> np.ndarray:
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
         raise EpisodeError(f"{where}: expected HxWx3 uint8 {'BGR' if bgr else 'RGB'}, got {frame.dtype} {frame.shape}")
     if opts.resize is not None:
@@ -39,7 +52,21 @@ def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = Fal
                            [cv2.IMWRITE_JPEG_QUALITY, opts.jpeg_quality])
     if not ok:
         raise EpisodeError(f"{where}: JPEG encoding failed")
-    return buf.tobytes()
+    return buf  # its buffer is joined as is: no copy to bytes
+
+
+def _npy_rows(a: np.ndarray) -> list:
+    """``npy_bytes(a[i])`` for every step i, sharing one header and slicing one buffer when that gives
+    the same bytes (a 1-D array's items become numpy scalars, which lose string widths and byte order)."""
+    if a.dtype.hasobject or (a.ndim == 1 and not (a.dtype.kind in "biufc" and a.dtype.isnative)):
+        return [npy_bytes(x) for x in a]
+    a = a if a.flags.c_contiguous else a.copy(order="C")
+    head, view, step = npy_header(a.dtype, a.shape[1:]), memoryview(a.reshape(-1).view(np.uint8)), a[0].nbytes
+    return [head + view[i * step:(i + 1) * step] for i in range(len(a))]
+
+
+def _timestamp(t: float) -> bytes:
+    return (float.__repr__(t) if math.isfinite(t) else json.dumps(t)).encode()  # json.dumps's float text
 
 
 def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str = "train") -> EncodedEpisode:
@@ -51,7 +78,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     if not ep.cameras:
         raise EpisodeError(f"episode {ep.id!r}: no cameras; every episode needs at least one")
     cams = {safe_field(c): (c, it) for c, it in sorted(ep.cameras.items())}
-    per_cam: dict[str, list[bytes]] = {}
+    per_cam: dict[str, list] = {}
     shapes: dict[str, tuple[int, int]] = {}
     for cam, (orig, frames) in cams.items():
         where = f"episode {ep.id!r} camera {orig!r} ({ep.files.get(orig, '?')})"
@@ -75,14 +102,25 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
                 f"{n} frames; arrays' first dimension must equal the frame count"
             )
     fps = float(ep.fps)
-    samples = []
+    prefix = json.dumps(eid).encode()
+    info = [b'{"episode": %s, "frame": %d, "timestamp": %s}' % (prefix, i, _timestamp(round(i / fps, 9)))
+            for i in range(n)]
+    # member suffix -> payload per frame; sorting suffixes sorts the member names, which share the key
+    fields = {f".{cam}.jpg": v for cam, v in per_cam.items()}
+    fields.update({f".{k}.npy": _npy_rows(a) for k, (_, a) in arrays.items()})
+    fields[".json"] = info
+    columns = [(s.encode(), fields[s]) for s in sorted(fields)]
+    parts: list = []
+    sizes: list[int] = []
     for i in range(n):
-        key = sample_key(eid, i)
-        members = [(f"{key}.{cam}.jpg", per_cam[cam][i]) for cam in per_cam]
-        members += [(f"{key}.{k}.npy", npy_bytes(a[i])) for k, (_, a) in arrays.items()]
-        info = {"episode": eid, "frame": i, "timestamp": round(i / fps, 9)}
-        members.append((f"{key}.json", json.dumps(info, sort_keys=True).encode()))
-        samples.append(sorted(members))
+        key, total = b"%s/%06d" % (eid.encode(), i), 0
+        for suffix, payload in columns:
+            data = payload[i]
+            size = len(data) if isinstance(data, bytes) else data.nbytes
+            head, pad = tar_header(key + suffix, size), (-size) % BLOCK
+            parts += (head, data, _ZEROS[:pad])
+            total += len(head) + size + pad
+        sizes.append(total)
     meta = {
         "id": eid,
         "split": ep.split or default_split,
@@ -95,4 +133,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
                        "shape": list(a.shape[1:]), "source": ep.sources.get(o, o)}
                    for k, (o, a) in arrays.items()},
     }
-    return EncodedEpisode(meta, samples)
+    return EncodedEpisode(meta, parts, sizes)
+
+
+_ZEROS = bytes(BLOCK)

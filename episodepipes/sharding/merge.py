@@ -64,20 +64,20 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
         for d, data in jobs:
             for entry in data["episodes"]:
                 meta = {k: v for k, v in entry.items() if k != "segments"}
-                writer.add_blocks(meta, _blocks(d, data["shards"], entry["segments"]))
+                writer.add_frames(meta, *_frames(d, data["shards"], entry["segments"]))
     shutil.rmtree(out / JOBS_DIR)
     log.info("merged %d jobs into %s", len(jobs), out)
     return json.loads((out / INDEX_NAME).read_text())
 
 
-def _blocks(d: Path, shards: list[dict], segments: list[dict]) -> list[bytes]:
-    """The tar bytes of each frame of one episode, read from a job's shards."""
-    out: list[bytes] = []
+def _frames(d: Path, shards: list[dict], segments: list[dict]) -> tuple[bytes, list[int]]:
+    """The tar bytes of one episode's frames, read from a job's shards, and each frame's size."""
+    blobs: list[bytes] = []
+    sizes: list[int] = []
     for seg in segments:
         with open(d / shards[seg["shard"]]["name"], "rb") as f:
             f.seek(seg["offsets"][0])
-            blob = f.read(seg["end"] - seg["offsets"][0])
-        base = seg["offsets"][0]
-        bounds = [o - base for o in seg["offsets"]] + [len(blob)]
-        out += [blob[a:b] for a, b in zip(bounds, bounds[1:])]
-    return out
+            blobs.append(f.read(seg["end"] - seg["offsets"][0]))
+        bounds = seg["offsets"] + [seg["end"]]
+        sizes += [b - a for a, b in zip(bounds, bounds[1:])]
+    return b"".join(blobs), sizes

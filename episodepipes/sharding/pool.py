@@ -7,7 +7,6 @@ on the number of workers.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import mmap
 import multiprocessing as mp
 import os
@@ -16,14 +15,16 @@ from pathlib import Path
 
 import cv2
 
-from episodepipes.sharding.encode import encode_episode
+from episodepipes.sharding.encode import EncodedEpisode, encode_episode
 from episodepipes.sharding.episode import EpisodeError
+
+_IOV_MAX = 1024  # POSIX's minimum IOV_MAX is 16, but Linux, macOS and the BSDs take 1024
 
 
 def _encode(task: tuple) -> tuple:
     """Worker: read and encode one episode. Input errors come back as values, to be skipped or raised.
 
-    With a ``spool`` folder the samples go to a file there and only its name and the sample sizes
+    With a ``spool`` folder the tar bytes go to a file there and only its name and the frame sizes
     return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
     writing them, and the parent is the one process that cannot be parallelised.
     """
@@ -36,36 +37,44 @@ def _encode(task: tuple) -> tuple:
             raise EpisodeError(f"episode {eid!r}: split {ep.split!r} is not 'train' or 'val'; fix its metadata "
                                "or pass --val-fraction/--val-episodes")
         enc = encode_episode(ep, opts)
-        blocks = enc.blocks()
         if spool is None:
-            return "ok", enc.meta, blocks
+            return "ok", enc.meta, (enc.data(), enc.sizes)
         path = Path(spool) / f"{enc.meta['id']}.samples"
-        with open(path, "wb") as f:
-            f.writelines(blocks)
-        return "ok", enc.meta, (str(path), [len(b) for b in blocks])
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_parts(fd, enc)
+        finally:
+            os.close(fd)
+        return "ok", enc.meta, (str(path), enc.sizes)
     except (EpisodeError, ValueError, OSError, cv2.error) as e:
         msg = str(e) if isinstance(e, EpisodeError) else f"episode {eid!r}: {type(e).__name__}: {e}"
         return "bad", eid, msg
 
 
+def _write_parts(fd: int, enc: EncodedEpisode) -> None:
+    """``enc``'s parts with few gathering ``writev`` calls: no joined copy of the episode."""
+    per_frame = len(enc.parts) // len(enc.sizes)  # every frame has the same members
+    step = max(1, _IOV_MAX // per_frame)
+    for f in range(0, len(enc.sizes), step):
+        chunk = enc.parts[f * per_frame:(f + step) * per_frame]
+        want = sum(enc.sizes[f:f + step])
+        done = os.writev(fd, chunk)
+        if done < want:  # a short write (a signal, a full disk): finish it plainly, or fail with the OSError
+            rest = memoryview(b"".join(chunk))[done:]
+            while rest:
+                rest = rest[os.write(fd, rest):]
+
+
 @contextlib.contextmanager
-def samples(payload: list[bytes] | tuple[str, list[int]]) -> Iterator[list]:
-    """The sample blocks of a worker result: as sent, or memory-mapped (no copy) from its spool file."""
-    if isinstance(payload, list):
-        yield payload
+def samples(payload: tuple) -> Iterator[tuple]:
+    """(tar bytes, frame sizes) of a worker result: as sent, or memory-mapped (no copy) from its spool file."""
+    data, sizes = payload
+    if not isinstance(data, str):
+        yield data, sizes
         return
-    path, sizes = payload
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        whole = memoryview(mm)
-        bounds = list(itertools.accumulate(sizes, initial=0))
-        views = [whole[a:b] for a, b in zip(bounds, bounds[1:])]
-        try:
-            yield views
-        finally:
-            for v in views:
-                v.release()
-            whole.release()
-    os.unlink(path)
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
+        yield view, sizes
+    os.unlink(data)
 
 
 def _init_worker() -> None:

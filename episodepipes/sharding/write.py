@@ -113,9 +113,9 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                 skipped.append({"id": res[1], "error": res[2]})
             else:
                 first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
-                with samples(res[2]) as blocks:
-                    writer.add_blocks(res[1], blocks, start=first, segments=segs)
-                frames += len(blocks) - first
+                with samples(res[2]) as (data, sizes):
+                    writer.add_frames(res[1], data, sizes, start=first, segments=segs)
+                frames += len(sizes) - first
             bar.update(1)
             bar.set_postfix_str(f"{frames / max(time.perf_counter() - t0, 1e-9):.0f} frames/s", refresh=False)
         extra: dict = {"skipped": skipped} if skipped else {}

@@ -75,25 +75,39 @@ class ShardWriter:
 
     def add(self, enc: EncodedEpisode, *, start: int = 0, segments: list[dict] | None = None) -> dict:
         """Append one episode; returns its index entry (with byte-range segments)."""
-        return self.add_blocks(enc.meta, enc.blocks(), start=start, segments=segments)
+        return self.add_frames(enc.meta, enc.data(), enc.sizes, start=start, segments=segments)
 
-    def add_blocks(self, meta: dict, blocks: list[bytes], *, start: int = 0,
+    def add_frames(self, meta: dict, data: bytes | memoryview, sizes: list[int], *, start: int = 0,
                    segments: list[dict] | None = None) -> dict:
-        """Append samples ``blocks[start:]`` (tar bytes per frame) of the episode described by ``meta``."""
+        """Append frames ``start:`` of the episode described by ``meta``.
+
+        ``data`` is the tar bytes of all its frames back to back and ``sizes`` each frame's share. Each
+        run of frames that lands in one shard is hashed and written with one call.
+        """
         segs = [dict(s, offsets=list(s["offsets"])) for s in segments or []]
         self.pending = {"segments": segs, "frame": start}
-        for i in range(start, len(blocks)):
-            if self._samples and self._pos >= self.shard_size:
-                self.pending["frame"] = i
-                self._flush()
-            if not segs or segs[-1]["shard"] != self.next_shard:
-                segs.append({"shard": self.next_shard, "first": i, "count": 0, "offsets": [], "end": 0})
-            seg = segs[-1]
-            seg["offsets"].append(self._pos)
-            self._write(blocks[i])
-            seg["count"] += 1
-            seg["end"] = self._pos
-            self._samples += 1
+        pos, n = sum(sizes[:start]), len(sizes)
+        with memoryview(data) as view:
+            i = start
+            while i < n:
+                if self._samples and self._pos >= self.shard_size:
+                    self.pending["frame"] = i
+                    self._flush()
+                if not segs or segs[-1]["shard"] != self.next_shard:
+                    segs.append({"shard": self.next_shard, "first": i, "count": 0, "offsets": [], "end": 0})
+                seg, end, first = segs[-1], self._pos, i
+                while i < n:  # frames go in while the shard is below its size; the one reaching it ends the run
+                    seg["offsets"].append(end)
+                    end += sizes[i]
+                    i += 1
+                    if end >= self.shard_size:
+                        break
+                run = end - self._pos
+                self._write(view[pos:pos + run])
+                pos += run
+                seg["count"] += i - first
+                seg["end"] = self._pos
+                self._samples += i - first
         self.pending = None
         entry = dict(meta, segments=segs)
         self.episodes.append(entry)
