@@ -157,3 +157,26 @@ def test_an_interrupted_job_resumes_and_still_merges_to_the_single_job_bytes(tmp
     assert write_shards(SYN, tmp_path / "m", OPTS, num_jobs=2, job_index=1, workers=2).resumed
     merge_jobs(tmp_path / "m")
     assert _files(tmp_path / "m") == _files(tmp_path / "one")
+
+
+class _ThreadsReader(SyntheticReader):
+    """Records each encoder's OpenCV thread count as the episode's prompt."""
+
+    def read(self, episode_id):
+        import cv2
+
+        ep = super().read(episode_id)
+        ep.prompt = str(cv2.getNumThreads())
+        return ep
+
+
+def test_forked_encoders_get_one_opencv_thread_without_setting_it_in_the_child(tmp_path):
+    # cv2.setNumThreads in a forked child can wait forever on the parent's pool: the parent sets it
+    # around the fork instead, and restores its own count
+    import cv2
+
+    before = cv2.getNumThreads()
+    reader = _ThreadsReader(num_episodes=3, length=2, height=16, width=16)
+    write_shards(reader, tmp_path / "s", WriteOptions(format="synthetic"), workers=2)
+    assert {e.prompt for e in EpisodeIndex.open(tmp_path / "s").episodes} == {"1"}
+    assert cv2.getNumThreads() == before

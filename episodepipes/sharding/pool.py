@@ -77,15 +77,26 @@ def samples(payload: tuple) -> Iterator[tuple]:
     os.unlink(data)
 
 
-def _init_worker() -> None:
-    cv2.setNumThreads(1)  # one process per core already; cv2's own threads would only contend
+def _one_thread() -> None:
+    cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool
 
 
 def encoded(tasks: list[tuple], workers: int) -> Iterator[tuple]:
-    """`_encode` over ``tasks`` in order: in this process, or in ``workers`` forked processes."""
+    """`_encode` over ``tasks`` in order: in this process, or in ``workers`` forked processes.
+
+    The children inherit one OpenCV thread each (one process per core already; more threads would only
+    contend) from a setting made in this process around the fork: `cv2.setNumThreads` called in a
+    forked child can wait forever on the parent's thread pool, which the child does not have.
+    """
     if workers <= 1:
         yield from map(_encode, tasks)
         return
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker) as pool:
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        pool = ctx.Pool(workers, initializer=None if ctx.get_start_method() == "fork" else _one_thread)
+    finally:
+        cv2.setNumThreads(threads)
+    with pool:
         yield from pool.imap(_encode, tasks, chunksize=1)
