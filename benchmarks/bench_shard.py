@@ -5,6 +5,11 @@ number of processes is the ceiling; one process of it is the baseline a loop ove
 The frames are generated once (in BGR, as OpenCV and PyAV ``bgr24`` decode them) and cached before
 the processes fork, so neither side pays for making them: the gap is what the writer adds (arrays,
 tar headers, transfer to the writing process, sha256, file writes).
+
+The ceiling is ``cv2.imencode(".jpg", frame, q90)`` of every camera frame, one episode per task of a
+forked ``Pool.imap`` with one OpenCV thread per process, returning only counts. Neither side converts
+colours (the frames are BGR, so the writer skips its RGB->BGR step) or resizes. Each write run is
+paired with a ceiling run right after it, and the pair with the median ratio is reported.
 """
 
 from __future__ import annotations
@@ -59,10 +64,6 @@ def _imencode_episode(task: tuple[CachedReader, str]) -> int:
     return n
 
 
-def _init() -> None:
-    cv2.setNumThreads(1)
-
-
 def _cpu() -> float:
     """CPU seconds of this process and its reaped children: unlike wall time, other users' load
     on a shared machine does not change it."""
@@ -81,7 +82,13 @@ def _imencode(reader: CachedReader, processes: int) -> int:
     tasks = [(reader, e) for e in reader.episode_ids()]
     if processes == 1:
         return sum(map(_imencode_episode, tasks))
-    with mp.get_context("fork").Pool(processes, initializer=_init) as pool:
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)  # inherited by the forked children, as write_shards's encoders get it
+    try:
+        pool = mp.get_context("fork").Pool(processes)
+    finally:
+        cv2.setNumThreads(threads)
+    with pool:
         return sum(pool.imap(_imencode_episode, tasks))
 
 
@@ -91,6 +98,24 @@ def _write(reader: CachedReader, out: Path, workers: int) -> int:
     return res.frames * len(reader.synthetic.cameras)
 
 
+def _paired(ours: Callable[[], int], ref: Callable[[], int], reps: int) -> list[tuple[float, float, float, float]]:
+    """(ours wall, ref wall, ours CPU, ref CPU) frames/s of ``reps`` back-to-back pairs, sorted by wall ratio.
+
+    Another job on a shared 2-core machine can take a core for seconds; runs side by side see the same
+    machine, so their ratio is steadier than the ratio of separately best rates.
+    """
+    pairs = []
+    for _ in range(reps):
+        (w, c), (rw, rc) = _timed(ours), _timed(ref)
+        pairs.append((w, rw, c, rc))
+    return sorted(pairs, key=lambda p: p[0] / p[1])
+
+
+def _ratios(pairs: list[tuple[float, ...]], a: int, b: int) -> str:
+    r = sorted(p[a] / p[b] for p in pairs)
+    return f"{r[len(r) // 2]:.2f} (range {r[0]:.2f}-{r[-1]:.2f} over {len(r)} pairs)"
+
+
 def run(workdir: Path, quick: bool) -> dict:
     eps, length = (12, 40) if quick else (48, 50)
     syn = SyntheticReader(num_episodes=4, length=length, height=224, width=224)
@@ -98,26 +123,21 @@ def run(workdir: Path, quick: bool) -> dict:
     for eid in reader.episode_ids():  # make every frame before any fork
         reader.read(eid)
     workdir.mkdir(parents=True, exist_ok=True)
-    cv2.setNumThreads(1)
-    wall: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    for _ in range(1 if quick else 3):  # interleaved, best of each: the machine is shared
-        for name, fn in (("enc1", lambda: _imencode(reader, 1)), ("enc2", lambda: _imencode(reader, 2)),
-                         ("w2", lambda: _write(reader, workdir / "w2", 2)),
-                         ("w1", lambda: _write(reader, workdir / "w1", 1))):
-            w, c = _timed(fn)
-            wall[name], cpu[name] = max(wall.get(name, 0.0), w), max(cpu.get(name, 0.0), c)
+    reps = 1 if quick else 7
+    two = _paired(lambda: _write(reader, workdir / "w2", 2), lambda: _imencode(reader, 2), reps)
+    one = _paired(lambda: _write(reader, workdir / "w1", 1), lambda: _imencode(reader, 1), max(1, reps // 2))
+    mid2, mid1 = two[len(two) // 2], one[len(one) // 2]
     frames = eps * length * len(syn.cameras)
-    what = f"{frames} camera frames 224x224, 2 cameras, JPEG q90"
+    what = f"{frames} camera frames 224x224 BGR, 2 cameras, JPEG q90"
     rows = [
-        {"metric": "write --workers 2 vs imencode in 2 processes", "ours": wall["w2"], "baseline": wall["enc1"],
-         "ceiling": wall["enc2"], "unit": "frames/s",
-         "note": f"{what}; ratio to ceiling {wall['w2'] / wall['enc2']:.2f} (goal 0.8); baseline: imencode in 1"},
-        {"metric": "write --workers 1 vs imencode in 1 process", "ours": wall["w1"], "baseline": None,
-         "ceiling": wall["enc1"], "unit": "frames/s", "note": f"ratio {wall['w1'] / wall['enc1']:.2f}"},
-        {"metric": "CPU cost: write --workers 2 vs imencode in 2 processes", "ours": cpu["w2"], "baseline": None,
-         "ceiling": cpu["enc2"], "unit": "frames/s (CPU time)",
-         "note": f"ratio {cpu['w2'] / cpu['enc2']:.2f}; CPU time is immune to other load on a shared machine"},
+        {"metric": "write --workers 2 vs imencode in 2 processes", "ours": mid2[0], "baseline": mid1[1],
+         "ceiling": mid2[1], "unit": "frames/s",
+         "note": f"{what}; ratio to ceiling {_ratios(two, 0, 1)} (goal 0.8); baseline: imencode in 1"},
+        {"metric": "write --workers 1 vs imencode in 1 process", "ours": mid1[0], "baseline": None,
+         "ceiling": mid1[1], "unit": "frames/s", "note": f"ratio {_ratios(one, 0, 1)}"},
+        {"metric": "CPU cost: write --workers 2 vs imencode in 2 processes", "ours": mid2[2], "baseline": None,
+         "ceiling": mid2[3], "unit": "frames/s (CPU time)",
+         "note": f"ratio {_ratios(two, 2, 3)}; CPU time is immune to other load on a shared machine"},
     ]
     shutil.rmtree(workdir / "w1", ignore_errors=True)
     shutil.rmtree(workdir / "w2", ignore_errors=True)
