@@ -68,3 +68,18 @@ def test_pipe_state_round_trip(index):
     pipe.close()
     pipe.load_state_dict(state)
     assert head + [_key(b) for b in pipe] == full
+
+
+@pytest.mark.parametrize("chunk, prefetch", [(3, 12), (8, None)])
+def test_chunked_process_decoder_state(index, chunk, prefetch):
+    """Samples sent to processes several per task (19 items: a partial chunk at the end) resume exactly."""
+    def make():
+        return Decoder(ShardReader(index, ITEMS), index, method="process", chunk=chunk, prefetch=prefetch)
+
+    assert make().chunk == chunk
+    run_test_save_load_state(make, [0, 1, 4, 11, 18])
+    thread = Decoder(ShardReader(index, ITEMS), index)
+    thread.reset()
+    node = make()
+    node.reset()
+    assert [_key(x) for x in node] == [_key(x) for x in thread]
