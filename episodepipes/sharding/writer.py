@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, TAR_END, shard_name
+from episodepipes.sharding._writeback import start_writeback
 from episodepipes.sharding.encode import EncodedEpisode
+
+_WRITEBACK = 8 * 2**20  # bytes written between writeback requests
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -57,6 +60,7 @@ class ShardWriter:
         self._file: BinaryIO | None = None
         self._hash = hashlib.sha256()
         self._pos = 0
+        self._synced = 0  # bytes of the open shard already handed to `start_writeback`
         self._samples = 0
 
     @property
@@ -119,6 +123,10 @@ class ShardWriter:
         self._file.write(data)
         self._hash.update(data)
         self._pos += len(data)
+        if self._pos - self._synced >= _WRITEBACK:
+            self._file.flush()
+            start_writeback(self._file.fileno(), self._synced, self._pos - self._synced)
+            self._synced = self._pos
 
     def _flush(self) -> None:
         if not self._samples or self._file is None:
@@ -131,7 +139,7 @@ class ShardWriter:
         os.replace(self.out / (name + ".tmp"), self.out / name)
         self.shards.append({"name": name, "bytes": self._pos, "sha256": self._hash.hexdigest(),
                             "samples": self._samples})
-        self._file, self._hash, self._pos, self._samples = None, hashlib.sha256(), 0, 0
+        self._file, self._hash, self._pos, self._synced, self._samples = None, hashlib.sha256(), 0, 0, 0
         if self.on_shard is not None:
             self.on_shard(self)
 
