@@ -96,3 +96,17 @@ def test_encoded_npy_members_equal_npy_bytes_of_each_step(arr, transpose):
     if transpose and arr.ndim > 1:
         arr = arr.swapaxes(0, -1)
     assert [bytes(r) for r in _npy_rows(arr)] == [npy_bytes(x) for x in arr]
+
+
+@given(names=st.lists(st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"\0", b"x")), min_size=1,
+                      max_size=5),
+       sizes=st.lists(st.integers(0, 8**11 - 1), min_size=5, max_size=5))
+@settings(max_examples=100, deadline=None)
+def test_vectorised_tar_headers_equal_one_at_a_time(names, sizes):
+    from episodepipes.format import tar_header, tar_headers
+
+    width = max(map(len, names))
+    names = [n.ljust(width, b"y") for n in names]
+    rows = tar_headers(np.frombuffer(b"".join(names), np.uint8).reshape(len(names), width),
+                       np.array(sizes[:len(names)]))
+    assert [r.tobytes() for r in rows] == [tar_header(n, s) for n, s in zip(names, sizes)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from episodepipes.format import BLOCK, npy_bytes, npy_header, safe_episode_id, safe_field, tar_header
+from episodepipes.format import BLOCK, npy_bytes, npy_header, safe_episode_id, safe_field, tar_header, tar_headers
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
 
 
@@ -52,7 +52,7 @@ def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = Fal
                            [cv2.IMWRITE_JPEG_QUALITY, opts.jpeg_quality])
     if not ok:
         raise EpisodeError(f"{where}: JPEG encoding failed")
-    return buf  # its buffer is joined as is: no copy to bytes
+    return buf.reshape(-1)  # 1-D, so len() is its size; its buffer is joined as is, not copied to bytes
 
 
 def _npy_rows(a: np.ndarray) -> list:
@@ -109,18 +109,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     fields = {f".{cam}.jpg": v for cam, v in per_cam.items()}
     fields.update({f".{k}.npy": _npy_rows(a) for k, (_, a) in arrays.items()})
     fields[".json"] = info
-    columns = [(s.encode(), fields[s]) for s in sorted(fields)]
-    parts: list = []
-    sizes: list[int] = []
-    for i in range(n):
-        key, total = b"%s/%06d" % (eid.encode(), i), 0
-        for suffix, payload in columns:
-            data = payload[i]
-            size = len(data) if isinstance(data, bytes) else data.nbytes
-            head, pad = tar_header(key + suffix, size), (-size) % BLOCK
-            parts += (head, data, _ZEROS[:pad])
-            total += len(head) + size + pad
-        sizes.append(total)
+    parts, sizes = _layout(eid.encode(), n, [(s.encode(), fields[s]) for s in sorted(fields)])
     meta = {
         "id": eid,
         "split": ep.split or default_split,
@@ -137,3 +126,41 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
 
 
 _ZEROS = bytes(BLOCK)
+
+
+def _layout(eid: bytes, n: int, columns: list[tuple[bytes, list]]) -> tuple[list, list[int]]:
+    """(parts, frame sizes) of frames 0..n-1 whose members are ``eid/<frame><suffix>`` per column.
+
+    Each column's headers come from one `tar_headers` call; the per-member Python that is left only
+    slices and interleaves. Names over tar's 100 bytes, or frame numbers past 6 digits, go one by one.
+    """
+    keys = b"".join(b"%s/%06d" % (eid, i) for i in range(n))
+    width, m = len(keys) // n, len(columns)
+    if n > 10**6 or width + max(len(s) for s, _ in columns) > 100:
+        return _layout_slow(eid, n, columns)
+    names = np.zeros((n, m, 100), np.uint8)  # tar pads names with NULs to 100 bytes
+    names[:, :, :width] = np.frombuffer(keys, np.uint8).reshape(n, 1, width)
+    for c, (suffix, _) in enumerate(columns):
+        names[:, c, width:width + len(suffix)] = np.frombuffer(suffix, np.uint8)
+    size = np.array([list(map(len, payload)) for _, payload in columns], np.int64).T.reshape(-1)  # frame-major
+    pad = -size % BLOCK
+    heads = memoryview(tar_headers(names.reshape(n * m, 100), size).reshape(-1))
+    members = zip([heads[k:k + BLOCK] for k in range(0, n * m * BLOCK, BLOCK)],
+                  [x for row in zip(*(payload for _, payload in columns)) for x in row],
+                  [_ZEROS[:p] for p in pad.tolist()])
+    return [x for member in members for x in member], (BLOCK + size + pad).reshape(n, m).sum(axis=1).tolist()
+
+
+def _layout_slow(eid: bytes, n: int, columns: list[tuple[bytes, list]]) -> tuple[list, list[int]]:
+    parts: list = []
+    sizes: list[int] = []
+    for i in range(n):
+        key, total = b"%s/%06d" % (eid, i), 0
+        for suffix, payload in columns:
+            data = payload[i]
+            size = len(data)
+            head, pad = tar_header(key + suffix, size), (-size) % BLOCK
+            parts += (head, data, _ZEROS[:pad])
+            total += len(head) + size + pad
+        sizes.append(total)
+    return parts, sizes
