@@ -33,14 +33,6 @@ class EncodedEpisode:
     def data(self) -> bytes:
         return b"".join(self.parts)
 
-    def blocks(self) -> list[bytes]:
-        """Each frame's tar members as one byte string."""
-        data, out, pos = self.data(), [], 0
-        for size in self.sizes:
-            out.append(data[pos:pos + size])
-            pos += size
-        return out
-
 
 def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = False) -> np.ndarray:
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
