@@ -141,7 +141,7 @@ def run(workdir: Path, quick: bool) -> dict:
          "ceiling": mid1[1], "unit": "frames/s", "note": f"ratio {_ratios(one, 0, 1)}"},
         {"metric": "CPU cost: write --workers 2 vs imencode in 2 processes", "ours": mid2[2], "baseline": None,
          "ceiling": mid2[3], "unit": "frames/s (CPU time)",
-         "note": f"ratio {_ratios(two, 2, 3)}; CPU time is immune to other load on a shared machine"},
+         "note": f"ratio {_ratios(two, 2, 3)}; CPU time moves less than wall time with other load, but it moves"},
     ]
     shutil.rmtree(workdir / "w1", ignore_errors=True)
     shutil.rmtree(workdir / "w2", ignore_errors=True)
