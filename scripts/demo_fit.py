@@ -8,6 +8,7 @@ the pipes' own counters. ``scripts/demo.py`` prints them as a table.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import time
@@ -124,6 +125,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--every", type=int, default=2)
     args = ap.parse_args()
+    faulthandler.enable()  # a native crash (SIGABRT/SIGSEGV) in a rank dumps its Python stacks into fit.log
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     index = EpisodeIndex.open(args.shards)
