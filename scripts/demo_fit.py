@@ -145,6 +145,10 @@ def main() -> None:
         (args.out / "pinned.json").write_text(json.dumps(pinned))
         metric = trainer.callback_metrics.get("val/px_err")
         (args.out / "metric.json").write_text(json.dumps({"val/px_err": float(metric) if metric is not None else None}))
+    # Lightning leaves the process group up after fit(); tearing it down before exit stops gloo's threads
+    # from outliving the interpreter (a joinable C++ thread at exit aborts with std::terminate).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

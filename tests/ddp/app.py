@@ -141,6 +141,10 @@ def main() -> None:
               "validate": {k: float(results[f"val/{k}"]) for k in ("err_sum", "count")},
               "written": [str(x) for x in writer.written], "fit_passes": writer.fit_passes, "pid": os.getpid()}
     (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
+    # Lightning leaves the process group up after fit(); tearing it down before exit stops gloo's threads
+    # from outliving the interpreter (a joinable C++ thread at exit aborts with std::terminate).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
