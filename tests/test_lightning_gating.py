@@ -101,3 +101,27 @@ def test_resume_continues_the_schedule(root, tmp_path):
     _trainer([gate2, counters], max_epochs=4, num_sanity_val_steps=0).fit(
         TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), ckpt_path=tmp_path / "last.ckpt")
     assert gate2.fit_passes == 4 and [o for o, _ in _opened(counters)] == [1, 0]  # passes 3 and 4
+
+
+class _WorkersDuringTraining(pl.Callback):
+    """Decode threads and processes alive at each training batch (a val pass cut short must not leave any)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        import multiprocessing
+        import threading
+
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("episodepipes-decode")]
+        self.seen.append((len(threads), len(multiprocessing.active_children())))
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_passes_cut_short_release_their_workers(root, method):
+    spy, gate = _WorkersDuringTraining(), RenderGate(every_n_passes=1, render_sanity_check=True)
+    dm = EpisodeData(root, pinned=["ep0000", "ep0003"], method=method, num_workers=2)
+    # the sanity check and limit_val_batches=1 both stop drawing batches long before the pipes end
+    _trainer([gate, spy], max_epochs=3, num_sanity_val_steps=1, limit_val_batches=1).fit(TinyModel(), datamodule=dm)
+    assert dm.loaders.videos["pinned"].stats["open_passes"] == 4  # the video pipe really ran, every pass
+    assert len(spy.seen) > 4 and set(spy.seen) == {(0, 0)}

@@ -115,6 +115,7 @@ class RenderGate(pl.Callback):
         self._drop_guard()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close_pipes()
         if self._rendering:  # timed from the gate opening to the last video written
             self.end_render_pass(trainer, pl_module)
             seconds = time.perf_counter() - (self._video_start or 0.0)
@@ -124,9 +125,11 @@ class RenderGate(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._drop_guard()
+        self._close_pipes()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._drop_guard()
+        self._close_pipes()
         if self._loaders is not None:
             for pipe in (self._loaders.videos or {}).values():
                 pipe.gate.bind(None)  # no trainer: the pipe is a plain open iterable again
@@ -141,6 +144,12 @@ class RenderGate(pl.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.fit_passes = int(state_dict.get("fit_passes", 0))
+
+    def _close_pipes(self) -> None:
+        """Release every pipe's workers: a pass Lightning cut short (the sanity check, ``limit_val_batches``,
+        an error) never reaches the end that would release them, and they would idle through training."""
+        for pipe in self._loaders.pipes if self._loaders is not None else ():
+            pipe.close()
 
     def _drop_guard(self) -> None:
         if self._guard is not None:
