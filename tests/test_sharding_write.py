@@ -115,12 +115,20 @@ def _camera_lengths(src):
     return "different frame counts"
 
 
+def _frame_size_changes(src):
+    import cv2
+
+    cv2.imwrite(str(src / "ep0001" / "front" / "000002.png"), np.zeros((16, 20, 3), np.uint8))
+    return "frame 2 is (16, 20), frame 0 was (32, 40)"
+
+
 def _bad_npz(src):
     (src / "ep0001" / "arrays.npz").write_bytes(b"PK garbage")
     return "arrays.npz"
 
 
-@pytest.mark.parametrize("corrupt", [_corrupt_png, _corrupt_mp4, _short_arrays, _camera_lengths, _bad_npz])
+@pytest.mark.parametrize("corrupt", [_corrupt_png, _corrupt_mp4, _short_arrays, _camera_lengths,
+                                     _frame_size_changes, _bad_npz])
 def test_bad_episode_is_named_or_skipped(tmp_path, corrupt):
     src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=3, length=9, lengths=(4, 5, 6),
                                                       height=32, width=40))

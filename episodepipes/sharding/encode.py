@@ -75,10 +75,18 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     for cam, (orig, frames) in cams.items():
         where = f"episode {ep.id!r} camera {orig!r} ({ep.files.get(orig, '?')})"
         out = []
+        first: tuple[int, int] | None = None
         for i, frame in enumerate(frames):
-            out.append(_jpeg(np.asarray(frame), opts, f"{where} frame {i}", bgr=bgr))
-            if i == 0:
-                shapes[cam] = opts.resize or (int(frame.shape[0]), int(frame.shape[1]))
+            frame = np.asarray(frame)
+            size = (int(frame.shape[0]), int(frame.shape[1])) if frame.ndim >= 2 else None
+            if first is None:
+                first = size
+            elif size != first and opts.resize is None:  # the index records one (H, W) per camera
+                raise EpisodeError(f"{where} frame {i} is {size}, frame 0 was {first}; a camera's frames must "
+                                   "share one size: pass --resize HxW, or fix the source")
+            out.append(_jpeg(frame, opts, f"{where} frame {i}", bgr=bgr))
+        if first is not None:
+            shapes[cam] = opts.resize or first
         per_cam[cam] = out
     lengths = {c: len(v) for c, v in per_cam.items()}
     n = next(iter(lengths.values()))
