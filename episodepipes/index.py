@@ -125,8 +125,14 @@ class EpisodeIndex:
             data = json.loads(file.read_text())
         except json.JSONDecodeError as e:
             raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
-        _validate(data, file)
-        index = cls(root, data)
+        try:
+            _validate(data, file)
+            index = cls(root, data)
+        except IndexFormatError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape or type
+            raise IndexFormatError(f"{file} is damaged ({type(e).__name__}: {e}); "
+                                   "re-shard with write --overwrite") from e
         if verify:
             index.verify()
         return index
@@ -174,7 +180,8 @@ def _episode(e: dict) -> Episode:
 
 def _validate(data: dict, file: Path) -> None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise IndexFormatError(f"{file}: not an episodepipes shard index (format={data.get('format')!r})")
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")
     version = data.get("version")
     if version != FORMAT_VERSION:
         raise IndexFormatError(
@@ -189,10 +196,10 @@ def _validate(data: dict, file: Path) -> None:
         where = f"episode {e.get('id', '?')!r}"
         for k in ("id", "split", "length", "fps", "cameras", "arrays", "segments"):
             _need(e, k, where, file)
-        if sum(s["count"] for s in e["segments"]) != e["length"]:
-            raise IndexFormatError(f"{file}: {where}: segments hold a different frame count than length={e['length']}")
         for k, s in enumerate(e["segments"]):
             for key in ("shard", "first", "count", "offsets", "end"):
                 _need(s, key, f"{where} segment {k}", file)
             if not 0 <= s["shard"] < len(shards) or len(s["offsets"]) != s["count"]:
                 raise IndexFormatError(f"{file}: {where}: a segment points outside the shard list or is malformed")
+        if sum(s["count"] for s in e["segments"]) != e["length"]:
+            raise IndexFormatError(f"{file}: {where}: segments hold a different frame count than length={e['length']}")

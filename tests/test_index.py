@@ -42,3 +42,19 @@ def test_verify_checks_only_the_given_shards(index, tmp_path):
 def test_splits(index):
     assert [e.id for e in index.split("val")] == ["ep0002"]
     assert len(index.split("train")) == 4
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: [d],  # not an object at all
+    lambda d: {**d, "episodes": [{**d["episodes"][0], "segments": [
+        {k: v for k, v in d["episodes"][0]["segments"][0].items() if k != "count"}]}]},
+    lambda d: {**d, "episodes": [{**d["episodes"][0], "cameras": {"front": {"width": 48}}}]},
+    lambda d: {**d, "episodes": [{**d["episodes"][0], "fps": "fast"}]},
+])
+def test_a_damaged_index_is_named_not_a_raw_python_error(index, tmp_path, damage):
+    import json
+
+    data = json.loads((index.root / "index.json").read_text())
+    (tmp_path / "index.json").write_text(json.dumps(damage(data)))
+    with pytest.raises(ValueError, match=r"index\.json.*(damaged|not an episodepipes)"):
+        EpisodeIndex.open(tmp_path)
