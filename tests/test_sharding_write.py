@@ -188,3 +188,15 @@ def test_forked_encoders_get_one_opencv_thread_without_setting_it_in_the_child(t
     write_shards(reader, tmp_path / "s", WriteOptions(format="synthetic"), workers=2)
     assert {e.prompt for e in EpisodeIndex.open(tmp_path / "s").episodes} == {"1"}
     assert cv2.getNumThreads() == before
+
+
+def test_merge_refuses_a_damaged_job_shard(tmp_path):
+    for i in range(2):
+        write_shards(SYN, tmp_path / "m", OPTS, num_jobs=2, job_index=i)
+    shard = sorted((tmp_path / "m" / "_jobs" / "job-0001").glob("shard-*.tar"))[0]
+    blob = bytearray(shard.read_bytes())
+    blob[700] ^= 0xFF
+    shard.write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match=rf"job job-0001: .*{shard.name}: sha256 mismatch.*--overwrite"):
+        merge_jobs(tmp_path / "m")
+    assert not (tmp_path / "m" / "index.json").exists()

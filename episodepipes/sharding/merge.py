@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from episodepipes.format import INDEX_NAME
-from episodepipes.index import sha256_file
+from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.writer import ShardWriter
 
@@ -33,10 +33,10 @@ def _job_indexes(out: Path) -> list[tuple[Path, dict]]:
         file = d / INDEX_NAME
         if not file.exists():
             raise ValueError(f"job {d.name} is unfinished ({file} missing); re-run its write command to resume it")
-        data = json.loads(file.read_text())
-        for sh in data["shards"]:  # a damaged job shard must not be copied into a "verified" output
-            if not (d / sh["name"]).exists() or sha256_file(d / sh["name"]) != sh["sha256"]:
-                raise ValueError(f"job {d.name}: {sh['name']} is missing or damaged; re-run that job with --overwrite")
+        try:  # format, version and every shard's sha256: a damaged job shard must not be copied into OUT
+            data = EpisodeIndex.open(d, verify=True).data
+        except (ValueError, FileNotFoundError) as e:
+            raise ValueError(f"job {d.name}: {e}; re-run that job with --overwrite") from e
         found.append((d, data))
     num_jobs = found[0][1]["job"]["num_jobs"]
     indices = [data["job"]["index"] for _, data in found]
