@@ -50,6 +50,25 @@ def test_streamed_url_gives_the_same_samples_as_seeking(shards):
     assert stream.stats["bytes_read"] > 0
 
 
+def _child_pids():
+    import glob
+    import os
+
+    return {int(p) for f in glob.glob(f"/proc/{os.getpid()}/task/*/children") for p in open(f).read().split()}
+
+
+def test_closing_a_streamed_reader_mid_shard_ends_its_stream(shards):
+    index = EpisodeIndex.open(shards)
+    before = _child_pids()
+    reader = ShardReader(index, [Item("ep0004", f) for f in range(10)],
+                         url=lambda i: f"pipe:cat {index.shard_path(i)}")
+    reader.reset()
+    next(reader)
+    assert _child_pids() - before, "the pipe: stream should run a child process while open"
+    reader.close()
+    assert _child_pids() - before == set()
+
+
 def test_metric_pipe_over_streamed_urls_matches_local(shards):
     index = EpisodeIndex.open(shards)
     kw = dict(frames_per_episode=4, batch_size=3, rank=1, world_size=2, sampling="random", seed=3)

@@ -100,7 +100,13 @@ class ShardReader(BaseNode[RawSample]):
         return {self.POS_KEY: self._pos}
 
     def close(self) -> None:
-        """Close open shard files; the next `reset` reopens them."""
+        """Close open shard files and any stream (a ``pipe:`` subprocess, a socket); `reset` reopens them."""
+        it, self._it = self._it, None
+        if it is not None:
+            it.close()  # runs the generator's `finally`, which closes a stream it holds
+        self._close_files()
+
+    def _close_files(self) -> None:
         for f in self._files.values():
             f.close()
         self._files.clear()
@@ -114,7 +120,7 @@ class ShardReader(BaseNode[RawSample]):
                     yield from self._read_local(run, url)
             else:  # one forward stream per consecutive use of a shard
                 yield from self._read_stream([i for r in group for i in r.items], url)
-        self.close()
+        self._close_files()  # not close(): this generator is still running
 
     def _open(self, shard: int, url: str) -> BinaryIO:
         if shard not in self._files:
