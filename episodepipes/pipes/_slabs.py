@@ -73,7 +73,9 @@ class Slabs:
 
     def next_rows(self, shapes: Shapes) -> tuple[dict[str, np.ndarray] | None, Any]:
         """(rows to decode into, what to send a process worker: ``(ring, slab, row)`` or None)."""
-        if self._row >= self.size or {c: a.shape[1:] for c, a in self._cur.items()} != shapes:
+        # With no slab free (_cur empty), keep counting rows to the slab's end before trying again, so
+        # slab boundaries stay on batch boundaries and later batches are views again, not copies.
+        if self._row >= self.size or (self._cur and {c: a.shape[1:] for c, a in self._cur.items()} != shapes):
             self._cur = {}  # drop ours first, so a slab only in-flight samples still use is not handed back
             self._cur = self._new_slab(shapes)
             self._row = 0
