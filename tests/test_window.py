@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 
 from episodepipes.format import sample_key, tar_member
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.tarmembers import frame_fields
 from episodepipes.pipes.window import Window, WindowDecode, fields_by_step, plan_windows, window_members, window_steps
+from episodepipes.tarmembers import frame_fields
 
 CAMS, ARRS = {"front", "wrist"}, {"state", "action"}
 

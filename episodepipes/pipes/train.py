@@ -26,8 +26,8 @@ from episodepipes.pipes.plan import Item
 from episodepipes.pipes.read import RawSample
 from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, rank_order
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.tarmembers import frame_fields
 from episodepipes.pipes.window import Window, WindowDecode, fields_by_step, plan_windows, window_members
+from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
 

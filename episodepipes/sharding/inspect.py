@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import tarfile
+import os
 from collections import Counter
 from pathlib import Path
 
 from episodepipes.index import EpisodeIndex, sha256_file
+from episodepipes.tarmembers import frame_fields
 
 
 def summarize(data: dict) -> list[tuple[str, str]]:
@@ -69,21 +70,15 @@ def verify(out: str | Path) -> list[str]:
 
 
 def _check_frames(path: Path, eid: str, seg: dict) -> list[str]:
+    """Parse every frame's members at its indexed byte range, with the same parser the pipes read with."""
     ends = seg["offsets"][1:] + [seg["end"]]
     with open(path, "rb") as f:
+        fd = f.fileno()
         for k, (start, end) in enumerate(zip(seg["offsets"], ends)):
             frame = seg["first"] + k
-            prefix = f"{eid}/{frame:06d}."
-            f.seek(start)
             try:
-                names = []
-                for m in tarfile.open(fileobj=f, mode="r:"):  # reads headers lazily, from `start` on
-                    if m.offset >= end:
-                        break
-                    names.append(m.name)
-            except tarfile.TarError as e:
-                names = [f"<unreadable header: {e}>"]
-            if not names or any(not n.startswith(prefix) for n in names):
-                return [f"shard {path.name}: episode {eid!r} frame {frame} at byte {start}: found members "
-                        f"{names[:3]}, expected {prefix}*; the index and shard disagree, re-shard"]
+                frame_fields(lambda size, off: os.pread(fd, size, off), start, end, eid, frame,
+                             where=f"shard {path.name}: episode {eid!r} frame {frame}")
+            except ValueError as e:
+                return [str(e)]
     return []
