@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
+from episodepipes.format import safe_episode_id
 from episodepipes.lightning_glue.gating import RenderGate
 from episodepipes.lightning_glue.mp4 import AtomicMp4, remove_partials
 from episodepipes.lightning_glue.overlay import draw_overlay
@@ -82,7 +83,7 @@ class OverlayVideoWriter(RenderGate):
         for episode, frame in zip(batch["episode"], frames):
             f = self._files.get((name, episode))
             if f is None:
-                path = self.dirpath / name / f"{_safe(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
+                path = self.dirpath / name / f"{safe_episode_id(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
                 f = self._files[(name, episode)] = AtomicMp4(path, fps=index.episode(episode).fps)
             f.write(frame)
 
@@ -141,7 +142,3 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
         frames.append(bgr[:, :, ::-1])
     cap.release()
     return np.stack(frames) if frames else np.zeros((0, 1, 1, 3), np.uint8)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(name)).strip(".") or "episode"
