@@ -26,6 +26,7 @@ import numpy as np
 
 from episodepipes.format import safe_field
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
+from episodepipes.sharding.pool import decode_threads
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ def _decode_from(container, start: float, half: float) -> Iterator[tuple[float, 
     so when the first frame comes too late, seek further back, down to the file start if need be.
     """
     stream = container.streams.video[0]
-    stream.thread_type = "AUTO"
+    stream.thread_type, stream.thread_count = "AUTO", decode_threads()
     back = 0.0
     while True:
         target = max(start - back, 0.0)
