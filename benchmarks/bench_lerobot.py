@@ -7,11 +7,8 @@ and tar writing (`write_shards`, the code behind ``shard.py write --format lerob
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import av
@@ -41,25 +38,6 @@ def _reader_decode(reader: LeRobotReader) -> int:
     return frames
 
 
-@contextlib.contextmanager
-def _same_scheduling() -> Iterator[None]:
-    """Undo what libsvtav1 does to the thread that encodes: run as root, it switches it to SCHED_FIFO 99.
-
-    Every thread and forked worker started afterwards inherits that, and under SCHED_FIFO the pool's
-    ``_handle_workers`` thread busy-polls the result pipe that ``_handle_results`` never gets the core
-    to drain: the parent burned 16-25 CPU-s per run and 2 workers came out slower than 1.
-    """
-    if not hasattr(os, "sched_getscheduler"):
-        yield
-        return
-    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
-    try:
-        yield
-    finally:
-        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
-            os.sched_setscheduler(0, policy, param)
-
-
 def _timed(fn, *args) -> tuple[int, float]:  # noqa: ANN001
     t0 = time.perf_counter()
     n = fn(*args)
@@ -71,9 +49,8 @@ def run(workdir: Path, quick: bool) -> dict:
     eps, length, (h, w) = (4, 40, (96, 128)) if quick else (12, 150, (240, 320))
     src = workdir / "lerobot"
     shutil.rmtree(src, ignore_errors=True)
-    with _same_scheduling():
-        make_lerobot(src, num_episodes=eps, length=length, height=h, width=w, fps=30, encoder=encoder,
-                     episodes_per_file=4, image_feature=False)
+    make_lerobot(src, num_episodes=eps, length=length, height=h, width=w, fps=30, encoder=encoder,
+                 episodes_per_file=4, image_feature=False)
     reader = LeRobotReader(src)
     _pyav_decode(src)  # warm the page cache, so neither side pays for the first read
     n_dec, t_dec = _timed(_pyav_decode, src)

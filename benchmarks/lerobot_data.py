@@ -7,9 +7,14 @@ LeRobot's writer lays them out. Used by tests/test_lerobot.py and benchmarks/ben
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import av
 import cv2
@@ -18,6 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from episodepipes.sharding.synthetic import SyntheticReader
+
+T = TypeVar("T")
 
 V3_DATA = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 V3_VIDEO = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
@@ -52,6 +59,37 @@ class SourceEpisode:
     arrays: dict[str, np.ndarray]  # LeRobot key -> (n, ...) as written to parquet
 
 
+@contextlib.contextmanager
+def same_scheduling() -> Iterator[None]:
+    """Undo what libsvtav1 does to the thread that encodes: run as root, it switches it to SCHED_FIFO 99.
+
+    Every thread and forked worker started afterwards inherits that, and under SCHED_FIFO the pool's
+    ``_handle_workers`` thread busy-polls the result pipe that ``_handle_results`` never gets the core
+    to drain: the parent burned 16-25 CPU-s per run and 2 workers came out slower than 1.
+    """
+    if not hasattr(os, "sched_getscheduler"):
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+            os.sched_setscheduler(0, policy, param)
+
+
+def restores_scheduling(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run ``fn`` inside `same_scheduling`: building AV1 videos must not leave the caller real-time."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        with same_scheduling():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@restores_scheduling
 def make_lerobot(root: Path, *, num_episodes: int = 3, length: int = 15, lengths: tuple[int, ...] | None = None,
                  height: int = 64, width: int = 96, fps: int = 10, encoder: str | None = None,
                  version: str = "v3.0", episodes_per_file: int = 2, image_feature: bool = True,

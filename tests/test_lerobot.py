@@ -242,3 +242,13 @@ def test_cli_skip_bad_skips_an_episode_whose_video_is_short(tmp_path, capsys):
     assert cli.main(["write", str(tmp_path / "lr"), str(tmp_path / "ok"), "--skip-bad", "--workers", "1"]) == 0
     assert [e.id for e in EpisodeIndex.open(tmp_path / "ok").episodes] == ["episode_000000"]
     assert "skipped episode_000002" in capsys.readouterr().out
+
+
+def test_building_videos_leaves_this_process_scheduling_as_it_was(tmp_path):
+    # libsvtav1 run as root switches the encoding thread to SCHED_FIFO 99; every later test, thread and
+    # forked worker of this pytest process would inherit it (a busy-polling pool thread then starves)
+    import os
+
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    make_lerobot(tmp_path / "lr", num_episodes=1, length=3, encoder=ENCODERS[0], image_feature=False)
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
