@@ -279,3 +279,17 @@ def test_frames_decoded_counts_every_jpeg_of_camera_windows(index, method):
     front = sum(len({min(max(t + d, 0), TRAIN[e] - 1) for d in (-2, -1, 0)}) for e, t in frames)
     assert pipe.stats["frames_decoded"] == front + len(frames)  # distinct front steps, plus wrist once each
     assert pipe.stats["frames_decoded"] > 2 * len(frames)  # the old count: cameras per sample
+
+
+def _shift_in_place(sample):
+    sample["state"] += 1.0  # a window key
+    sample["action"] *= 2.0  # a plain array key
+    return sample
+
+
+def test_transform_may_change_arrays_in_place(index):
+    kw = dict(batch_size=4, seed=0, history={"state": 3}, num_workers=1)
+    plain = next(iter(train_pipe(index, **kw)))
+    shifted = next(iter(train_pipe(index, transform=_shift_in_place, **kw)))
+    assert torch.equal(shifted["state"], plain["state"] + 1.0)
+    assert torch.equal(shifted["action"], plain["action"] * 2.0)

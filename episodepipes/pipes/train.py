@@ -180,7 +180,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     if per == 0:
         raise ValueError(f"split={split!r} has {n} frames, fewer than world_size * batch_size = "
                          f"{world_size * batch_size}: every rank needs a full batch; lower batch_size")
-    fn = WindowDecode(windows, transform)
+    fn = WindowDecode(windows, transform, arrays={k: (a.dtype, a.shape) for k, a in episodes[0].arrays.items()})
     if method == "process":
         try:
             pickle.dumps(fn)

@@ -17,35 +17,18 @@ step's plain fields (``"front.jpg"``, ``"keypoints.npy"``, ``"json"``) for the k
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from episodepipes.format import npy_load
-from episodepipes.pipes.decode import decode_jpeg, decode_members
+from episodepipes.pipes.decode import decode_jpeg, decode_members, load_npy
 from episodepipes.pipes.plan import Item
 
 ITEM_KEY = "__item__"
-_NPY_HEADERS: dict[bytes, tuple[np.dtype, tuple[int, ...]]] = {}  # .npy header -> (dtype, shape), per process
-
-
-def fast_npy(data: bytes) -> np.ndarray:
-    """`npy_load` for the shards' small arrays without re-parsing the same header for every step."""
-    n = 10 + int.from_bytes(data[8:10], "little")
-    meta = _NPY_HEADERS.get(data[:n]) if data[6:7] == b"\x01" else None
-    if meta is None:
-        f = io.BytesIO(data)
-        if np.lib.format.read_magic(f) != (1, 0) or len(_NPY_HEADERS) > 1024:
-            return npy_load(data)
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        if fortran or dtype.hasobject:
-            return npy_load(data)
-        meta = _NPY_HEADERS[data[:n]] = (dtype, shape)
-    return np.frombuffer(data, meta[0], offset=n).reshape(meta[1]).copy()  # writable, like npy_load
 
 
 @dataclass(frozen=True)
@@ -132,12 +115,15 @@ class WindowDecode:
 
     windows: Mapping[str, Window]
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    arrays: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # key -> (dtype, step shape)
 
     def __call__(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
                  size: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
         plain = {k: v for k, v in members.items() if "@" not in k and not k.endswith((".npy", "_pad", ITEM_KEY))}
         fields, bad = decode_members(plain, {c: s for c, s in cameras.items() if c not in self.windows}, size)
-        fields.update((k[:-4], fast_npy(v)) for k, v in members.items() if k.endswith(".npy") and "@" not in k)
+        # copies: views of the members are read-only, and a transform may change arrays in place
+        fields.update((k[:-4], self._npy(k[:-4], v).copy()) for k, v in members.items()
+                      if k.endswith(".npy") and "@" not in k)
         for key, w in self.windows.items():
             done: dict[int, np.ndarray] = {}
             steps = []
@@ -166,11 +152,14 @@ class WindowDecode:
         steps = {id(members[f"{k}@{i}"]) for k in windowed for i in range(self.windows[k].size)}
         return len(cameras) - len(windowed) + len(steps)
 
-    @staticmethod
-    def _decode(key: str, data: bytes, cameras: dict[str, tuple[int, int]], size: tuple[int, int] | None,
+    def _npy(self, key: str, data: bytes) -> np.ndarray:
+        """The index gives each array's dtype and shape, so no .npy header is parsed per step."""
+        return load_npy(data, *self.arrays[key]) if key in self.arrays else npy_load(data)
+
+    def _decode(self, key: str, data: bytes, cameras: dict[str, tuple[int, int]], size: tuple[int, int] | None,
                 bad: list[str]) -> np.ndarray:
         if key not in cameras:
-            return fast_npy(data)
+            return self._npy(key, data)
         img = decode_jpeg(data, src=cameras[key], size=size)
         if img is None:
             bad.append(key)
