@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._slabs import Slabs
 from episodepipes.pipes.batch import Collator
-from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.decode import Decoder, check_options
 from episodepipes.pipes.gate import Gate
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
@@ -57,7 +57,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
                   method: str, resize: tuple[int, int] | None, on_corrupt: str, verify: bool,
                   url: Callable[[int], str] | None = None) -> Callable[[], Collator]:
     """A zero-argument builder of reader -> decoder -> collator over ``items`` (what a `Gate` holds)."""
-    Decoder(ShardReader(index, []), index, num_workers=num_workers, method=method, on_corrupt=on_corrupt)  # validate
+    check_options(method=method, on_corrupt=on_corrupt, num_workers=num_workers)
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
 

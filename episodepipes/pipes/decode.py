@@ -70,6 +70,16 @@ def load_npy(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     return npy_load(data)
 
 
+def check_options(*, method: str, on_corrupt: str, num_workers: int) -> None:
+    """Refuse bad decode options where a pipe is built, long before its first open pass builds a `Decoder`."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} should be one of {METHODS}")
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"on_corrupt={on_corrupt!r} should be one of {ON_CORRUPT}")
+    if num_workers < 1:
+        raise ValueError(f"num_workers={num_workers} should be >= 1")
+
+
 def decode_members(members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
                    size: tuple[int, int] | None,
                    arrays: dict[str, tuple[str, tuple[int, ...]]] | None = None,
@@ -144,12 +154,7 @@ class Decoder(BaseNode[dict]):
                  fn: Callable[..., tuple[dict[str, Any], list[str]]] = decode_members, slab: int | Slabs = 0,
                  chunk: int = 8) -> None:
         super().__init__()
-        if method not in METHODS:
-            raise ValueError(f"method={method!r} should be one of {METHODS}")
-        if on_corrupt not in ON_CORRUPT:
-            raise ValueError(f"on_corrupt={on_corrupt!r} should be one of {ON_CORRUPT}")
-        if num_workers < 1:
-            raise ValueError(f"num_workers={num_workers} should be >= 1")
+        check_options(method=method, on_corrupt=on_corrupt, num_workers=num_workers)
         if chunk < 1:
             raise ValueError(f"chunk={chunk} should be >= 1")
         self.source, self.index, self.method, self.num_workers = source, index, method, num_workers
