@@ -56,6 +56,7 @@ class Segment:
     count: int
     offsets: tuple[int, ...]
     end: int
+    crc32: tuple[int, ...] | None = None  # zlib.crc32 of each frame's bytes; None in indexes written before them
 
     @property
     def start(self) -> int:
@@ -90,6 +91,14 @@ class Episode:
         k = frame - seg.first
         end = seg.offsets[k + 1] if k + 1 < seg.count else seg.end
         return seg.shard, seg.offsets[k], end
+
+    def frame_crc(self, frame: int) -> int | None:
+        """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums."""
+        if not 0 <= frame < self.length:
+            raise IndexError(f"frame {frame} is outside episode {self.id!r} of length {self.length}")
+        firsts = [s.first for s in self.segments]
+        seg = self.segments[bisect.bisect_right(firsts, frame) - 1]
+        return None if seg.crc32 is None else seg.crc32[frame - seg.first]
 
     @property
     def nbytes(self) -> int:
@@ -173,7 +182,8 @@ def _episode(e: dict) -> Episode:
         n: ArraySpec(n, a["dtype"], tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
     }
     segs = tuple(
-        Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"]) for s in e["segments"]
+        Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
+                tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"]
     )
     return Episode(e["id"], e["split"], int(e["length"]), float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
 

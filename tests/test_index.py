@@ -58,3 +58,35 @@ def test_a_damaged_index_is_named_not_a_raw_python_error(index, tmp_path, damage
     (tmp_path / "index.json").write_text(json.dumps(damage(data)))
     with pytest.raises(ValueError, match=r"index\.json.*(damaged|not an episodepipes)"):
         EpisodeIndex.open(tmp_path)
+
+
+def _rewrite(root, tmp_path, change):
+    import json
+    import shutil
+
+    copy = shutil.copytree(root, tmp_path / "copy")
+    data = json.loads((copy / "index.json").read_text())
+    change(data)
+    (copy / "index.json").write_text(json.dumps(data))
+    return copy
+
+
+def test_every_frame_crc_is_the_crc32_of_its_byte_range(index):
+    import zlib
+
+    for ep in index.episodes:
+        for f in range(ep.length):
+            shard, a, b = ep.frame_range(f)
+            assert ep.frame_crc(f) == zlib.crc32(index.shard_path(shard).read_bytes()[a:b])
+    assert all(s.crc32 is not None and len(s.crc32) == s.count for e in index.episodes for s in e.segments)
+    with pytest.raises(IndexError, match="outside episode"):
+        index.episodes[0].frame_crc(-1)
+
+
+def test_an_index_without_crcs_gives_none(index, tmp_path):
+    def old(data):
+        for e in data["episodes"]:
+            for s in e["segments"]:
+                del s["crc32"]
+
+    assert EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].frame_crc(0) is None
