@@ -33,10 +33,14 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Camera:
+    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels)."""
+
     name: str
     height: int
     width: int
     source: str
+    source_height: int
+    source_width: int
 
 
 @dataclass(frozen=True)
@@ -176,8 +180,13 @@ class EpisodeIndex:
                 raise IndexFormatError(f"shard {p}: sha256 mismatch with the index; the file changed, re-shard it")
 
 
+def _camera(n: str, c: dict) -> Camera:
+    h, w = int(c["height"]), int(c["width"])
+    return Camera(n, h, w, c.get("source", n), int(c.get("source_height", h)), int(c.get("source_width", w)))
+
+
 def _episode(e: dict) -> Episode:
-    cams = {n: Camera(n, int(c["height"]), int(c["width"]), c.get("source", n)) for n, c in e["cameras"].items()}
+    cams = {n: _camera(n, c) for n, c in e["cameras"].items()}
     arrs = {
         n: ArraySpec(n, a["dtype"], tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
     }

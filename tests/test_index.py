@@ -90,3 +90,25 @@ def test_an_index_without_crcs_gives_none(index, tmp_path):
                 del s["crc32"]
 
     assert EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].frame_crc(0) is None
+
+
+def test_an_index_without_source_sizes_gives_the_stored_size(index, tmp_path):
+    def old(data):
+        for e in data["episodes"]:
+            for c in e["cameras"].values():
+                del c["source_height"], c["source_width"]
+
+    cams = EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].cameras
+    assert {(c.height, c.width, c.source_height, c.source_width) for c in cams.values()} == {(32, 48, 32, 48)}
+
+
+def test_resize_keeps_each_cameras_source_size(tmp_path):
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.writer import ShardWriter
+
+    reader = SyntheticReader(num_episodes=1, length=3, height=40, width=64)
+    with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:
+        w.add(encode_episode(reader.read("ep0000"), EncodeOptions(resize=(20, 24))))
+    cams = EpisodeIndex.open(tmp_path / "s").episodes[0].cameras
+    assert {(c.height, c.width, c.source_height, c.source_width) for c in cams.values()} == {(20, 24, 40, 64)}

@@ -72,6 +72,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     cams = {safe_field(c): (c, it) for c, it in sorted(ep.cameras.items())}
     per_cam: dict[str, list] = {}
     shapes: dict[str, tuple[int, int]] = {}
+    sources: dict[str, tuple[int, int]] = {}  # frame 0's size before --resize, to rescale pixel labels
     for cam, (orig, frames) in cams.items():
         where = f"episode {ep.id!r} camera {orig!r} ({ep.files.get(orig, '?')})"
         out = []
@@ -86,7 +87,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
                                    "share one size: pass --resize HxW, or fix the source")
             out.append(_jpeg(frame, opts, f"{where} frame {i}", bgr=bgr))
         if first is not None:
-            shapes[cam] = opts.resize or first
+            shapes[cam], sources[cam] = opts.resize or first, first
         per_cam[cam] = out
     lengths = {c: len(v) for c, v in per_cam.items()}
     n = next(iter(lengths.values()))
@@ -116,7 +117,8 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
         "length": n,
         "fps": fps,
         "prompt": ep.prompt,
-        "cameras": {c: {"height": shapes[c][0], "width": shapes[c][1], "source": ep.sources.get(o, o)}
+        "cameras": {c: {"height": shapes[c][0], "width": shapes[c][1], "source": ep.sources.get(o, o),
+                        "source_height": sources[c][0], "source_width": sources[c][1]}
                     for c, (o, _) in cams.items()},
         "arrays": {k: {"dtype": a.dtype.name,
                        "shape": list(a.shape[1:]), "source": ep.sources.get(o, o)}
