@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
 
 
@@ -45,6 +47,8 @@ class Camera:
 
 @dataclass(frozen=True)
 class ArraySpec:
+    """``dtype`` is numpy's full ``dtype.str`` (``"<f4"``, ``">f4"``, ``"|u1"``): byte order included."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -185,10 +189,17 @@ def _camera(n: str, c: dict) -> Camera:
     return Camera(n, h, w, c.get("source", n), int(c.get("source_height", h)), int(c.get("source_width", w)))
 
 
+def _dtype(name: str) -> str:
+    dt = np.dtype(name)
+    if dt.hasobject or dt.kind in "OVT":
+        raise ValueError(f"dtype {name!r} cannot be stored exactly in .npy without pickle")
+    return dt.str
+
+
 def _episode(e: dict) -> Episode:
     cams = {n: _camera(n, c) for n, c in e["cameras"].items()}
     arrs = {
-        n: ArraySpec(n, a["dtype"], tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
+        n: ArraySpec(n, _dtype(a["dtype"]), tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
     }
     segs = tuple(
         Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],

@@ -112,3 +112,14 @@ def test_resize_keeps_each_cameras_source_size(tmp_path):
         w.add(encode_episode(reader.read("ep0000"), EncodeOptions(resize=(20, 24))))
     cams = EpisodeIndex.open(tmp_path / "s").episodes[0].cameras
     assert {(c.height, c.width, c.source_height, c.source_width) for c in cams.values()} == {(20, 24, 40, 64)}
+
+
+def test_old_dtype_names_are_normalised_to_full_dtype_strings(index, tmp_path):
+    def old(data):
+        for e in data["episodes"]:
+            for a in e["arrays"].values():
+                assert a["dtype"] == "<f4"
+                a["dtype"] = "float32"  # dtype.name, as writers before byte orders recorded it
+
+    arrays = EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].arrays
+    assert {a.dtype for a in arrays.values()} == {"<f4"}
