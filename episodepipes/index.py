@@ -122,9 +122,10 @@ def _need(d: dict, key: str, where: str, path: Path) -> Any:
 class EpisodeIndex:
     """A shard folder's index. Use `EpisodeIndex.open(path)`."""
 
-    def __init__(self, root: Path, data: dict) -> None:
+    def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
         self.root = Path(root)
         self.data = data
+        self.fingerprint = fingerprint  # sha256 of the index file's bytes: resume state checks it is the same index
         self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
         self.episodes: list[Episode] = [_episode(e) for e in data["episodes"]]
         self._by_id = {e.id: e for e in self.episodes}
@@ -138,13 +139,14 @@ class EpisodeIndex:
             hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
                     else "the folder does not exist; check the path")
             raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
+        raw = file.read_bytes()
         try:
-            data = json.loads(file.read_text())
+            data = json.loads(raw)
         except json.JSONDecodeError as e:
             raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
         try:
             _validate(data, file)
-            index = cls(root, data)
+            index = cls(root, data, hashlib.sha256(raw).hexdigest())
         except IndexFormatError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape or type

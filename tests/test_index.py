@@ -123,3 +123,12 @@ def test_old_dtype_names_are_normalised_to_full_dtype_strings(index, tmp_path):
 
     arrays = EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].arrays
     assert {a.dtype for a in arrays.values()} == {"<f4"}
+
+
+def test_fingerprint_is_the_sha256_of_the_index_bytes(index, tmp_path):
+    import hashlib
+
+    assert index.fingerprint == hashlib.sha256((index.root / "index.json").read_bytes()).hexdigest()
+    assert EpisodeIndex.open(index.root).fingerprint == index.fingerprint
+    other = _rewrite(index.root, tmp_path, lambda d: d["episodes"][0].update(prompt="other"))
+    assert EpisodeIndex.open(other).fingerprint != index.fingerprint
