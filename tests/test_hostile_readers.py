@@ -408,3 +408,21 @@ def test_cli_reports_reader_errors_in_one_line_with_exit_2(tmp_path, case):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert re.search(f"episodepipes-shard: error: episode 'ep0001'.*{want}", lines[0]), lines[0]
+
+
+def test_opencv_fallback_names_truncated_videos_and_playlists_too(tmp_path, monkeypatch):
+    from episodepipes.sharding import video
+
+    monkeypatch.setattr(video, "av", None)  # as without the optional PyAV: OpenCV decodes
+    src = tmp_path / "src"
+    (src / "ep0").mkdir(parents=True)
+    _mp4(src / "ep0" / "front.mp4", 40)
+    data = (src / "ep0" / "front.mp4").read_bytes()
+    (src / "ep0" / "front.mp4").write_bytes(data[: len(data) // 3])
+    (src / "ep0" / "meta.json").write_text('{"fps": 10}')
+    with pytest.raises(EpisodeError, match=r"front\.mp4 is truncated or damaged: it decoded \d+ frames, but its "
+                                           "container declares 40"):
+        _read_all(RawReader(src), "ep0")
+    (src / "ep0" / "front.mp4").write_text("ffconcat version 1.0\nfile hidden.bin\n")
+    with pytest.raises(EpisodeError, match=r"cannot decode video .*front\.mp4 \(its bytes are not a \.mp4 container"):
+        _read_all(RawReader(src), "ep0")
