@@ -357,24 +357,45 @@ def _hook(event: str, args: tuple) -> None:
 sys.addaudithook(_hook)  # cannot be removed; it records only while a test sets _OPENED
 
 
-def test_writing_a_hostile_src_opens_nothing_outside_src(tmp_path):
+def _opened_while(fn) -> list[str]:
     global _OPENED
-    src, far = _hostile_src(tmp_path)
-    out = tmp_path / "out"
     _OPENED = []
     try:
-        res = write_shards(RawReader(src), out, WriteOptions(format="raw", skip_bad=True), workers=1)
+        fn()
     finally:
         opened, _OPENED = _OPENED, None
-    assert sorted(s["id"] for s in res.skipped) == [f"ep000{i}" for i in range(1, 7)]
-    assert res.episodes == 1
-    allowed = [src.resolve(), out.resolve(), Path(episodepipes.__file__).resolve().parent,
+    return opened
+
+
+def _outside_of(opened: list[str], *roots: Path) -> list[str]:
+    allowed = [*(r.resolve() for r in roots), Path(episodepipes.__file__).resolve().parent,
                *{Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
                                              *sysconfig.get_paths().values())}]
-    outside = sorted({p for p in opened if not any(Path(p).resolve().is_relative_to(a) for a in allowed)})
-    assert outside == []
+    return sorted({p for p in opened if not any(Path(p).resolve().is_relative_to(a) for a in allowed)})
+
+
+def test_writing_a_hostile_src_opens_nothing_outside_src(tmp_path):
+    src, far = _hostile_src(tmp_path)
+    out, res = tmp_path / "out", []
+    opened = _opened_while(lambda: res.append(
+        write_shards(RawReader(src), out, WriteOptions(format="raw", skip_bad=True), workers=1)))
+    assert sorted(s["id"] for s in res[0].skipped) == [f"ep000{i}" for i in range(1, 7)]
+    assert res[0].episodes == 1
+    assert _outside_of(opened, src, out) == []
     assert not [p for p in opened if Path(p).resolve().is_relative_to(far.resolve())]
     assert any(Path(p).resolve().is_relative_to(src.resolve()) for p in opened)  # the hook did see the reads
+
+
+def test_writing_a_hostile_zarr_src_opens_nothing_outside_src(tmp_path):
+    src = write_zarr(tmp_path / "src", SYN)
+    far = write_zarr(tmp_path / "elsewhere", SYN)
+    _link(src / "ep0001.zarr" / "action", far / "ep0001.zarr" / "action")
+    out, res = tmp_path / "out", []
+    opened = _opened_while(lambda: res.append(
+        write_shards(ZarrReader(src), out, WriteOptions(format="zarr", skip_bad=True), workers=1)))
+    assert [s["id"] for s in res[0].skipped] == ["ep0001"] and res[0].episodes == 1
+    assert _outside_of(opened, src, out) == []
+    assert any(Path(p).resolve().is_relative_to(src.resolve()) for p in opened)
 
 
 # ---- the CLI: one line, exit 2 -------------------------------------------------------------------------------
