@@ -85,6 +85,27 @@ def test_custom_reader_example_registers_and_writes(tmp_path, monkeypatch):
     assert batch["step"].flatten().tolist() == [0.0, 1.0, 2.0]
 
 
+def test_hydra_example_builds_the_pipe_only_in_val_dataloader(tmp_path, monkeypatch):
+    import functools
+    import importlib
+
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    _run(_block("SyntheticReader(num_episodes=6)"), "data")
+    (conf,) = re.findall(r"```yaml\n(.*?)```", README, flags=re.S)
+    cfg = yaml.safe_load(conf)["data"]["val_pipe"]
+    module, name = cfg.pop("_target_").rsplit(".", 1)
+    assert cfg.pop("_partial_") is True
+    target = getattr(importlib.import_module(module), name)
+    assert set(cfg) <= set(inspect.signature(target).parameters)
+    # what Hydra's instantiate returns for `_partial_: true`: the target with its arguments, not yet called
+    data = _run(_block("self.val_pipe()"), "hydra")["MyData"](functools.partial(target, **cfg))
+    assert isinstance(data.val_pipe, functools.partial)
+    loaders = data.val_dataloader()
+    assert loaders.names == ["val"] and loaders.lengths() == [1]  # 2 val episodes x 8 frames, batch_size 32
+
+
 def _argument_table() -> dict[str, set[str]]:
     section = README.split("## Builder arguments\n", 1)[1].split("\n## ", 1)[0]
     by_builder: dict[str, set[str]] = {"metric": set(), "video": set(), "train": set()}
