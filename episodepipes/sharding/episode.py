@@ -152,6 +152,20 @@ class EpisodeData:
 
 @runtime_checkable
 class EpisodeReader(Protocol):
-    def episode_ids(self) -> list[str]: ...
+    """What `write_shards` reads: any picklable object with these two methods (no base class needed).
 
-    def read(self, episode_id: str) -> EpisodeData: ...
+    Register a factory ``root -> reader`` with `register_format` so that `open_reader` and
+    ``episodepipes-shard write --format NAME`` find it.
+    """
+
+    def episode_ids(self) -> list[str]:
+        """Every episode id, in the same order on every call: jobs and resumes count episodes by position."""
+        ...
+
+    def read(self, episode_id: str) -> EpisodeData:
+        """One episode; raise `EpisodeError` naming the episode and the file when its data is bad.
+
+        Args:
+            episode_id: one of `episode_ids`.
+        """
+        ...
