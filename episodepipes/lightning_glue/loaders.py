@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.export
 
+from episodepipes.lightning_glue.names import check_folder_clash, check_video_loader_name
+
 if TYPE_CHECKING:
     from episodepipes.pipes import Pipe
 
@@ -29,6 +31,11 @@ class ValLoaders:
     In ``validation_step(batch, batch_idx, dataloader_idx=0)`` use ``loaders.is_video(dataloader_idx)``
     to skip the metric code (and every ``self.log``) on video batches. An empty group is stored as None:
     Lightning would take an empty mapping for a loader of its own.
+
+    Args:
+        metrics: name -> metric pipe (`metric_pipe`), iterated on every rank every pass.
+        videos: name -> gated video pipe (`video_pipe`). A video loader's name is the folder its videos go to,
+            so it must be 1-64 characters of ``A-Z a-z 0-9 _ - .`` not starting with ``.`` (refused otherwise).
     """
 
     metrics: Mapping[str, Pipe] | None = None
@@ -50,9 +57,11 @@ class ValLoaders:
         for name, pipe in (groups["metrics"] or {}).items():
             _check_sized(name, pipe)
         for name, pipe in (groups["videos"] or {}).items():
+            check_video_loader_name(name)  # it becomes OverlayVideoWriter's folder
             _check_sized(name, pipe)
             if getattr(pipe, "gate", None) is None:
                 raise ValueError(f"videos[{name!r}]={pipe!r} has no gate; build it with episodepipes.pipes.video_pipe")
+        check_folder_clash(list(groups["videos"] or ()))
 
     @property
     def names(self) -> list[str]:

@@ -21,9 +21,9 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
-from episodepipes.format import safe_episode_id
 from episodepipes.lightning_glue.gating import RenderGate
 from episodepipes.lightning_glue.mp4 import AtomicMp4, remove_partials
+from episodepipes.lightning_glue.names import video_stem
 from episodepipes.lightning_glue.overlay import draw_overlay
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class OverlayVideoWriter(RenderGate):
         for episode, frame in zip(batch["episode"], frames):
             f = self._files.get((name, episode))
             if f is None:
-                path = self.dirpath / name / f"{safe_episode_id(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
+                path = self.dirpath / name / f"{video_stem(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
                 f = self._files[(name, episode)] = AtomicMp4(path, fps=index.episode(episode).fps)
             f.write(frame)
 
