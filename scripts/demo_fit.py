@@ -1,6 +1,8 @@
 """The demo's training run: a 2-process DDP fit on CPU with a metric pipe and a gated pinned video pipe.
 
-Lightning relaunches this script once per extra rank. Each rank appends one JSON line per validation
+``scripts/demo.py`` starts it once per rank (`episodepipes.lightning_glue.launch.run_ranks` sets
+``LOCAL_RANK`` and the rendezvous variables, so Lightning starts no process itself) and checks every
+rank's exit status. Each rank appends one JSON line per validation
 pass to ``<out>/passes-rank<r>.jsonl``: gate state, frames decoded, bytes read and seconds, read from
 the pipes' own counters. ``scripts/demo.py`` prints them as a table.
 """
