@@ -149,3 +149,39 @@ def test_render_pass_duration_is_logged(root, tmp_path, caplog):
         _trainer([OverlayVideoWriter(tmp_path, every_n_passes=1)]).validate(
             TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
     assert any("render pass at global step 0 took" in r.getMessage() for r in caplog.records)
+
+
+def _probe(path):
+    import av
+
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(s)]
+        return s.codec_context.name, s.average_rate, frames
+
+
+def test_videos_are_h264_at_the_source_fps_decoded_back_with_pyav(root, tmp_path):
+    writer = OverlayVideoWriter(tmp_path, every_n_passes=1)
+    _trainer([writer]).validate(TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
+    codec, rate, frames = _probe(writer.written[0])
+    assert codec == "h264" and rate == FPS and len(frames) == LENGTH and frames[0].shape == (32, 48, 3)
+
+
+@pytest.mark.parametrize("codec", ["h264", "mp4v"])
+def test_odd_frame_sizes_are_padded_to_even_by_repeating_the_edge(tmp_path, codec):
+    frame = np.zeros((23, 31, 3), np.uint8)
+    frame[:, -1] = 200  # the last column, repeated into the padding
+    with AtomicMp4(tmp_path / "odd.mp4", fps=12.5, codec=codec) as f:
+        for _ in range(4):
+            f.write(frame)
+    name, rate, frames = _probe(tmp_path / "odd.mp4")
+    assert name == {"h264": "h264", "mp4v": "mpeg4"}[codec] and rate == 12.5 and len(frames) == 4
+    assert frames[0].shape == (24, 32, 3) and frames[0][10, 31].mean() > 150 and frames[0][10, 5].mean() < 40
+
+
+def test_bad_codec_and_fps_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="codec='vp9'"):
+        AtomicMp4(tmp_path / "a.mp4", fps=5, codec="vp9")
+    for fps in (0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="fps="):
+            AtomicMp4(tmp_path / "a.mp4", fps=fps)
