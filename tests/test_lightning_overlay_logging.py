@@ -1,6 +1,8 @@
 """The default overlay (ground truth, legend, camera tiling) and handing videos to loggers (log_to)."""
 
 import io
+import logging
+import time
 
 import lightning.pytorch as pl
 import numpy as np
@@ -114,3 +116,32 @@ def test_tensorboard_gets_a_gif_with_every_frame_at_the_source_rate(root, tmp_pa
     assert gif.n_frames == LENGTH and (event.width, event.height) == (48, 32)
     assert sum(durations[:-1]) == pytest.approx((LENGTH - 1) * 1000 / FPS, abs=10)  # 7.5 fps on average
     assert all(120 <= d <= 150 for d in durations[:-1])  # no frame merged into a long one
+
+
+class SlowRecorder(VideoRecorder):
+    def log_video(self, key, videos, step=None, **kwargs):
+        time.sleep(1.5)  # a slow upload
+        super().log_video(key, videos, step, **kwargs)
+
+
+class BrokenRecorder(VideoRecorder):
+    def log_video(self, key, videos, step=None, **kwargs):
+        raise ConnectionError("no network")
+
+
+def test_uploads_run_after_the_timed_render_pass_and_are_joined_at_teardown(root, tmp_path, caplog):
+    rec = SlowRecorder()
+    with caplog.at_level(logging.INFO, logger="episodepipes"):
+        _validate(OverlayVideoWriter(tmp_path / "v", every_n_passes=1), root, logger=rec)
+    (took,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("render pass at")]
+    assert float(took.split(" took ")[1].split(" s")[0]) < 1.5  # the slow upload is not in the timed span
+    assert len(rec.calls) == 1  # ... and it finished before validate() returned
+
+
+def test_a_failed_upload_is_logged_with_its_file_and_the_file_is_kept(root, tmp_path, caplog):
+    writer = OverlayVideoWriter(tmp_path / "v", every_n_passes=1)
+    with caplog.at_level(logging.ERROR, logger="episodepipes"):
+        _validate(writer, root, logger=BrokenRecorder())
+    assert any(f"could not log video {writer.written[0]}" in r.getMessage() and "no network" in r.getMessage()
+               for r in caplog.records)
+    assert writer.written[0].exists()
