@@ -1,12 +1,13 @@
 """The encoder processes of `write_shards`: one task reads and encodes one episode.
 
-Results come back in task order (an ordered ``imap``), so the output never depends on timing or
-on the number of workers.
+Results come back in task order, so the output never depends on timing or on the number of workers.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import mmap
 import multiprocessing as mp
 import os
@@ -124,4 +125,13 @@ def encoded(tasks: list[tuple], workers: int) -> Iterator[tuple]:
     finally:
         cv2.setNumThreads(threads)
     with pool:
-        yield from pool.imap(_encode, tasks, chunksize=1)
+        # a bounded window, not imap's unbounded read-ahead: encoders faster than the writer would
+        # otherwise spool up to the whole dataset, on the disk the shards need
+        todo, window = iter(tasks), collections.deque()
+        for task in itertools.islice(todo, 2 * workers):
+            window.append(pool.apply_async(_encode, (task,)))
+        while window:
+            res = window.popleft().get()
+            for task in itertools.islice(todo, 1):
+                window.append(pool.apply_async(_encode, (task,)))
+            yield res

@@ -136,9 +136,10 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
         if e.errno not in _FULL:
             raise
         kept = writer.shards if writer is not None else []
+        where = f": {e.filename}" if e.filename else ""
         raise DiskFullError(
-            f"{target}: the disk is full ({e.strerror}{': ' + str(e.filename) if e.filename else ''}) after {len(kept)} finished "
-            f"shards ({sum(s['bytes'] for s in kept) / 1e6:.1f} MB, kept); free space (or choose another OUT) "
+            f"{target}: the disk is full ({e.strerror}{where}) after {len(kept)} finished shards "
+            f"({sum(s['bytes'] for s in kept) / 1e6:.1f} MB, kept); free space (or choose another OUT) "
             "and re-run the same command to resume") from e
     total = sum(e["length"] for e in writer.episodes)
     return WriteResult(target, len(writer.episodes), total, len(writer.shards), run.skipped, resumed,
