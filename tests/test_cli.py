@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -151,25 +152,48 @@ def test_help_documents_merge_equality(argv, capsys):
     assert "byte-identical" in capsys.readouterr().out or argv[0] == "write"
 
 
-def _slow_cmd(tmp_path, out, *extra):
-    return [sys.executable, "-c", SCRIPT, "write", str(tmp_path), str(out), "--format", "slow", "--workers", "1",
-            *extra]
+@dataclass(frozen=True)
+class GateReader(SyntheticReader):
+    """Reads episode 1 only once the file ``gate`` exists, so a test decides how long a write runs."""
+
+    gate: str = ""
+
+    def read(self, episode_id):
+        while episode_id == "ep0001" and not os.path.exists(self.gate):
+            time.sleep(0.01)
+        return super().read(episode_id)
 
 
-def test_a_second_writer_is_refused_naming_the_first_ones_pid(tmp_path, capsys, monkeypatch):
+GATE_SCRIPT = f"""
+import sys
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+from test_cli import GateReader
+from episodepipes.sharding.cli import main
+from episodepipes.sharding.readers import register_format
+
+register_format("gate", lambda root: GateReader(num_episodes=3, length=4, height=16, width=16, gate=sys.argv[1]))
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_second_writer_is_refused_naming_the_first_ones_pid(tmp_path, capsys):
     import socket
 
-    out = tmp_path / "out"
-    first = subprocess.Popen(_slow_cmd(tmp_path, out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    deadline = time.monotonic() + 30
-    while not (out / "_write.lock").exists() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    second = subprocess.run(_slow_cmd(tmp_path, out), cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert first.poll() is None, "the first writer finished before the second started; slow it down"
-    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
-    assert f"being written by pid {first.pid} on host {socket.gethostname()}" in second.stderr
-    assert first.wait(timeout=60) == 0, first.stderr.read()
+    out, gate = tmp_path / "out", tmp_path / "go"
+    cmd = [sys.executable, "-c", GATE_SCRIPT, str(gate), "write", str(tmp_path), str(out), "--format", "gate",
+           "--workers", "1"]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "_write.lock").exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert first.poll() is None, first.stderr.read()
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"being written by pid {first.pid} on host {socket.gethostname()}" in second.stderr
+    finally:
+        gate.touch()
+    assert first.wait(timeout=120) == 0, first.stderr.read()
     assert not (out / "_write.lock").exists() and (out / "index.json").exists()
     # the refused writer took nothing away: the output is complete and verifies
     assert main(["verify", str(out)]) == 0
@@ -206,7 +230,11 @@ def test_out_is_a_file_and_bad_options_exit_2_with_one_line(tmp_path, capsys, mo
                           (["--val-fraction", "1.5"], "--val-fraction 1.5"), (["--resize", "0x4"], "--resize"),
                           (["--shard-size=0.1"], "0.1"), (["--jpeg-quality", "0"], "--jpeg-quality"),
                           (["--workers", "0"], "--workers"), (["--format", "no_such_mod:make"], "no_such_mod"),
-                          (["--format", "os:nope"], "has no 'nope'"), (["--format", "a b:c"], "module:factory")):
+                          (["--format", "os:nope"], "has no 'nope'"), (["--format", "a b:c"], "module:factory"),
+                          (["--format", "os.path:basename"], "is not an EpisodeReader"),
+                          (["--format", "os:sep"], "is a str, not a Format or a callable"),
+                          (["--resize", "70000x10"], "at most 65500 pixels"), (["--workers", "100000"], "--workers"),
+                          (["--num-jobs", "4", "--job-index", "3"], "more than the 3 episodes")):
         _fails(capsys, [*base[:3], *flags] if "--format" in flags else [*base, *flags], needle)
     assert not (tmp_path / "o").exists()
 
@@ -268,7 +296,7 @@ def test_progress_lines_when_stderr_is_a_pipe(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     lines = [x for x in res.stderr.splitlines() if x.startswith("episodes ")]
-    assert 2 <= len(lines) <= 8, res.stderr  # about 0.8 s of reading at one line per 0.2 s
+    assert 2 <= len(lines) < 16, res.stderr  # >= 0.8 s of reading at one line per 0.2 s, not one per episode
     assert "\r" not in res.stderr  # no bar redraws in a log
     done = [int(x.split()[1].split("/")[0]) for x in lines]
     assert done == sorted(done) and all(x.split()[1].endswith("/16,") for x in lines)

@@ -76,8 +76,9 @@ def _parser() -> argparse.ArgumentParser:
 def _check_write_args(a: argparse.Namespace) -> None:
     if not 1 <= a.jpeg_quality <= 100:
         raise ValueError(f"--jpeg-quality {a.jpeg_quality} must be within 1..100")
-    if a.workers < 1:
-        raise ValueError(f"--workers {a.workers} must be >= 1")
+    most = 4 * (os.cpu_count() or 1)
+    if not 1 <= a.workers <= most:  # encoding is CPU-bound: more processes only cost memory
+        raise ValueError(f"--workers {a.workers} must be within 1..{most} (4 per core)")
     if a.num_jobs < 1:
         raise ValueError(f"--num-jobs {a.num_jobs} must be >= 1")
     if not 0 <= a.job_index < a.num_jobs:
@@ -91,7 +92,7 @@ def _check_write_args(a: argparse.Namespace) -> None:
 def _summary(a: argparse.Namespace, res: WriteResult) -> list[str]:
     rate = res.frames_written / max(res.seconds, 1e-9)
     lines = [f"{'resumed and wrote' if res.resumed else 'wrote'} {res.episodes} episodes, {res.frames} frames, "
-             f"{res.shards} shards to {res.out} in {res.seconds:.1f} s ({rate:.0f} frames/s this run); "
+             f"{res.shards} shards to {res.out} in {res.seconds:.2f} s ({rate:.0f} frames/s this run); "
              f"skipped {len(res.skipped)} bad episodes"]
     option = "--val-episodes" if a.val_episodes is not None else "--val-fraction"
     names = {"metadata": "from the episodes' metadata", "option": f"from {option}", "default": "train by default"}

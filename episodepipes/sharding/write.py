@@ -102,9 +102,16 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT {out} is a file; OUT is the folder to write into: choose a new or empty path")
+    if not isinstance(reader, EpisodeReader):
+        raise ValueError(f"{reader!r} is not an EpisodeReader (episode_ids() and read(id)); check --format")
     ids = reader.episode_ids()
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ValueError(f"{reader!r}.episode_ids() must return a list of str; fix the reader")
     if not ids:
         raise ValueError(f"the source has no episodes ({reader!r}); check SRC and --format")
+    if num_jobs > len(ids):
+        raise ValueError(f"--num-jobs {num_jobs} is more than the {len(ids)} episodes of the source; "
+                         f"pass at most --num-jobs {len(ids)}")
     _check_unique(ids)
     splits = assign_splits(ids, val_fraction=opts.val_fraction, val_episodes=opts.val_episodes, seed=opts.seed)
     block = list(job_block(len(ids), num_jobs=num_jobs, job_index=job_index))
