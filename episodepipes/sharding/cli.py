@@ -12,6 +12,19 @@ Multi-job runs: job I shards the I-th contiguous block of the sorted episode lis
 merged OUT is byte-identical to a single-job ``write`` with the same options: same shard files, same
 sha256, same ``index.json``.
 
+One writer per output: ``write`` and ``merge`` hold ``OUT/_write.lock`` (a job, its job folder's),
+which names the writer's pid and host; a second writer is refused, and a lock left by a dead
+process on this host is taken over with a warning. A full disk stops the run with everything
+finished kept: free space and re-run to resume.
+
+Splits: a split given by an episode's own metadata (``"split"`` in meta.json, zarr attrs) wins
+over ``--val-fraction``, which assigns only the episodes without one; ``--val-episodes`` overrides
+every episode. The summary says how many splits came from where.
+
+Custom layouts: ``--format module:factory`` or an installed ``episodepipes.formats`` entry point
+(see `episodepipes.sharding.readers`). On a terminal progress is a bar; in a log (stderr not a
+terminal) a line every 10 s. The run ends with a summary: counts, wall time, frames/s.
+
 Input errors exit with status 2 and one line naming the file or episode and the fix; a failed
 ``verify`` exits with status 1.
 """
