@@ -102,7 +102,15 @@ def _job_indexes(out: Path) -> list[tuple[Path, dict]]:
 
 
 def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
-    """Merge ``out/_jobs/job-*`` into ``out``; returns the merged index data. Job outputs are removed after."""
+    """Merge ``out/_jobs/job-*`` into ``out``; returns the merged index data. Job outputs are removed after.
+
+    Every job must come from the same source: the same episode list, options and job count (each job
+    records its episode ids and a source fingerprint); a job from another source is refused by name.
+
+    Args:
+        out: the OUT of the ``write --num-jobs K --job-index I`` runs.
+        overwrite: merge again over an already merged ``out``.
+    """
     out = Path(out)
     if (out / INDEX_NAME).exists() and not overwrite:
         raise FileExistsError(f"{out / INDEX_NAME} exists: already merged; pass --overwrite to merge again")

@@ -72,7 +72,13 @@ FORMATS: dict[str, Format] = {}
 
 def register_format(name: str, factory: Callable[[Path], EpisodeReader], *,
                     detect: Callable[[Path], bool] | None = None) -> None:
-    """Add (or replace) a format; ``detect`` lets ``--format auto`` recognise it, checked in registration order."""
+    """Add (or replace) a format; ``detect`` lets ``--format auto`` recognise it, checked in registration order.
+
+    Args:
+        name: the ``--format`` name.
+        factory: ``root -> EpisodeReader``, e.g. the reader class.
+        detect: ``root -> bool``, True when ``root`` has this layout; None to be chosen by name only.
+    """
     FORMATS[name] = Format(name, factory, detect)
 
 
@@ -166,6 +172,12 @@ def resolve(src: str | Path, fmt: str = "auto") -> tuple[Path, str]:
 
 
 def open_reader(src: str | Path, fmt: str = "auto") -> EpisodeReader:
-    """The reader for ``src``; ``fmt="auto"`` detects the layout."""
+    """The reader for ``src``.
+
+    Args:
+        src: the dataset folder.
+        fmt: a registered name, an ``episodepipes.formats`` entry point, ``module:factory``, or "auto"
+            to detect the layout.
+    """
     root, name = resolve(src, fmt)
     return FORMATS[name].factory(root)

@@ -37,6 +37,17 @@ class WriteOptions:
 
     ``skip_bad`` is left out of `to_dict`: it changes nothing unless an episode is bad, and then the
     index's ``skipped`` list records it. So a run that stopped at a bad episode can resume with it.
+
+    Attributes:
+        format: the format name, only recorded in the index.
+        shard_size: target bytes per shard; a shard ends with the frame that reaches it.
+        jpeg_quality: JPEG quality 1-100.
+        resize: ``(H, W)`` every frame is resized to, or None to keep the source size.
+        val_fraction: for episodes whose reader gives no split: val if among ``round(F * episodes)``
+            chosen with ``seed``, else train. A split from the episode's metadata wins.
+        val_episodes: these ids are val and every other episode train, whatever the metadata says.
+        seed: seed of the ``val_fraction`` choice.
+        skip_bad: skip episodes that fail to read or encode (listed in the index) instead of stopping.
     """
 
     format: str
@@ -58,15 +69,29 @@ class WriteOptions:
 
 @dataclass(frozen=True)
 class WriteResult:
+    """What a `write_shards` call wrote.
+
+    Attributes:
+        out: the folder written (a job's folder under ``out/_jobs`` with ``num_jobs > 1``).
+        episodes: episodes in the output.
+        frames: frames in the output.
+        shards: shard files in the output.
+        skipped: ``{"id", "error"}`` of each bad episode skipped under ``skip_bad``.
+        resumed: True when this call continued an interrupted write.
+        seconds: wall time of this call.
+        frames_written: frames written by this call (fewer than ``frames`` after a resume).
+        split_origins: where the splits came from, as counts: "metadata" (the episode's own), "option"
+            (``val_fraction``/``val_episodes``) and "default" (train).
+    """
+
     out: Path
     episodes: int
     frames: int
     shards: int
     skipped: list[dict]
     resumed: bool
-    seconds: float = 0.0  # wall time of this run
-    frames_written: int = 0  # frames written by this run (less than ``frames`` after a resume)
-    # where the episodes' splits came from: "metadata", "option" (--val-fraction/--val-episodes), "default"
+    seconds: float = 0.0
+    frames_written: int = 0
     split_origins: dict = field(default_factory=dict)
 
 
@@ -95,9 +120,21 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                  progress_bar: bool = False, progress_every: float = 10.0) -> WriteResult:
     """Shard ``reader`` into ``out``, resuming an interrupted run with the same options.
 
-    With ``progress_bar``, progress goes to stderr: a bar on a terminal, else a line every
-    ``progress_every`` seconds (for Slurm and CI logs). Raises `DiskFullError` when the disk fills
-    up; everything finished stays, and the same call resumes once there is space.
+    One writer per folder: ``<folder>/_write.lock`` refuses a second one (`LockedError` names its pid
+    and host). Raises `DiskFullError` when the disk fills up; everything finished stays, and the same
+    call resumes once there is space.
+
+    Args:
+        reader: an `EpisodeReader`; it is pickled to the encoder processes.
+        out: the output folder (new, or an interrupted write of the same source and options).
+        opts: what decides the output bytes; see `WriteOptions`.
+        workers: encoder processes; the output does not depend on it.
+        num_jobs: split the sorted episode list into this many contiguous blocks, one per job.
+        job_index: this job's block, ``0..num_jobs-1``; it writes ``out/_jobs/job-NNNN`` for `merge_jobs`.
+        overwrite: replace a finished or unfinished output instead of refusing or resuming.
+        progress_bar: show progress on stderr: a bar on a terminal, else a line every ``progress_every``
+            seconds (for Slurm and CI logs).
+        progress_every: seconds between two progress lines when stderr is not a terminal.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
