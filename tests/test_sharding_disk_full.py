@@ -53,6 +53,7 @@ def test_full_disk_with_two_workers_is_one_line_and_resumes(tmp_path, small_disk
     names = sorted(p.name for p in out.glob("shard-*.tar"))
     assert names == [s["name"] for s in prog["shards"]] and not (out / "index.json").exists()
     assert len(names) >= (1 if small_disk else 0)  # the full disk came mid-run, after finished shards
+    assert not (out / "_spool").exists()  # its files would keep holding the space the user must free
     for s in prog["shards"]:
         assert hashlib.sha256((out / s["name"]).read_bytes()).hexdigest() == s["sha256"]
     if small_disk:

@@ -219,27 +219,29 @@ class _Run:
         tasks = [(self.reader, self.ids[p], self.splits[self.ids[p]], override, enc_opts,
                   str(spool) if workers > 1 else None) for p in self.block[prog.position:]]
         writer.on_shard = self.save
-        with writer, meter, contextlib.closing(encoded(tasks, workers)) as results:
-            for position, res in zip(range(prog.position, len(self.block)), results):
-                self.position = position
-                if res[0] == "bad":
-                    if not opts.skip_bad:
-                        raise EpisodeError(res[2])
-                    log.warning("skipping %s", res[2])
-                    self.skipped.append({"id": res[1], "error": res[2]})
-                    meter.update(0)
-                    continue
-                first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
-                with samples(res[2]) as (data, sizes):
-                    writer.add_frames(res[1], data, sizes, start=first, segments=segs)
-                self.origins[res[3]] += 1
-                meter.update(len(sizes) - first)
-            if self.block and len(self.skipped) == len(self.block):
-                raise ValueError(f"every episode of {'this job' if 'job' in self.extra else 'the source'} "
-                                 f"is bad ({len(self.skipped)} skipped, first: {self.skipped[0]['error']}); "
-                                 f"no index was written to {target}: fix the source and re-run")
-            writer.extra = dict(self.extra, **({"skipped": self.skipped} if self.skipped else {}))
-        shutil.rmtree(spool, ignore_errors=True)
+        try:  # the spool goes on failure too: on a full disk its files hold space the user needs
+            with writer, meter, contextlib.closing(encoded(tasks, workers)) as results:
+                for position, res in zip(range(prog.position, len(self.block)), results):
+                    self.position = position
+                    if res[0] == "bad":
+                        if not opts.skip_bad:
+                            raise EpisodeError(res[2])
+                        log.warning("skipping %s", res[2])
+                        self.skipped.append({"id": res[1], "error": res[2]})
+                        meter.update(0)
+                        continue
+                    first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
+                    with samples(res[2]) as (data, sizes):
+                        writer.add_frames(res[1], data, sizes, start=first, segments=segs)
+                    self.origins[res[3]] += 1
+                    meter.update(len(sizes) - first)
+                if self.block and len(self.skipped) == len(self.block):
+                    raise ValueError(f"every episode of {'this job' if 'job' in self.extra else 'the source'} "
+                                     f"is bad ({len(self.skipped)} skipped, first: {self.skipped[0]['error']}); "
+                                     f"no index was written to {target}: fix the source and re-run")
+                writer.extra = dict(self.extra, **({"skipped": self.skipped} if self.skipped else {}))
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
         (target / PROGRESS_NAME).unlink(missing_ok=True)
         return meter
 
