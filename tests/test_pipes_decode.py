@@ -79,7 +79,7 @@ def test_corrupt_jpeg_is_skipped_counted_and_named(shards, tmp_path, method, cap
     assert valid == [True] * 4 + [False] + [True] * 5
     assert pipe.stats["frames_corrupt"] == 1 and pipe.stats["frames_decoded"] == 19
     assert "shard-000000.tar" in caplog.text and "frame 4" in caplog.text and "ep0002" in caplog.text
-    assert "1 corrupt JPEG frame(s) skipped this pass" in caplog.text
+    assert "1 corrupt frame(s) skipped this pass" in caplog.text and "wrist" in caplog.text
 
 
 def test_corrupt_jpeg_raises_by_option(shards, tmp_path):

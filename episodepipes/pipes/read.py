@@ -32,6 +32,9 @@ class RawSample:
     item: Item
     shard: str
     members: dict[str, bytes]  # field ("front.jpg", "state.npy", "json") -> bytes
+    # Why the frame's bytes are not the ones written (e.g. "crc32 mismatch"), or None. A damaged sample is
+    # corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
+    damaged: str | None = None
 
 
 def is_local(url: str) -> bool:
@@ -61,7 +64,7 @@ class ShardReader(BaseNode[RawSample]):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        self.shutdown()
         self._pos = initial_state[self.POS_KEY] if initial_state else 0
         self._it = self._samples(self.items[self._pos:])
 
@@ -74,12 +77,14 @@ class ShardReader(BaseNode[RawSample]):
     def get_state(self) -> dict[str, Any]:
         return {self.POS_KEY: self._pos}
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Close open shard files and any stream (a ``pipe:`` subprocess, a socket); `reset` reopens them."""
         it, self._it = self._it, None
         if it is not None:
             it.close()  # runs the generator's `finally`, which closes a stream it holds
         self._close_files()
+
+    close = shutdown  # the name callers used before torchdata's `shutdown`
 
     def _close_files(self) -> None:
         for f in self._files.values():
