@@ -84,6 +84,15 @@ def _shard_episode(out, arrays):
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_a_big_endian_array_comes_back_with_its_values(tmp_path, method):
+    root, ep = _shard_episode(tmp_path / "be", lambda a: {**a, "state": a["state"].astype(">f4")})
+    pipe = video_pipe(root, episodes=["ep0000"], batch_size=6, max_batches=1, method=method)
+    (batch,) = list(pipe)
+    assert batch["valid"].all() and pipe.stats["frames_corrupt"] == 0
+    np.testing.assert_array_equal(batch["state"].numpy(), ep.arrays["state"].astype("<f4"))
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_an_npy_member_that_disagrees_with_the_index_is_corrupt_not_reinterpreted(tmp_path, method, caplog):
     root, _ = _shard_episode(tmp_path / "le", lambda a: a)  # little-endian float32 members
 
@@ -101,3 +110,42 @@ def test_an_npy_member_that_disagrees_with_the_index_is_corrupt_not_reinterprete
     raising = metric_pipe(root, frames_per_episode=6, batch_size=6, method=method, on_corrupt="raise")
     with pytest.raises(ValueError, match=r"episode 'ep0000' frame 0 \(camera/array state\)"):
         list(raising)
+
+
+def _flip_entropy_byte(root, name):
+    """Flip one bit in the middle of a JPEG's entropy-coded data (no marker made or broken): it still decodes."""
+    off, data = _members(root)[name]
+    scan = data.index(b"\xff\xda") + 2 + int.from_bytes(data[data.index(b"\xff\xda") + 2:][:2], "big")
+    k = next(i for i in range((scan + len(data)) // 2, len(data) - 2)
+             if data[i] not in (0xFE, 0xFF) and data[i - 1] != 0xFF)
+    bad = data[:k] + bytes([data[k] ^ 0x01]) + data[k + 1:]
+    img = cv2.imdecode(np.frombuffer(bad, np.uint8), cv2.IMREAD_COLOR)
+    assert img is not None and img.shape[:2] == (48, 64)  # what the check must catch: garbage that decodes
+    with open(root / "shard-000000.tar", "r+b") as f:
+        f.seek(off + k)
+        f.write(bad[k:k + 1])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_frame_whose_bytes_fail_the_crc_is_corrupt_even_if_it_decodes(shards, tmp_path, method, caplog):
+    root = shutil.copytree(shards, tmp_path / "s")
+    _flip_entropy_byte(root, "ep0002/000005.wrist.jpg")
+    pipe = video_pipe(root, episodes=["ep0002"], batch_size=4, max_batches=10, method=method)
+    with caplog.at_level(logging.WARNING):
+        batches = list(pipe)
+    assert [v for b in batches for v in b["valid"].tolist()] == [True] * 5 + [False] + [True] * 2
+    assert not batches[1]["front"][1].any() and not batches[1]["wrist"][1].any()  # every camera of it zeroed
+    assert not batches[1]["state"][1].any() and batches[1]["state"][0].any()
+    assert pipe.stats["frames_corrupt"] == 2 and pipe.stats["frames_decoded"] == 14
+    assert "shard-000000.tar episode 'ep0002' frame 5" in caplog.text and "crc32 mismatch" in caplog.text
+    raising = video_pipe(root, episodes=["ep0002"], batch_size=4, max_batches=10, method=method, on_corrupt="raise")
+    with pytest.raises(ValueError, match=r"episode 'ep0002' frame 5 .*crc32 mismatch"):
+        list(raising)
+
+
+def test_an_index_without_crcs_reads_as_before(shards, tmp_path):
+    root = shutil.copytree(shards, tmp_path / "s")
+    _flip_entropy_byte(root, "ep0002/000005.wrist.jpg")
+    _rewrite_index(root, _drop_crcs)
+    pipe = video_pipe(root, episodes=["ep0002"], batch_size=4, max_batches=10)
+    assert all(v for b in pipe for v in b["valid"].tolist()) and pipe.stats["frames_corrupt"] == 0

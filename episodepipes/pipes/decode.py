@@ -10,6 +10,7 @@ target size is at most 1/2, 1/4 or 1/8 of the source, libjpeg's reduced decode
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 from collections import deque
@@ -74,7 +75,8 @@ def _npy_layout(dtype: str, shape: tuple[int, ...]) -> tuple[np.dtype, bytes, in
 
 
 def load_npy(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """An .npy member that must hold exactly ``dtype`` (a full dtype string such as ``">f4"``) and ``shape``.
+    """An .npy member that must hold exactly ``dtype`` (a full dtype string such as ``">f4"``) and ``shape``,
+    returned in native byte order (torch takes no other; the swap is exact).
 
     A member whose header is byte for byte the one the writer makes for them is a view of its tail,
     with no header parse (`np.lib.format.read_array` parses it with `ast.literal_eval`). Anything else
@@ -83,14 +85,15 @@ def load_npy(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """
     dt, head, nbytes = _npy_layout(dtype, tuple(shape))
     if len(data) == len(head) + nbytes and data[:len(head)] == head:
-        return np.frombuffer(data, dt, offset=len(head)).reshape(shape)
-    try:
-        a = npy_load(data)
-    except Exception as e:  # data from a shard: any failure to parse it is a corrupt member
-        raise ValueError(f"not a readable .npy member ({type(e).__name__}: {e})") from None
-    if a.dtype != dt or a.shape != tuple(shape):
-        raise ValueError(f"the .npy member holds {a.dtype.str} {a.shape}, the index says {dt.str} {tuple(shape)}")
-    return a
+        a = np.frombuffer(data, dt, offset=len(head)).reshape(shape)
+    else:
+        try:
+            a = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+        except Exception as e:  # data from a shard: any failure to parse it is a corrupt member
+            raise ValueError(f"not a readable .npy member ({type(e).__name__}: {e})") from None
+        if a.dtype != dt or a.shape != tuple(shape):
+            raise ValueError(f"the .npy member holds {a.dtype.str} {a.shape}, the index says {dt.str} {tuple(shape)}")
+    return a if dt.isnative else a.astype(dt.newbyteorder("="))
 
 
 def check_options(*, method: str, on_corrupt: str, num_workers: int) -> None:
