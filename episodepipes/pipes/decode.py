@@ -164,9 +164,11 @@ def decode_chunk(calls: list[tuple[Callable[..., tuple[dict[str, Any], list[str]
 class Decoder(BaseNode[dict]):
     """Decode `RawSample`s in order with up to ``prefetch`` in flight; the pool lives for one pass.
 
-    A corrupt JPEG is replaced by zeros and the sample marked ``valid=False`` (so lengths stay exact),
-    counted in ``stats["frames_corrupt"]`` and logged with its shard and frame, or raised
-    (``on_corrupt="raise"``).
+    Corrupt data (a JPEG that does not decode at the index's size, an .npy member that is not the index's
+    dtype and shape, or a sample whose bytes fail the index's CRC32: ``RawSample.damaged``, every camera
+    and array then) is replaced by zeros and the sample marked ``valid=False`` (so lengths stay exact),
+    counted in ``stats["frames_corrupt"]`` and logged with its shard, episode, frame and cameras/arrays,
+    or raised (``on_corrupt="raise"``). ``shutdown()`` ends a pass early; its state still resumes there.
     ``fn`` replaces `decode_members` as the per-sample worker function (train windows use it); if it
     decodes other than one JPEG per camera, its ``fn.jpegs(members, cameras)`` says how many, so
     ``stats["frames_decoded"]`` counts every JPEG decoded (counted here, from the members, for both methods).
