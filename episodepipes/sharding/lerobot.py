@@ -24,8 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from episodepipes.format import safe_field
-from episodepipes.sharding.episode import EpisodeData, EpisodeError
+from episodepipes.sharding.episode import EpisodeData, EpisodeError, safe_names
 from episodepipes.sharding.pool import decode_threads
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class LeRobotReader:
         self.image_keys = sorted(k for k, f in feats.items() if f.get("dtype") == "image")
         self.array_keys = sorted(k for k, f in feats.items() if k not in INDEX_COLUMNS and _numeric(f.get("dtype")))
         self.shapes = {k: tuple(feats[k].get("shape") or ()) for k in self.array_keys}
-        self.names = _safe_names([*self.video_keys, *self.image_keys, *self.array_keys], info_path)
+        self.names = safe_names([*self.video_keys, *self.image_keys, *self.array_keys], info_path)
         skipped = sorted(set(feats) - set(self.names) - INDEX_COLUMNS)
         if skipped:
             log.info("%s: skipping non-numeric features %s", self.root, skipped)
@@ -208,15 +207,6 @@ def _numeric(dtype: object) -> bool:
         return np.dtype(str(dtype)).kind in "biuf"
     except TypeError:
         return False
-
-
-def _safe_names(keys: list[str], where: Path) -> dict[str, str]:
-    names = {k: safe_field(k) for k in keys}
-    clash = sorted(k for k in keys if list(names.values()).count(names[k]) > 1)
-    if clash:
-        raise ValueError(f"{where}: features {clash} would share the shard member name {names[clash[0]]!r}; "
-                         "rename one of them")
-    return names
 
 
 def _column(col, shape: tuple[int, ...], where: str) -> np.ndarray:  # noqa: ANN001 (pyarrow.ChunkedArray)
