@@ -52,9 +52,16 @@ class _Pass(Iterator[dict[str, Any]]):
 class Pipe:
     """Iterate batches; each ``iter()`` starts a fresh pass (one pass at a time per pipe).
 
-    ``rank_world`` is the ``(rank, world_size)`` the plan was made for when it was taken from the
-    environment rather than given: the first ``iter()`` under torch.distributed checks it (a pipe built
-    before the process group started would have every rank read rank 0's batches).
+    Args:
+        root: the graph's root node (a `Gate` for the builders' pipes).
+        length: batches per pass, fixed here so ``len()`` starts nothing.
+        index: the `EpisodeIndex` the graph reads.
+        stats: the counters the graph's nodes add to.
+        gated: whether ``root`` is a `Gate` users bind a predicate to (``pipe.gate``).
+        rank_world: the ``(rank, world_size)`` the plan was made for, when it was taken from the
+            environment rather than given; ``iter()`` under torch.distributed refuses a group that
+            disagrees (a pipe built before the process group started would have every rank read
+            rank 0's batches). None: no check.
 
     Attributes:
         gate: the pipe's `Gate` when it is gated (video pipes), else None. Bind its predicate with

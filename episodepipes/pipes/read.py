@@ -32,11 +32,19 @@ from episodepipes.tarmembers import frame_fields
 
 @dataclass
 class RawSample:
+    """One planned item's undecoded members, as a reader hands them to `Decoder`.
+
+    Attributes:
+        item: the planned item (episode, frame, valid).
+        shard: the shard file's name, for messages.
+        members: field (``"front.jpg"``, ``"state.npy"``, ``"json"``) -> bytes.
+        damaged: why the frame's bytes are not the ones written (``"crc32 mismatch"``), or None. A damaged
+            sample is corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
+    """
+
     item: Item
     shard: str
-    members: dict[str, bytes]  # field ("front.jpg", "state.npy", "json") -> bytes
-    # Why the frame's bytes are not the ones written (e.g. "crc32 mismatch"), or None. A damaged sample is
-    # corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
+    members: dict[str, bytes]
     damaged: str | None = None
 
 
