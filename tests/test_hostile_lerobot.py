@@ -439,6 +439,42 @@ def test_shard_script_exits_2_without_a_traceback(src, tmp_path):
     assert "video_path='{video_key.__class__.__mro__}' uses {video_key.__class__.__mro__}" in done.stderr
 
 
+def _jitter(src: Path, seconds: float) -> None:
+    t = pq.read_table(src / DATA)
+    times = t.column("timestamp").to_numpy() + np.float32(seconds)
+    _set(src / DATA, "timestamp", times.astype(np.float32))
+
+
+def test_cli_tolerance_s_reaches_the_reader(src, tmp_path, capsys):
+    _jitter(src, 0.003)  # rows 3 ms off their frames: refused at LeRobot's 1e-4 s, fine at 5 ms
+    code, err = _cli(src, tmp_path / "strict", capsys)
+    assert code == 2 and "tolerance_s=0.0001" in err and "--tolerance-s" in err, err
+    code, _ = _cli(src, tmp_path / "loose", capsys, "--tolerance-s", "0.005")
+    assert code == 0
+    assert len(pq.read_table(src / DATA)) == sum(e["length"] for e in
+                                                 json.loads((tmp_path / "loose/index.json").read_text())["episodes"])
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf"])
+def test_cli_refuses_a_tolerance_that_is_not_finite_and_positive(src, tmp_path, capsys, value):
+    code, err = _cli(src, tmp_path / "out", capsys, f"--tolerance-s={value}")
+    assert code == 2 and err.count("\n") == 1 and "must be a finite number of seconds > 0 (--tolerance-s" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_tolerance_s_is_documented_and_lerobot_only(src, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["write", "--help"])
+    assert "--tolerance-s S" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["write", str(src), str(tmp_path / "out"), "--tolerance-s", "soon"])
+    assert e.value.code == 2 and "--tolerance-s: invalid float value: 'soon'" in capsys.readouterr().err
+    raw = tmp_path / "raw"
+    shutil.copytree(src / "videos/observation.images.front/chunk-000", raw / "ep0")
+    code = cli.main(["write", str(raw), str(tmp_path / "out"), "--format", "raw", "--tolerance-s", "0.01"])
+    assert code == 2 and "--tolerance-s applies to LeRobot datasets only" in capsys.readouterr().err
+
+
 def test_reader_refuses_a_bad_tolerance(src):
     for bad in (0, -1e-4, float("nan"), float("inf"), True, "0.1"):
         with pytest.raises(ValueError, match=r"tolerance_s=.* must be a finite number of seconds > 0"):
