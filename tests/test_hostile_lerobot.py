@@ -124,6 +124,15 @@ def _refused(src: Path, match: str, exc: type[Exception] = ValueError) -> None:
     assert "\n" not in str(caught[0])
 
 
+def test_the_observers_see_opens_outside_the_root(src):
+    # the checks above are only as good as these two observers: both must report a stray open
+    outside = src.parent / "outside"
+    strays = _watching(src, lambda: (outside / "secret.json").read_bytes())
+    assert str(outside / "secret.json") in strays and any(s.startswith("decoy secret.json") for s in strays)
+    assert "decoy secret.parquet mask=0x20" in _watching(src, lambda: pq.read_table(outside / "secret.parquet"))
+    assert _watching(src, lambda: _read_all(src)) == []
+
+
 # --- crafting helpers ----------------------------------------------------------------------------
 
 def _info(src: Path, raw: str | None = None, **changes: object) -> None:
