@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished output")
     w.add_argument("--num-jobs", type=int, default=1, metavar="K", help="split the episodes over K jobs")
     w.add_argument("--job-index", type=int, default=0, metavar="I", help="this job's index, 0..K-1")
+    w.add_argument("--tolerance-s", type=float, default=None, metavar="S",
+                   help="lerobot only: how far (seconds) a row's timestamp may lie from its video frame before "
+                        "the episode is refused; finite, > 0 (default 1e-4, LeRobot's)")
     for name, text in (("info", "print a summary table"), ("verify", "check sha256 and frame offsets")):
         c = sub.add_parser(name, help=text)
         c.add_argument("out", type=Path, metavar="OUT")
@@ -126,7 +129,10 @@ def _write(a: argparse.Namespace) -> int:
                         resize=parse_resize(a.resize), val_fraction=a.val_fraction,
                         val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None,
                         seed=a.seed, skip_bad=a.skip_bad)
-    res = write_shards(FORMATS[fmt].factory(root), a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
+    if a.tolerance_s is not None and fmt != "lerobot":
+        raise ValueError(f"--tolerance-s applies to LeRobot datasets only, and {root} is {fmt}; drop the option")
+    reader = FORMATS[fmt].factory(root, **({} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}))
+    res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
                        job_index=a.job_index, overwrite=a.overwrite, progress_bar=True)
     print("\n".join(_summary(a, res)))
     return 0

@@ -40,12 +40,12 @@ class Format:
     detect: Callable[[Path], bool] | None = None
 
 
-def _lerobot(root: Path) -> EpisodeReader:
+def _lerobot(root: Path, **options: float) -> EpisodeReader:
     try:  # imported on use: the LeRobot reader needs the optional `lerobot` extra (pyarrow, av)
         from episodepipes.sharding.lerobot import LeRobotReader
     except ImportError as e:
         raise ValueError(f"the lerobot format needs its extra ({e}); pip install 'episodepipes[lerobot]'") from e
-    return LeRobotReader(root)
+    return LeRobotReader(root, **options)  # options: tolerance_s (`write --tolerance-s`)
 
 
 def _is_lerobot(root: Path) -> bool:
