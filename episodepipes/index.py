@@ -14,15 +14,13 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
 
-
-class IndexFormatError(ValueError):
-    """An index that cannot be used; the message names the file, the field and the fix."""
+__all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
 
 def sha256_file(path: Path) -> str:
@@ -113,17 +111,13 @@ class Episode:
         return sum(s.end - s.start for s in self.segments)
 
 
-def _need(d: dict, key: str, where: str, path: Path) -> Any:
-    if key not in d:
-        raise IndexFormatError(f"{path} is damaged: {where} has no {key!r}; re-shard with write --overwrite")
-    return d[key]
-
-
 class EpisodeIndex:
     """A shard folder's index. Use `EpisodeIndex.open(path)`."""
 
-    def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
+    def __init__(self, root: Path, data: dict, fingerprint: str = "", *, file: Path | None = None) -> None:
+        """``data`` is checked field by field (`check_index`) before any of it is used."""
         self.root = Path(root)
+        _validate(data, file or self.root / INDEX_NAME)
         self.data = data
         self.fingerprint = fingerprint  # sha256 of the index file's bytes: resume state checks it is the same index
         self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
@@ -142,16 +136,11 @@ class EpisodeIndex:
         raw = file.read_bytes()
         try:
             data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
-        try:
-            _validate(data, file)
-            index = cls(root, data, hashlib.sha256(raw).hexdigest())
-        except IndexFormatError:
-            raise
-        except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape or type
-            raise IndexFormatError(f"{file} is damaged ({type(e).__name__}: {e}); "
-                                   "re-shard with write --overwrite") from e
+        except RecursionError:
+            raise IndexFormatError(f"{file}: nested too deeply to be an index; re-shard with --overwrite") from None
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+            raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from None
+        index = cls(root, data, hashlib.sha256(raw).hexdigest(), file=file)
         if verify:
             index.verify()
         return index
@@ -187,51 +176,27 @@ class EpisodeIndex:
 
 
 def _camera(n: str, c: dict) -> Camera:
-    h, w = int(c["height"]), int(c["width"])
-    return Camera(n, h, w, c.get("source", n), int(c.get("source_height", h)), int(c.get("source_width", w)))
-
-
-def _dtype(name: str) -> str:
-    dt = np.dtype(name)
-    if dt.hasobject or dt.kind in "OVT":
-        raise ValueError(f"dtype {name!r} cannot be stored exactly in .npy without pickle")
-    return dt.str
+    h, w = c["height"], c["width"]
+    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w))
 
 
 def _episode(e: dict) -> Episode:
     cams = {n: _camera(n, c) for n, c in e["cameras"].items()}
-    arrs = {
-        n: ArraySpec(n, _dtype(a["dtype"]), tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
-    }
-    segs = tuple(
-        Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
-                tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"]
-    )
-    return Episode(e["id"], e["split"], int(e["length"]), float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
+    arrs = {n: ArraySpec(n, np.dtype(a["dtype"]).str, tuple(a["shape"]), a.get("source", n))
+            for n, a in e["arrays"].items()}
+    segs = tuple(Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
+                         tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"])
+    return Episode(e["id"], e["split"], e["length"], float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
 
 
-def _validate(data: dict, file: Path) -> None:
+def _validate(data: object, file: Path) -> None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")
     version = data.get("version")
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION or type(version) is not int:
         raise IndexFormatError(
             f"{file}: index version {version!r}, this episodepipes reads version {FORMAT_VERSION}; "
             "re-shard with this version's scripts/shard.py write --overwrite, or install the matching episodepipes"
         )
-    shards = _need(data, "shards", "the index", file)
-    for i, s in enumerate(shards):
-        for k in ("name", "bytes", "sha256", "samples"):
-            _need(s, k, f"shard {i}", file)
-    for e in _need(data, "episodes", "the index", file):
-        where = f"episode {e.get('id', '?')!r}"
-        for k in ("id", "split", "length", "fps", "cameras", "arrays", "segments"):
-            _need(e, k, where, file)
-        for k, s in enumerate(e["segments"]):
-            for key in ("shard", "first", "count", "offsets", "end"):
-                _need(s, key, f"{where} segment {k}", file)
-            if not 0 <= s["shard"] < len(shards) or len(s["offsets"]) != s["count"]:
-                raise IndexFormatError(f"{file}: {where}: a segment points outside the shard list or is malformed")
-        if sum(s["count"] for s in e["segments"]) != e["length"]:
-            raise IndexFormatError(f"{file}: {where}: segments hold a different frame count than length={e['length']}")
+    check_index(data, file)
