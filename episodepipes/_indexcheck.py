@@ -9,6 +9,7 @@ are checked with C-level passes (``map``), not per-frame Python, so opening stay
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from array import array
@@ -35,6 +36,11 @@ class _Where:
 
     def __init__(self, file: Path) -> None:
         self.file = file
+        self._offsets = array("Q")  # every segment's offsets, back to back
+        self._starts: list[int] = []  # where each segment's run starts in _offsets
+        self._places: list[str] = []  # and its name, for the message
+        self._crcs = array(_U32)
+        self._crc_lists: list[tuple[str, list]] = []
 
     def fail(self, where: str, message: str) -> IndexFormatError:
         return IndexFormatError(f"{self.file} is damaged: {where}: {message}; {_FIX}")
@@ -66,29 +72,46 @@ class _Where:
         return v
 
     def offsets(self, s: dict, where: str, count: int) -> list[int]:
-        """``count`` strictly increasing non-negative ints: `array` refuses floats, strings and negatives in C."""
+        """``count`` non-negative ints; `array` refuses floats, strings and negatives in C, and collects them
+        so that `increasing` checks every segment's order in one numpy pass at the end."""
         v = self.seq(s, "offsets", where)
         if len(v) != count:
             raise self.fail(where, f"offsets has {len(v)} entries, count={count}")
         try:
-            a = np.frombuffer(array("Q", v), np.uint64)
+            self._offsets.extend(v)
         except (TypeError, OverflowError):
             raise self.fail(where, "offsets should hold non-negative integers only") from None
-        # a bool can only be 0 or 1, so in a strictly increasing list only the first two entries
-        if any(type(x) is not int for x in v[:2]) or not (a[1:] > a[:-1]).all():
-            raise self.fail(where, "offsets should be strictly increasing integers")
+        if any(type(x) is not int for x in v[:2]):  # a bool is 0 or 1: in an increasing list, one of the first two
+            raise self.fail(where, "offsets should hold integers, not booleans")
+        self._starts.append(len(self._offsets) - count)
+        self._places.append(where)
         return v
+
+    def increasing(self) -> None:
+        """Every segment's offsets strictly increase (checked for all segments at once)."""
+        a = np.frombuffer(self._offsets, np.uint64)
+        bad = a[1:] <= a[:-1]
+        bad[np.asarray(self._starts[1:], np.int64) - 1] = False  # one segment's end and the next one's start
+        if bad.any():
+            k = bisect.bisect_right(self._starts, int(bad.argmax()) + 1) - 1
+            raise self.fail(self._places[k], "offsets should be strictly increasing")
 
     def crcs(self, s: dict, where: str, count: int) -> None:
         v = self.seq(s, "crc32", where)
         if len(v) != count:
             raise self.fail(where, f"crc32 has {len(v)} entries, count={count}")
         try:
-            array(_U32, v)  # refuses floats, strings, negatives and values of 2**32 or more
+            self._crcs.extend(v)  # refuses floats, strings, negatives and values of 2**32 or more
         except (TypeError, OverflowError):
             raise self.fail(where, "crc32 should hold integers in [0, 2**32)") from None
-        if v and min(v) <= 1 and any(type(x) is not int for x in v):  # True == 1: look closer only then
-            raise self.fail(where, "crc32 should hold integers, not booleans")
+        self._crc_lists.append((where, v))
+
+    def no_bool_crcs(self) -> None:
+        """A bool is 0 or 1: look at the types only if some crc32 is (a real crc32 is 0 or 1 once in 2**31)."""
+        if len(self._crcs) and (np.frombuffer(self._crcs, np.uint32) <= 1).any():
+            for where, v in self._crc_lists:
+                if any(type(x) is not int for x in v):
+                    raise self.fail(where, "crc32 should hold integers, not booleans")
 
 
 def check_index(data: Any, file: Path) -> None:
@@ -117,6 +140,8 @@ def check_index(data: Any, file: Path) -> None:
         if eid in ids:
             raise w.fail(f"episode {eid!r}", "this id appears twice; every episode needs its own id")
         ids.add(eid)
+    w.increasing()
+    w.no_bool_crcs()
     for i, (n, m) in enumerate(zip(held, samples)):
         if n != m:
             raise w.fail(f"shard {i}", f"samples={m} but the episodes' segments put {n} frames in it")
@@ -153,9 +178,11 @@ def _episode(w: _Where, e: Any, k: int, sizes: list[int], held: list[int]) -> st
     for name, c in cameras.items():
         at = f"{where} camera {name!r}"
         _field_name(w, name, at)
-        for key in ("height", "width", "source_height", "source_width"):
-            if key in c or key in ("height", "width"):
-                w.num(c, key, at, low=1)
+        w.num(c, "height", at, low=1)
+        w.num(c, "width", at, low=1)
+        if "source_height" in c or "source_width" in c:
+            w.num(c, "source_height", at, low=1)
+            w.num(c, "source_width", at, low=1)
         if "source" in c:
             w.text(c, "source", at)
     arrays = w.get(e, "arrays", where)
