@@ -175,14 +175,14 @@ class EpisodeIndex:
                     self._by_shard.setdefault(seg.shard, []).append((e, seg))
         return self._by_shard.get(shard, [])
 
-    def crc_problems(self, shard: int, data: bytes | memoryview) -> list[str]:
-        """One line per frame of ``shard`` whose bytes in ``data`` (the shard file) fail the index's crc32."""
+    def bad_frames(self, shard: int, data: bytes | memoryview) -> list[tuple[str, int]]:
+        """(episode id, frame) of every frame of ``shard`` whose bytes in ``data`` (the shard file) fail
+        the index's crc32."""
         out = []
         for e, seg in self.segments_in(shard):
             for k, (a, b, crc) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end), seg.crc32 or ())):
                 if zlib.crc32(data[a:b]) != crc:
-                    out.append(f"shard {self.shards[shard].name}: episode {e.id!r} frame {seg.first + k}: crc32 "
-                               "mismatch, its bytes changed; restore the shard or re-shard")
+                    out.append((e.id, seg.first + k))
         return out
 
     def verify(self, shards: Iterable[int] | None = None) -> None:
@@ -196,11 +196,13 @@ class EpisodeIndex:
             if size != s.bytes:
                 raise IndexFormatError(f"shard {p} has {size} bytes, index says {s.bytes}: truncated? re-shard it")
             with mapped(p) as view:
-                sha, bad = hashlib.sha256(view).hexdigest(), self.crc_problems(i, view)
-            if bad:
-                raise IndexFormatError(bad[0] + (f" ({len(bad) - 1} more damaged frames)" if len(bad) > 1 else ""))
+                sha, bad = hashlib.sha256(view).hexdigest(), self.bad_frames(i, view)
+            where = f" ({len(bad)} damaged frames, the first episode {bad[0][0]!r} frame {bad[0][1]})" if bad else ""
             if sha != s.sha256:
-                raise IndexFormatError(f"shard {p}: sha256 mismatch with the index; the file changed, re-shard it")
+                raise IndexFormatError(f"shard {p}: sha256 mismatch with the index{where}; the file changed, "
+                                       "re-shard it")
+            if bad:
+                raise IndexFormatError(f"shard {p}: crc32 mismatch{where}; restore the shard or re-shard")
 
 
 @contextlib.contextmanager

@@ -57,7 +57,8 @@ def verify(out: str | Path) -> list[str]:
         with mapped(p) as view:
             if size == s.bytes and hashlib.sha256(view).hexdigest() != s.sha256:
                 problems.append(f"shard {s.name}: sha256 mismatch (episodes {eps}); the file changed, re-shard")
-            problems += index.crc_problems(i, view)
+            problems += [f"shard {s.name}: episode {eid!r} frame {frame}: crc32 mismatch, its bytes changed; "
+                         "restore the shard or re-shard" for eid, frame in index.bad_frames(i, view)]
             for e, seg in index.segments_in(i):
                 problems += _check_frames(view, s.name, e.id, seg)
     return problems
