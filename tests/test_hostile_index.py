@@ -1,8 +1,11 @@
 """Crafted index.json files: every field is checked at open, named in one line, and nothing escapes the folder."""
 
+import contextlib
 import json
 import math
+import os
 import shutil
+import sys
 
 import pytest
 from helpers import make_shards
@@ -166,3 +169,79 @@ def test_an_old_index_still_opens(good, tmp_path):
     (tmp_path / "s" / "index.json").write_text(json.dumps(data))
     idx = EpisodeIndex.open(tmp_path / "s", verify=True)
     assert idx.episodes[0].fps == 10.0 and idx.episodes[0].arrays["state"].dtype == "<f4"
+
+
+_OPENED: list | None = None  # paths opened while a test records; the audit hook cannot be removed, so it checks this
+
+
+def _audit(event, args):
+    if _OPENED is None:
+        return
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _OPENED.append(os.path.abspath(os.fsdecode(args[0])))
+    elif event in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "os.fork"):
+        _OPENED.append(f"COMMAND {event} {args!r}")
+
+
+sys.addaudithook(_audit)
+
+
+@contextlib.contextmanager
+def _recording():
+    global _OPENED
+    _OPENED = []
+    try:
+        yield _OPENED
+    finally:
+        _OPENED = None
+
+
+def _hostile(good, tmp_path, name):
+    """A copy of ``good`` whose shard 0 is called ``name``; its real file also sits where the name points."""
+    root = shutil.copytree(good, tmp_path / "ds")
+    shutil.copy(good / "shard-000000.tar", tmp_path / "x.tar")  # what '../x.tar' would read
+    data = json.loads((root / "index.json").read_text())
+    data["shards"][0]["name"] = name
+    (root / "index.json").write_text(json.dumps(data))
+    return root
+
+
+@pytest.mark.parametrize("kind", ["pipe", "parent", "absolute"])
+def test_a_crafted_shard_name_runs_nothing_and_opens_nothing_outside_the_folder(good, tmp_path, monkeypatch,
+                                                                                capsys, kind):
+    from episodepipes.pipes import metric_pipe
+    from episodepipes.sharding.cli import main
+
+    pwned = tmp_path / "pwned"
+    name = {"pipe": f"pipe:touch {pwned}; cat shard-000000.tar", "parent": "../x.tar", "absolute": "/etc/passwd"}[kind]
+    root = _hostile(good, tmp_path, name)
+    monkeypatch.chdir(root)  # relative to the folder, as `metric_pipe('.')` run inside it
+    next(iter(metric_pipe(good, frames_per_episode=2, batch_size=2, num_workers=1)))  # imports done, no recording
+    main(["info", str(good)])
+    attempts = {
+        "metric_pipe('.')": lambda: next(iter(metric_pipe(".", frames_per_episode=2, batch_size=2, num_workers=1))),
+        "EpisodeIndex.open('index.json')": lambda: EpisodeIndex.open("index.json"),
+        "EpisodeIndex.open('.', verify=True)": lambda: EpisodeIndex.open(".", verify=True),
+    }
+    with _recording() as opened:
+        for what, attempt in attempts.items():
+            with pytest.raises(IndexFormatError, match=r"index\.json is damaged: shard 0: name="):
+                attempt()
+                pytest.fail(f"{what} accepted the shard name {name!r}")
+        capsys.readouterr()
+        for command in ("info", "verify"):
+            assert main([command, "."]) == 2
+            err = capsys.readouterr().err
+            assert "name=" in err and "Traceback" not in err, err
+    assert not pwned.exists()
+    outside = [p for p in opened if not p.startswith(str(root) + os.sep)]
+    assert outside == [], outside  # no command event either: those are recorded as 'COMMAND ...'
+
+
+def test_the_audit_hook_sees_opens_and_commands(tmp_path):
+    import subprocess
+
+    with _recording() as opened:
+        (tmp_path / "f").write_text("x")
+        subprocess.run(["true"], check=True)
+    assert str(tmp_path / "f") in opened and any(p.startswith("COMMAND subprocess.Popen") for p in opened)
