@@ -148,6 +148,8 @@ def check_index(data: Any, file: Path) -> None:
     for key, kind in (("options", dict), ("skipped", list), ("job", dict)):
         if key in data and type(data[key]) is not kind:
             raise w.fail("the index", f"{key} should be a {kind.__name__}, found {type(data[key]).__name__}")
+    if "shard_size" in data.get("options", {}):  # merge re-cuts shards with it
+        w.num(data["options"], "shard_size", "options", low=1)
     for i, s in enumerate(data.get("skipped", [])):
         w.text(s, "id", f"skipped entry {i}")
         w.text(s, "error", f"skipped entry {i}")

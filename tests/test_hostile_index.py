@@ -118,6 +118,7 @@ CASES = {
     "skipped entry": (lambda d: d.update(skipped=[{"id": 1, "error": "e"}]), "skipped entry 0"),
     "job field": (lambda d: d.update(job={"index": "0", "num_jobs": 1, "episodes": 1, "first": 0, "count": 1}),
                   "index='0'"),
+    "shard size": (lambda d: d["options"].update(shard_size=0), "shard_size=0"),
     "options not an object": (lambda d: d.update(options=[]), "options should be a dict"),
 }
 
