@@ -10,6 +10,7 @@ are checked with C-level passes (``map``), not per-frame Python, so opening stay
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 from array import array
@@ -18,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from episodepipes.format import safe_episode_id, safe_field
-
 SHARD_NAME = re.compile(r"shard-\d{6,}\.tar")  # what `format.shard_name` writes: a plain base name, nothing else
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_ID = re.compile(r"[A-Za-z0-9_\-.]+")
+_FIELD = re.compile(r"[A-Za-z0-9_\-]+")
 _MAX_STEP_BYTES = 2**40  # one step of one array; anything larger is a crafted shape, not data
 _FIX = "re-shard with write --overwrite"
 _U32 = next(c for c in "ILQ" if array(c).itemsize == 4)  # the C type code of an unsigned 32-bit int
@@ -78,7 +79,7 @@ class _Where:
         if len(v) != count:
             raise self.fail(where, f"offsets has {len(v)} entries, count={count}")
         try:
-            self._offsets.extend(v)
+            self._offsets.fromlist(v)
         except (TypeError, OverflowError):
             raise self.fail(where, "offsets should hold non-negative integers only") from None
         if any(type(x) is not int for x in v[:2]):  # a bool is 0 or 1: in an increasing list, one of the first two
@@ -101,7 +102,7 @@ class _Where:
         if len(v) != count:
             raise self.fail(where, f"crc32 has {len(v)} entries, count={count}")
         try:
-            self._crcs.extend(v)  # refuses floats, strings, negatives and values of 2**32 or more
+            self._crcs.fromlist(v)  # refuses floats, strings, negatives and values of 2**32 or more
         except (TypeError, OverflowError):
             raise self.fail(where, "crc32 should hold integers in [0, 2**32)") from None
         self._crc_lists.append((where, v))
@@ -161,11 +162,7 @@ def check_index(data: Any, file: Path) -> None:
 def _episode(w: _Where, e: Any, k: int, sizes: list[int], held: list[int]) -> str:
     eid = w.text(e, "id", f"episode {k}")
     where = f"episode {eid!r}"
-    try:
-        safe = safe_episode_id(eid)
-    except ValueError:
-        safe = ""
-    if safe != eid:
+    if not _ID.fullmatch(eid) or eid[0] == "." or eid[-1] == ".":  # what `format.safe_episode_id` keeps
         raise w.fail(where, "the id is not a tar-safe episode id (letters, digits, '_', '-', '.')")
     w.text(e, "split", where)
     if "prompt" in e:
@@ -197,21 +194,16 @@ def _episode(w: _Where, e: Any, k: int, sizes: list[int], held: list[int]) -> st
 
 
 def _field_name(w: _Where, name: str, where: str) -> None:
-    try:
-        ok = safe_field(name) == name
-    except ValueError:
-        ok = False
-    if not ok:
+    if not _FIELD.fullmatch(name):  # what `format.safe_field` keeps
         raise w.fail(where, "the name is not a tar-safe field name (letters, digits, '_', '-')")
 
 
 def _array(w: _Where, name: str, a: Any, where: str) -> None:
     _field_name(w, name, where)
     text = w.text(a, "dtype", where)
-    try:
-        dt = np.dtype(text)
-    except (TypeError, ValueError, SyntaxError):
-        raise w.fail(where, f"dtype={text!r} is not a numpy dtype") from None
+    dt = _dtype(text)
+    if dt is None:
+        raise w.fail(where, f"dtype={text!r} is not a numpy dtype")
     if dt.hasobject or dt.kind in "OVT" or dt.fields is not None:
         raise w.fail(where, f"dtype={text!r} cannot be read exactly from .npy without pickle")
     shape = w.seq(a, "shape", where)
@@ -221,6 +213,14 @@ def _array(w: _Where, name: str, a: Any, where: str) -> None:
         raise w.fail(where, f"shape={shape!r} of {dt} is larger than any step could be")
     if "source" in a:
         w.text(a, "source", where)
+
+
+@functools.lru_cache(maxsize=256)  # a dataset has a few dtypes, each written in every episode
+def _dtype(text: str) -> np.dtype | None:
+    try:
+        return np.dtype(text)
+    except (TypeError, ValueError, SyntaxError):
+        return None
 
 
 def _segments(w: _Where, segs: list, where: str, length: int, sizes: list[int], held: list[int]) -> None:

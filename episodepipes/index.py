@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import hashlib
 import json
 import mmap
@@ -221,9 +222,14 @@ def _camera(n: str, c: dict) -> Camera:
     return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w))
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_str(text: str) -> str:
+    return np.dtype(text).str
+
+
 def _episode(e: dict) -> Episode:
     cams = {n: _camera(n, c) for n, c in e["cameras"].items()}
-    arrs = {n: ArraySpec(n, np.dtype(a["dtype"]).str, tuple(a["shape"]), a.get("source", n))
+    arrs = {n: ArraySpec(n, _dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
             for n, a in e["arrays"].items()}
     segs = tuple(Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
                          tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"])
