@@ -146,7 +146,7 @@ def check_index(data: Any, file: Path) -> None:
     for i, (n, m) in enumerate(zip(held, samples)):
         if n != m:
             raise w.fail(f"shard {i}", f"samples={m} but the episodes' segments put {n} frames in it")
-    for key, kind in (("options", dict), ("skipped", list), ("job", dict)):
+    for key, kind in (("options", dict), ("skipped", list)):  # "job" is merge's to check
         if key in data and type(data[key]) is not kind:
             raise w.fail("the index", f"{key} should be a {kind.__name__}, found {type(data[key]).__name__}")
     if "shard_size" in data.get("options", {}):  # merge re-cuts shards with it
@@ -154,9 +154,6 @@ def check_index(data: Any, file: Path) -> None:
     for i, s in enumerate(data.get("skipped", [])):
         w.text(s, "id", f"skipped entry {i}")
         w.text(s, "error", f"skipped entry {i}")
-    if "job" in data:
-        for key in ("index", "num_jobs", "episodes", "first", "count"):
-            w.num(data["job"], key, "job")
 
 
 def _episode(w: _Where, e: Any, k: int, sizes: list[int], held: list[int]) -> str:

@@ -118,10 +118,19 @@ class Episode:
 class EpisodeIndex:
     """A shard folder's index. Use `EpisodeIndex.open(path)`."""
 
-    def __init__(self, root: Path, data: dict, fingerprint: str = "", *, file: Path | None = None) -> None:
-        """``data`` is checked field by field (`check_index`) before any of it is used."""
-        self.root = Path(root)
-        _validate(data, file or self.root / INDEX_NAME)
+    def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
+        """``data`` is checked field by field (`check_index`) before any of it is used.
+
+        Args:
+            root: the shard folder; shard names in ``data`` are plain file names inside it.
+            data: the parsed ``index.json``.
+            fingerprint: the sha256 of the index file's bytes (`open` gives it).
+        """
+        self._load(Path(root), data, fingerprint, Path(root) / INDEX_NAME)
+
+    def _load(self, root: Path, data: dict, fingerprint: str, file: Path) -> None:
+        _validate(data, file)  # ``file`` is what the messages name
+        self.root = root
         self.data = data
         self.fingerprint = fingerprint  # sha256 of the index file's bytes: resume state checks it is the same index
         self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
@@ -145,7 +154,8 @@ class EpisodeIndex:
             raise IndexFormatError(f"{file}: nested too deeply to be an index; re-shard with --overwrite") from None
         except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
             raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from None
-        index = cls(root, data, hashlib.sha256(raw).hexdigest(), file=file)
+        index = cls.__new__(cls)
+        index._load(root, data, hashlib.sha256(raw).hexdigest(), file)
         if verify:
             index.verify()
         return index
@@ -168,7 +178,11 @@ class EpisodeIndex:
         return self.root / self.shards[shard].name
 
     def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]:
-        """Every (episode, segment) whose frames are in ``shard``, in index order."""
+        """Every (episode, segment) whose frames are in ``shard``, in index order.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
         if self._by_shard is None:
             self._by_shard = {}
             for e in self.episodes:
@@ -177,8 +191,12 @@ class EpisodeIndex:
         return self._by_shard.get(shard, [])
 
     def bad_frames(self, shard: int, data: bytes | memoryview) -> list[tuple[str, int]]:
-        """(episode id, frame) of every frame of ``shard`` whose bytes in ``data`` (the shard file) fail
-        the index's crc32."""
+        """(episode id, frame) of every frame of ``shard`` whose bytes in ``data`` fail the index's crc32.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+            data: that shard file's bytes (e.g. `mapped`), sliced at each frame's byte range.
+        """
         out = []
         for e, seg in self.segments_in(shard):
             for k, (a, b, crc) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end), seg.crc32 or ())):
