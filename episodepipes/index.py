@@ -8,21 +8,23 @@ here touches a shard unless asked to (``verify=True``). It imports no torch, so 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import hashlib
 import json
+import mmap
 import os
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
 
-
-class IndexFormatError(ValueError):
-    """An index that cannot be used; the message names the file, the field and the fix."""
+__all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
 
 def sha256_file(path: Path) -> str:
@@ -113,22 +115,28 @@ class Episode:
         return sum(s.end - s.start for s in self.segments)
 
 
-def _need(d: dict, key: str, where: str, path: Path) -> Any:
-    if key not in d:
-        raise IndexFormatError(f"{path} is damaged: {where} has no {key!r}; re-shard with write --overwrite")
-    return d[key]
-
-
 class EpisodeIndex:
     """A shard folder's index. Use `EpisodeIndex.open(path)`."""
 
     def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
-        self.root = Path(root)
+        """``data`` is checked field by field (`check_index`) before any of it is used.
+
+        Args:
+            root: the shard folder; shard names in ``data`` are plain file names inside it.
+            data: the parsed ``index.json``.
+            fingerprint: the sha256 of the index file's bytes (`open` gives it).
+        """
+        self._load(Path(root), data, fingerprint, Path(root) / INDEX_NAME)
+
+    def _load(self, root: Path, data: dict, fingerprint: str, file: Path) -> None:
+        _validate(data, file)  # ``file`` is what the messages name
+        self.root = root
         self.data = data
         self.fingerprint = fingerprint  # sha256 of the index file's bytes: resume state checks it is the same index
         self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
         self.episodes: list[Episode] = [_episode(e) for e in data["episodes"]]
         self._by_id = {e.id: e for e in self.episodes}
+        self._by_shard: dict[int, list[tuple[Episode, Segment]]] | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EpisodeIndex:
@@ -142,16 +150,12 @@ class EpisodeIndex:
         raw = file.read_bytes()
         try:
             data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
-        try:
-            _validate(data, file)
-            index = cls(root, data, hashlib.sha256(raw).hexdigest())
-        except IndexFormatError:
-            raise
-        except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape or type
-            raise IndexFormatError(f"{file} is damaged ({type(e).__name__}: {e}); "
-                                   "re-shard with write --overwrite") from e
+        except RecursionError:
+            raise IndexFormatError(f"{file}: nested too deeply to be an index; re-shard with --overwrite") from None
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+            raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from None
+        index = cls.__new__(cls)
+        index._load(root, data, hashlib.sha256(raw).hexdigest(), file)
         if verify:
             index.verify()
         return index
@@ -173,8 +177,36 @@ class EpisodeIndex:
     def shard_path(self, shard: int) -> Path:
         return self.root / self.shards[shard].name
 
+    def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]:
+        """Every (episode, segment) whose frames are in ``shard``, in index order.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
+        if self._by_shard is None:
+            self._by_shard = {}
+            for e in self.episodes:
+                for seg in e.segments:
+                    self._by_shard.setdefault(seg.shard, []).append((e, seg))
+        return self._by_shard.get(shard, [])
+
+    def bad_frames(self, shard: int, data: bytes | memoryview) -> list[tuple[str, int]]:
+        """(episode id, frame) of every frame of ``shard`` whose bytes in ``data`` fail the index's crc32.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+            data: that shard file's bytes (e.g. `mapped`), sliced at each frame's byte range.
+        """
+        out = []
+        for e, seg in self.segments_in(shard):
+            for k, (a, b, crc) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end), seg.crc32 or ())):
+                if zlib.crc32(data[a:b]) != crc:
+                    out.append((e.id, seg.first + k))
+        return out
+
     def verify(self, shards: Iterable[int] | None = None) -> None:
-        """Check existence, size and sha256 of the given shards (all by default), naming the first bad one."""
+        """Check existence, size, sha256 and every frame's crc32 of the given shards (all by default),
+        naming the first bad shard, and its first damaged frame where the index has checksums."""
         for i in range(len(self.shards)) if shards is None else sorted(set(shards)):
             s, p = self.shards[i], self.shard_path(i)
             if not p.exists():
@@ -182,56 +214,54 @@ class EpisodeIndex:
             size = p.stat().st_size
             if size != s.bytes:
                 raise IndexFormatError(f"shard {p} has {size} bytes, index says {s.bytes}: truncated? re-shard it")
-            if sha256_file(p) != s.sha256:
-                raise IndexFormatError(f"shard {p}: sha256 mismatch with the index; the file changed, re-shard it")
+            with mapped(p) as view:
+                sha, bad = hashlib.sha256(view).hexdigest(), self.bad_frames(i, view)
+            where = f" ({len(bad)} damaged frames, the first episode {bad[0][0]!r} frame {bad[0][1]})" if bad else ""
+            if sha != s.sha256:
+                raise IndexFormatError(f"shard {p}: sha256 mismatch with the index{where}; the file changed, "
+                                       "re-shard it")
+            if bad:
+                raise IndexFormatError(f"shard {p}: crc32 mismatch{where}; restore the shard or re-shard")
+
+
+@contextlib.contextmanager
+def mapped(path: Path) -> Iterator[memoryview]:
+    """A file's bytes, memory-mapped: sha256 and per-frame crc32 slices read it once, without copies."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield memoryview(b"")
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
+            yield view
 
 
 def _camera(n: str, c: dict) -> Camera:
-    h, w = int(c["height"]), int(c["width"])
-    return Camera(n, h, w, c.get("source", n), int(c.get("source_height", h)), int(c.get("source_width", w)))
+    h, w = c["height"], c["width"]
+    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w))
 
 
-def _dtype(name: str) -> str:
-    dt = np.dtype(name)
-    if dt.hasobject or dt.kind in "OVT":
-        raise ValueError(f"dtype {name!r} cannot be stored exactly in .npy without pickle")
-    return dt.str
+@functools.lru_cache(maxsize=256)
+def _dtype_str(text: str) -> str:
+    return np.dtype(text).str
 
 
 def _episode(e: dict) -> Episode:
     cams = {n: _camera(n, c) for n, c in e["cameras"].items()}
-    arrs = {
-        n: ArraySpec(n, _dtype(a["dtype"]), tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
-    }
-    segs = tuple(
-        Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
-                tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"]
-    )
-    return Episode(e["id"], e["split"], int(e["length"]), float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
+    arrs = {n: ArraySpec(n, _dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
+            for n, a in e["arrays"].items()}
+    segs = tuple(Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
+                         tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"])
+    return Episode(e["id"], e["split"], e["length"], float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
 
 
-def _validate(data: dict, file: Path) -> None:
+def _validate(data: object, file: Path) -> None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")
     version = data.get("version")
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION or type(version) is not int:
         raise IndexFormatError(
             f"{file}: index version {version!r}, this episodepipes reads version {FORMAT_VERSION}; "
             "re-shard with this version's scripts/shard.py write --overwrite, or install the matching episodepipes"
         )
-    shards = _need(data, "shards", "the index", file)
-    for i, s in enumerate(shards):
-        for k in ("name", "bytes", "sha256", "samples"):
-            _need(s, k, f"shard {i}", file)
-    for e in _need(data, "episodes", "the index", file):
-        where = f"episode {e.get('id', '?')!r}"
-        for k in ("id", "split", "length", "fps", "cameras", "arrays", "segments"):
-            _need(e, k, where, file)
-        for k, s in enumerate(e["segments"]):
-            for key in ("shard", "first", "count", "offsets", "end"):
-                _need(s, key, f"{where} segment {k}", file)
-            if not 0 <= s["shard"] < len(shards) or len(s["offsets"]) != s["count"]:
-                raise IndexFormatError(f"{file}: {where}: a segment points outside the shard list or is malformed")
-        if sum(s["count"] for s in e["segments"]) != e["length"]:
-            raise IndexFormatError(f"{file}: {where}: segments hold a different frame count than length={e['length']}")
+    check_index(data, file)

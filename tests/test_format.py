@@ -165,3 +165,24 @@ def test_big_endian_arrays_round_trip_exactly_through_the_writer_and_the_pipes(t
             assert batch["count"][i].item() == want[eid]["count"][f]
             seen += 1
     assert seen == 12
+
+
+@pytest.mark.parametrize("array", [
+    np.array(["a", "bb", "ccc"], dtype=np.dtypes.StringDType()),  # what zarr 3 gives for string arrays
+    np.array([{"a": 1}, None, 3], dtype=object),
+    np.zeros(3, dtype=[("x", "<f4"), ("y", "<i2")]),
+    np.zeros(3, dtype="V4"),
+])
+def test_arrays_that_npy_cannot_hold_exactly_are_refused_naming_episode_and_key(array):
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.episode import EpisodeError
+    from episodepipes.sharding.synthetic import SyntheticReader
+
+    reader = SyntheticReader(num_episodes=1, length=3, height=16, width=16)
+    ep = reader.read("ep0000")
+    ep.arrays["notes"] = array
+    with pytest.raises(EpisodeError, match=r"episode 'ep0000' array 'notes' has dtype .*cannot store exactly"):
+        encode_episode(ep, EncodeOptions())
+    ep = reader.read("ep0000")  # the fix the message gives: fixed-width strings or numbers
+    ep.arrays["notes"] = array.astype("U8") if array.dtype.kind == "T" else np.zeros(3, "<f4")
+    assert encode_episode(ep, EncodeOptions()).meta["arrays"]["notes"]["dtype"] in ("<U8", "<f4")

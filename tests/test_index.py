@@ -132,3 +132,28 @@ def test_fingerprint_is_the_sha256_of_the_index_bytes(index, tmp_path):
     assert EpisodeIndex.open(index.root).fingerprint == index.fingerprint
     other = _rewrite(index.root, tmp_path, lambda d: d["episodes"][0].update(prompt="other"))
     assert EpisodeIndex.open(other).fingerprint != index.fingerprint
+
+
+def test_verify_names_the_frame_whose_bytes_fail_their_crc32_even_with_a_matching_sha256(index, tmp_path):
+    import hashlib
+    import json
+    import shutil
+
+    from episodepipes.sharding.inspect import verify
+
+    copy = shutil.copytree(index.root, tmp_path / "s")
+    ep = index.episodes[1]
+    shard, a, _ = ep.frame_range(4)
+    path = copy / index.shards[shard].name
+    blob = bytearray(path.read_bytes())
+    blob[a + 512 + 130] ^= 0x01  # inside the first member's payload: the tar headers still parse
+    path.write_bytes(bytes(blob))
+    problems = verify(copy)
+    assert f"shard {path.name}: episode {ep.id!r} frame 4: crc32 mismatch" in "\n".join(problems)
+    assert sum("crc32" in p for p in problems) == 1
+    data = json.loads((copy / "index.json").read_text())
+    data["shards"][shard]["sha256"] = hashlib.sha256(bytes(blob)).hexdigest()  # the index re-hashed to match
+    (copy / "index.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"crc32 mismatch \(1 damaged frames, the first episode '{ep.id}' frame 4\)"):
+        EpisodeIndex.open(copy, verify=True)
+    assert [p for p in verify(copy) if "crc32" in p] and not [p for p in verify(copy) if "sha256" in p]

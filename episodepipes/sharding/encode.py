@@ -59,6 +59,14 @@ def _npy_rows(a: np.ndarray) -> list:
     return [head + view[i * step:(i + 1) * step] for i in range(len(a))]
 
 
+def check_storable(dtype: np.dtype, where: str) -> None:
+    """Refuse a dtype that .npy cannot hold exactly without pickle, or that the index cannot name."""
+    if dtype.hasobject or dtype.kind in "OVT" or dtype.fields is not None or dtype.subdtype is not None:
+        raise EpisodeError(f"{where} has dtype {dtype!r}, which a shard cannot store exactly (objects, "
+                           "variable-width or structured values need pickle); convert it to numbers or "
+                           "fixed-width strings (e.g. .astype('U16')) in the reader")
+
+
 def _timestamp(t: float) -> bytes:
     return (float.__repr__(t) if math.isfinite(t) else json.dumps(t)).encode()  # json.dumps's float text
 
@@ -99,6 +107,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
         raise EpisodeError(f"episode {ep.id!r}: empty episode (0 frames); remove it or pass --skip-bad")
     arrays = {safe_field(k): (k, np.asarray(v)) for k, v in sorted(ep.arrays.items())}
     for orig, a in arrays.values():
+        check_storable(a.dtype, f"episode {ep.id!r} array {orig!r}")
         if a.ndim == 0 or a.shape[0] != n:
             raise EpisodeError(
                 f"episode {ep.id!r}: array {orig!r} has {a.shape[0] if a.ndim else 0} steps but the cameras have "

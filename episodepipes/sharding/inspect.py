@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import hashlib
 from collections import Counter
 from pathlib import Path
 
-from episodepipes.index import EpisodeIndex, sha256_file
+from episodepipes.index import EpisodeIndex, Segment, mapped
 from episodepipes.tarmembers import frame_fields
 
 
@@ -38,47 +38,39 @@ def summarize(data: dict) -> list[tuple[str, str]]:
 def verify(out: str | Path) -> list[str]:
     """Every problem found, each naming the shard (and episode); an empty list means the output is intact.
 
-    Checks each shard's size and sha256, then parses the tar header at every indexed frame
-    offset and checks that the members up to the frame's end belong to that episode and frame.
+    Checks each shard's size and sha256 and every frame's crc32 (where the index has them), then parses
+    the tar header at every indexed frame offset and checks that the members up to the frame's end belong
+    to that episode and frame. Only the index's own shard names are opened (`EpisodeIndex` checks them).
     """
-    out = Path(out)
-    data = EpisodeIndex.open(out).data
+    index = EpisodeIndex.open(out)
     problems: list[str] = []
-    shards = data["shards"]
-    users: dict[int, list[str]] = {}
-    for e in data["episodes"]:
-        for s in e["segments"]:
-            users.setdefault(s["shard"], []).append(e["id"])
-    bad: set[int] = set()
-    for i, s in enumerate(shards):
-        p, eps = out / s["name"], ", ".join(users.get(i, [])) or "none"
+    for i, s in enumerate(index.shards):
+        p = index.shard_path(i)
+        eps = ", ".join(dict.fromkeys(e.id for e, _ in index.segments_in(i))) or "none"
         if not p.exists():
-            problems.append(f"shard {s['name']} is missing (episodes {eps}); restore it or re-shard")
-        elif p.stat().st_size != s["bytes"]:
-            problems.append(f"shard {s['name']} has {p.stat().st_size} bytes, index says {s['bytes']} "
-                            f"(episodes {eps}); truncated? re-shard")
-        elif sha256_file(p) != s["sha256"]:
-            problems.append(f"shard {s['name']}: sha256 mismatch (episodes {eps}); the file changed, re-shard")
-        else:
+            problems.append(f"shard {s.name} is missing (episodes {eps}); restore it or re-shard")
             continue
-        bad.add(i)
-    for e in data["episodes"]:
-        for seg in e["segments"]:
-            if seg["shard"] not in bad:
-                problems += _check_frames(out / shards[seg["shard"]]["name"], e["id"], seg)
+        size = p.stat().st_size
+        if size != s.bytes:
+            problems.append(f"shard {s.name} has {size} bytes, index says {s.bytes} (episodes {eps}); truncated? "
+                            "re-shard")
+        with mapped(p) as view:
+            if size == s.bytes and hashlib.sha256(view).hexdigest() != s.sha256:
+                problems.append(f"shard {s.name}: sha256 mismatch (episodes {eps}); the file changed, re-shard")
+            problems += [f"shard {s.name}: episode {eid!r} frame {frame}: crc32 mismatch, its bytes changed; "
+                         "restore the shard or re-shard" for eid, frame in index.bad_frames(i, view)]
+            for e, seg in index.segments_in(i):
+                problems += _check_frames(view, s.name, e.id, seg)
     return problems
 
 
-def _check_frames(path: Path, eid: str, seg: dict) -> list[str]:
+def _check_frames(view: memoryview, name: str, eid: str, seg: Segment) -> list[str]:
     """Parse every frame's members at its indexed byte range, with the same parser the pipes read with."""
-    ends = seg["offsets"][1:] + [seg["end"]]
-    with open(path, "rb") as f:
-        fd = f.fileno()
-        for k, (start, end) in enumerate(zip(seg["offsets"], ends)):
-            frame = seg["first"] + k
-            try:
-                frame_fields(lambda size, off: os.pread(fd, size, off), start, end, eid, frame,
-                             where=f"shard {path.name}: episode {eid!r} frame {frame}")
-            except ValueError as e:
-                return [str(e)]
+    for k, (start, end) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end))):
+        frame = seg.first + k
+        try:
+            frame_fields(lambda size, off: bytes(view[off:off + size]), start, end, eid, frame,
+                         where=f"shard {name}: episode {eid!r} frame {frame}")
+        except ValueError as e:
+            return [str(e)]
     return []
