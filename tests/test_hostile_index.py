@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import make_shards
@@ -235,8 +236,10 @@ def test_a_crafted_shard_name_runs_nothing_and_opens_nothing_outside_the_folder(
     assert not pwned.exists()
     python = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
     # Python's own files (imports, package metadata) are not chosen by the data; everything else must be inside
+    # (an editable install keeps its package metadata, *.egg-info, beside the source tree)
     outside = [p for p in opened if not p.startswith((str(root) + os.sep, *python))
-               and not os.path.realpath(p).startswith(python)]
+               and not os.path.realpath(p).startswith(python)
+               and not any(part.endswith((".egg-info", ".dist-info")) for part in Path(p).parts)]
     assert outside == [], outside  # no command event either: those are recorded as 'COMMAND ...'
 
 
