@@ -328,3 +328,16 @@ def test_episodes_of_one_dtype_give_their_exact_values(tmp_path):
         for i, (e, t) in enumerate(zip(b["episode"], b["frame"].tolist())):
             want = reader.read(e).arrays["state"].astype("float64")[[max(t - 1, 0), t]]
             assert torch.equal(b["state"][i], torch.from_numpy(want))
+
+
+def _scramble_reserved(sample):
+    return {**sample, "timestamp": -1.0, "frame": -1, "episode": "x", "valid": False, "prompt": "x"}
+
+
+def test_reserved_keys_are_restored_after_the_transform(index):
+    kw = dict(batch_size=4, seed=0, num_workers=1, history={"state": 2})
+    plain = next(iter(train_pipe(index, **kw)))
+    scrambled = next(iter(train_pipe(index, transform=_scramble_reserved, **kw)))
+    for key in ("timestamp", "frame", "episode", "valid", "prompt"):
+        got, want = scrambled[key], plain[key]
+        assert torch.equal(got, want) if torch.is_tensor(want) else got == want, key

@@ -138,10 +138,13 @@ class WindowDecode:
             episode, frame, valid, prompt = json.loads(members[ITEM_KEY])
             fields.update(episode=episode, frame=frame, valid=valid, prompt=prompt)
         if self.transform is not None:
+            timestamp = fields.get("timestamp")
             fields = self.transform(fields)
             if not isinstance(fields, dict):
                 raise TypeError(f"transform={self.transform!r} returned {type(fields).__name__}; it should return "
                                 "the sample dict")
+            if timestamp is not None:  # restored, as the Decoder restores episode, frame, valid and prompt
+                fields["timestamp"] = timestamp
         return fields, bad
 
     def jpegs(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]]) -> int:
