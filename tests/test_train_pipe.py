@@ -195,15 +195,13 @@ def test_resume_within_a_multi_epoch_and_an_endless_pass(index):
     assert head + [_keys(b) for b in itertools.islice(iter(fresh), 12)] == want
 
 
-def test_state_is_a_small_cursor_and_checks_the_seed(index):
-    pipe = train_pipe(index, batch_size=4, seed=5, rank=0, world_size=1)
+def test_state_is_a_small_cursor_and_the_settings_it_depends_on(index):
+    pipe = train_pipe(index, batch_size=4, seed=5, rank=0, world_size=1, history={"state": 3})
     next(iter(pipe))
-    state = pipe.state_dict()
-    assert state["root"]["source"]["source"] == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1}
-    other = train_pipe(index, batch_size=4, seed=6, rank=0, world_size=1)
-    other.load_state_dict(state)
-    with pytest.raises(ValueError, match="seed"):
-        next(iter(other))
+    cursor = dict(pipe.state_dict()["root"]["source"]["source"])
+    assert len(cursor.pop("plan")) == 16  # a fingerprint of the episode ids and lengths
+    assert cursor == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1, "world_size": 1, "rank": 0, "batch_size": 4,
+                      "frames": 39, "windows": {"state": [-2, 0]}}
 
 
 @pytest.mark.parametrize("stop", [4, 9, 14])  # mid-epoch, end of epoch 0 (9 batches each), mid-epoch 1
