@@ -252,13 +252,11 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     if not episodes:
         raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
                          f"{sorted({e.split for e in idx.episodes})}")
-    check_batchable(episodes, resize)
+    check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
-    n = sum(e.length for e in episodes)
-    per = batches_per_epoch(n, world_size=world_size, batch_size=batch_size)
-    if per == 0:
-        raise ValueError(f"split={split!r} has {n} frames, fewer than world_size * batch_size = "
-                         f"{world_size * batch_size}: every rank needs a full batch; lower batch_size")
+    stats = Stats()
+    reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
+                         batch_size=batch_size, epochs=epochs, stats=stats)
     fn = WindowDecode(windows, transform, arrays={k: (a.dtype, a.shape) for k, a in episodes[0].arrays.items()})
     if method == "process":
         try:
@@ -266,11 +264,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         except Exception as e:
             raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
                             "module-level function or a picklable callable object, or method='thread'") from None
-    stats = Stats()
-    reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
-                         batch_size=batch_size, epochs=epochs, stats=stats)
     dec = Decoder(reader, idx, num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt,
                   stats=stats, fn=fn)
-    log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", n, per, rank, world_size)
+    per = reader.per_epoch // batch_size
+    log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
+              world_size)
     return TrainPipe(Collator(dec, batch_size=batch_size, stats=stats),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader)
