@@ -137,4 +137,6 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 
 def npy_load(data: bytes) -> np.ndarray:
-    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    """The array an .npy member holds, in native byte order: torch takes no other, and the swap is exact."""
+    array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))

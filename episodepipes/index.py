@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
 
 
@@ -33,14 +35,20 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Camera:
+    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels)."""
+
     name: str
     height: int
     width: int
     source: str
+    source_height: int
+    source_width: int
 
 
 @dataclass(frozen=True)
 class ArraySpec:
+    """``dtype`` is numpy's full ``dtype.str`` (``"<f4"``, ``">f4"``, ``"|u1"``): byte order included."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -56,6 +64,7 @@ class Segment:
     count: int
     offsets: tuple[int, ...]
     end: int
+    crc32: tuple[int, ...] | None = None  # zlib.crc32 of each frame's bytes; None in indexes written before them
 
     @property
     def start(self) -> int:
@@ -91,6 +100,14 @@ class Episode:
         end = seg.offsets[k + 1] if k + 1 < seg.count else seg.end
         return seg.shard, seg.offsets[k], end
 
+    def frame_crc(self, frame: int) -> int | None:
+        """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums."""
+        if not 0 <= frame < self.length:
+            raise IndexError(f"frame {frame} is outside episode {self.id!r} of length {self.length}")
+        firsts = [s.first for s in self.segments]
+        seg = self.segments[bisect.bisect_right(firsts, frame) - 1]
+        return None if seg.crc32 is None else seg.crc32[frame - seg.first]
+
     @property
     def nbytes(self) -> int:
         return sum(s.end - s.start for s in self.segments)
@@ -105,9 +122,10 @@ def _need(d: dict, key: str, where: str, path: Path) -> Any:
 class EpisodeIndex:
     """A shard folder's index. Use `EpisodeIndex.open(path)`."""
 
-    def __init__(self, root: Path, data: dict) -> None:
+    def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
         self.root = Path(root)
         self.data = data
+        self.fingerprint = fingerprint  # sha256 of the index file's bytes: resume state checks it is the same index
         self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
         self.episodes: list[Episode] = [_episode(e) for e in data["episodes"]]
         self._by_id = {e.id: e for e in self.episodes}
@@ -121,13 +139,14 @@ class EpisodeIndex:
             hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
                     else "the folder does not exist; check the path")
             raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
+        raw = file.read_bytes()
         try:
-            data = json.loads(file.read_text())
+            data = json.loads(raw)
         except json.JSONDecodeError as e:
             raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from e
         try:
             _validate(data, file)
-            index = cls(root, data)
+            index = cls(root, data, hashlib.sha256(raw).hexdigest())
         except IndexFormatError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape or type
@@ -167,13 +186,26 @@ class EpisodeIndex:
                 raise IndexFormatError(f"shard {p}: sha256 mismatch with the index; the file changed, re-shard it")
 
 
+def _camera(n: str, c: dict) -> Camera:
+    h, w = int(c["height"]), int(c["width"])
+    return Camera(n, h, w, c.get("source", n), int(c.get("source_height", h)), int(c.get("source_width", w)))
+
+
+def _dtype(name: str) -> str:
+    dt = np.dtype(name)
+    if dt.hasobject or dt.kind in "OVT":
+        raise ValueError(f"dtype {name!r} cannot be stored exactly in .npy without pickle")
+    return dt.str
+
+
 def _episode(e: dict) -> Episode:
-    cams = {n: Camera(n, int(c["height"]), int(c["width"]), c.get("source", n)) for n, c in e["cameras"].items()}
+    cams = {n: _camera(n, c) for n, c in e["cameras"].items()}
     arrs = {
-        n: ArraySpec(n, a["dtype"], tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
+        n: ArraySpec(n, _dtype(a["dtype"]), tuple(a["shape"]), a.get("source", n)) for n, a in e["arrays"].items()
     }
     segs = tuple(
-        Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"]) for s in e["segments"]
+        Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
+                tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"]
     )
     return Episode(e["id"], e["split"], int(e["length"]), float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
 

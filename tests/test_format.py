@@ -89,13 +89,18 @@ def test_npy_bytes_equals_numpy_save(arr):
        transpose=st.booleans())
 @settings(max_examples=150, deadline=None)
 def test_encoded_npy_members_equal_npy_bytes_of_each_step(arr, transpose):
-    # the encoder shares one header and slices one buffer per array: it must give npy_bytes(a[i]) exactly,
-    # also where a 1-D array's items lose their width or byte order as numpy scalars
+    # the encoder shares one header and slices one buffer per array: it must give npy_bytes(a[i, ...]) exactly,
+    # whose dtype is the array's, byte order and width included (a 1-D array's numpy scalars would lose them)
     from episodepipes.sharding.encode import _npy_rows
 
     if transpose and arr.ndim > 1:
         arr = arr.swapaxes(0, -1)
-    assert [bytes(r) for r in _npy_rows(arr)] == [npy_bytes(x) for x in arr]
+    rows = [bytes(r) for r in _npy_rows(arr)]
+    assert rows == [npy_bytes(arr[i, ...]) for i in range(len(arr))]
+    for r in rows:
+        f = io.BytesIO(r)
+        np.lib.format.read_magic(f)
+        assert np.lib.format.read_array_header_1_0(f)[2] == arr.dtype
 
 
 @given(names=st.lists(st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"\0", b"x")), min_size=1,
@@ -110,3 +115,53 @@ def test_vectorised_tar_headers_equal_one_at_a_time(names, sizes):
     rows = tar_headers(np.frombuffer(b"".join(names), np.uint8).reshape(len(names), width),
                        np.array(sizes[:len(names)]))
     assert [r.tobytes() for r in rows] == [tar_header(n, s) for n, s in zip(names, sizes)]
+
+
+class _BigEndianReader:
+    """Synthetic episodes whose arrays are big-endian: '>f8' state, '>i4' counter (module level: picklable)."""
+
+    def __init__(self) -> None:
+        from episodepipes.sharding.synthetic import SyntheticReader
+
+        self.inner = SyntheticReader(num_episodes=2, length=6, height=16, width=16)
+
+    def episode_ids(self) -> list[str]:
+        return self.inner.episode_ids()
+
+    def read(self, eid: str):
+        ep = self.inner.read(eid)
+        rng = np.random.default_rng(int(eid[2:]))
+        ep.arrays = {"state": rng.normal(size=(6, 3)).astype(">f8"),
+                     "count": (np.arange(6) * 1_000_003 + 7).astype(">i4")}
+        ep.split = "val"
+        return ep
+
+
+def test_big_endian_arrays_round_trip_exactly_through_the_writer_and_the_pipes(tmp_path):
+    # the index used to record dtype.name ("float64"), so '>f8' members were read as '<f8' garbage
+    from episodepipes.pipes import metric_pipe, train_pipe
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.writer import ShardWriter
+
+    reader = _BigEndianReader()
+    with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:
+        for eid in reader.episode_ids():
+            w.add(encode_episode(reader.read(eid), EncodeOptions()))
+    idx = EpisodeIndex.open(tmp_path / "s")
+    assert {k: a.dtype for k, a in idx.episodes[0].arrays.items()} == {"state": ">f8", "count": ">i4"}
+    want = {eid: reader.read(eid).arrays for eid in reader.episode_ids()}
+    seen = 0
+    for batch in metric_pipe(tmp_path / "s", frames_per_episode=6, batch_size=4, num_workers=1):
+        for i, (eid, f) in enumerate(zip(batch["episode"], batch["frame"].tolist())):
+            np.testing.assert_array_equal(batch["state"][i].numpy(), want[eid]["state"][f])
+            assert batch["count"][i].item() == want[eid]["count"][f]
+            seen += 1
+    assert seen == 12
+    seen = 0
+    for batch in train_pipe(tmp_path / "s", split="val", batch_size=4, seed=0, num_workers=1, history={"state": 2}):
+        for i, (eid, f) in enumerate(zip(batch["episode"], batch["frame"].tolist())):
+            steps = [max(f - 1, 0), f]  # history 2: steps t-1..t, padded at the episode start
+            np.testing.assert_array_equal(batch["state"][i].numpy(), want[eid]["state"][steps])
+            assert batch["count"][i].item() == want[eid]["count"][f]
+            seen += 1
+    assert seen == 12

@@ -58,3 +58,77 @@ def test_a_damaged_index_is_named_not_a_raw_python_error(index, tmp_path, damage
     (tmp_path / "index.json").write_text(json.dumps(damage(data)))
     with pytest.raises(ValueError, match=r"index\.json.*(damaged|not an episodepipes)"):
         EpisodeIndex.open(tmp_path)
+
+
+def _rewrite(root, tmp_path, change):
+    import json
+    import shutil
+
+    copy = shutil.copytree(root, tmp_path / "copy")
+    data = json.loads((copy / "index.json").read_text())
+    change(data)
+    (copy / "index.json").write_text(json.dumps(data))
+    return copy
+
+
+def test_every_frame_crc_is_the_crc32_of_its_byte_range(index):
+    import zlib
+
+    for ep in index.episodes:
+        for f in range(ep.length):
+            shard, a, b = ep.frame_range(f)
+            assert ep.frame_crc(f) == zlib.crc32(index.shard_path(shard).read_bytes()[a:b])
+    assert all(s.crc32 is not None and len(s.crc32) == s.count for e in index.episodes for s in e.segments)
+    with pytest.raises(IndexError, match="outside episode"):
+        index.episodes[0].frame_crc(-1)
+
+
+def test_an_index_without_crcs_gives_none(index, tmp_path):
+    def old(data):
+        for e in data["episodes"]:
+            for s in e["segments"]:
+                del s["crc32"]
+
+    assert EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].frame_crc(0) is None
+
+
+def test_an_index_without_source_sizes_gives_the_stored_size(index, tmp_path):
+    def old(data):
+        for e in data["episodes"]:
+            for c in e["cameras"].values():
+                del c["source_height"], c["source_width"]
+
+    cams = EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].cameras
+    assert {(c.height, c.width, c.source_height, c.source_width) for c in cams.values()} == {(32, 48, 32, 48)}
+
+
+def test_resize_keeps_each_cameras_source_size(tmp_path):
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.writer import ShardWriter
+
+    reader = SyntheticReader(num_episodes=1, length=3, height=40, width=64)
+    with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:
+        w.add(encode_episode(reader.read("ep0000"), EncodeOptions(resize=(20, 24))))
+    cams = EpisodeIndex.open(tmp_path / "s").episodes[0].cameras
+    assert {(c.height, c.width, c.source_height, c.source_width) for c in cams.values()} == {(20, 24, 40, 64)}
+
+
+def test_old_dtype_names_are_normalised_to_full_dtype_strings(index, tmp_path):
+    def old(data):
+        for e in data["episodes"]:
+            for a in e["arrays"].values():
+                assert a["dtype"] == "<f4"
+                a["dtype"] = "float32"  # dtype.name, as writers before byte orders recorded it
+
+    arrays = EpisodeIndex.open(_rewrite(index.root, tmp_path, old)).episodes[0].arrays
+    assert {a.dtype for a in arrays.values()} == {"<f4"}
+
+
+def test_fingerprint_is_the_sha256_of_the_index_bytes(index, tmp_path):
+    import hashlib
+
+    assert index.fingerprint == hashlib.sha256((index.root / "index.json").read_bytes()).hexdigest()
+    assert EpisodeIndex.open(index.root).fingerprint == index.fingerprint
+    other = _rewrite(index.root, tmp_path, lambda d: d["episodes"][0].update(prompt="other"))
+    assert EpisodeIndex.open(other).fingerprint != index.fingerprint

@@ -48,12 +48,14 @@ def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = Fal
 
 
 def _npy_rows(a: np.ndarray) -> list:
-    """``npy_bytes(a[i])`` for every step i, sharing one header and slicing one buffer when that gives
-    the same bytes (a 1-D array's items become numpy scalars, which lose string widths and byte order)."""
-    if a.dtype.hasobject or (a.ndim == 1 and not (a.dtype.kind in "biufc" and a.dtype.isnative)):
-        return [npy_bytes(x) for x in a]
+    """``npy_bytes(a[i, ...])`` for every step i: one shared header and slices of one buffer.
+
+    ``a[i, ...]`` (a 0-d array for a 1-D ``a``) keeps the dtype exactly, byte order and string width
+    included, so every member's header says what the index says; a numpy scalar ``a[i]`` would not.
+    """
     a = a if a.flags.c_contiguous else a.copy(order="C")
-    head, view, step = npy_header(a.dtype, a.shape[1:]), memoryview(a.reshape(-1).view(np.uint8)), a[0].nbytes
+    head, view = npy_header(a.dtype, a.shape[1:]), memoryview(a.reshape(-1).view(np.uint8))
+    step = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
     return [head + view[i * step:(i + 1) * step] for i in range(len(a))]
 
 
@@ -72,6 +74,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     cams = {safe_field(c): (c, it) for c, it in sorted(ep.cameras.items())}
     per_cam: dict[str, list] = {}
     shapes: dict[str, tuple[int, int]] = {}
+    sources: dict[str, tuple[int, int]] = {}  # frame 0's size before --resize, to rescale pixel labels
     for cam, (orig, frames) in cams.items():
         where = f"episode {ep.id!r} camera {orig!r} ({ep.files.get(orig, '?')})"
         out = []
@@ -86,7 +89,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
                                    "share one size: pass --resize HxW, or fix the source")
             out.append(_jpeg(frame, opts, f"{where} frame {i}", bgr=bgr))
         if first is not None:
-            shapes[cam] = opts.resize or first
+            shapes[cam], sources[cam] = opts.resize or first, first
         per_cam[cam] = out
     lengths = {c: len(v) for c, v in per_cam.items()}
     n = next(iter(lengths.values()))
@@ -116,9 +119,10 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
         "length": n,
         "fps": fps,
         "prompt": ep.prompt,
-        "cameras": {c: {"height": shapes[c][0], "width": shapes[c][1], "source": ep.sources.get(o, o)}
+        "cameras": {c: {"height": shapes[c][0], "width": shapes[c][1], "source": ep.sources.get(o, o),
+                        "source_height": sources[c][0], "source_width": sources[c][1]}
                     for c, (o, _) in cams.items()},
-        "arrays": {k: {"dtype": a.dtype.name,
+        "arrays": {k: {"dtype": a.dtype.str,
                        "shape": list(a.shape[1:]), "source": ep.sources.get(o, o)}
                    for k, (o, a) in arrays.items()},
     }

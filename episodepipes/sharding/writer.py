@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -29,6 +30,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def frame_crcs(data: memoryview, sizes: list[int]) -> list[int]:
+    """``zlib.crc32`` of each frame's bytes, frames laid back to back in ``data`` (slices, no copies)."""
+    out, pos = [], 0
+    for size in sizes:
+        out.append(zlib.crc32(data[pos:pos + size]))
+        pos += size
+    return out
 
 
 def index_json(shards: list[dict], episodes: list[dict], options: dict, **extra: object) -> bytes:
@@ -86,19 +96,25 @@ class ShardWriter:
         """Append frames ``start:`` of the episode described by ``meta``.
 
         ``data`` is the tar bytes of all its frames back to back and ``sizes`` each frame's share. Each
-        run of frames that lands in one shard is hashed and written with one call.
+        run of frames that lands in one shard is hashed and written with one call. Every segment gets the
+        ``crc32`` of each of its frames, computed here from ``data``, so resumed and merged segments get
+        the same checksums as a single run.
         """
         segs = [dict(s, offsets=list(s["offsets"])) for s in segments or []]
         self.pending = {"segments": segs, "frame": start}
         pos, n = sum(sizes[:start]), len(sizes)
         with memoryview(data) as view:
+            crcs = frame_crcs(view, sizes)
+            for s in segs:  # a resumed episode's finished segments (maybe from a run without checksums)
+                s["crc32"] = crcs[s["first"]:s["first"] + s["count"]]
             i = start
             while i < n:
                 if self._samples and self._pos >= self.shard_size:
                     self.pending["frame"] = i
                     self._flush()
                 if not segs or segs[-1]["shard"] != self.next_shard:
-                    segs.append({"shard": self.next_shard, "first": i, "count": 0, "offsets": [], "end": 0})
+                    segs.append({"shard": self.next_shard, "first": i, "count": 0, "offsets": [], "end": 0,
+                                 "crc32": []})
                 seg, end, first = segs[-1], self._pos, i
                 while i < n:  # frames go in while the shard is below its size; the one reaching it ends the run
                     seg["offsets"].append(end)
@@ -111,6 +127,7 @@ class ShardWriter:
                 pos += run
                 seg["count"] += i - first
                 seg["end"] = self._pos
+                seg["crc32"] = crcs[seg["first"]:seg["first"] + seg["count"]]
                 self._samples += i - first
         self.pending = None
         entry = dict(meta, segments=segs)
