@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,14 @@ from episodepipes.pipes.plan import Item
 from episodepipes.pipes.read import RawSample
 from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, rank_order
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.window import Window, WindowDecode, fields_by_step, plan_windows, window_members
+from episodepipes.pipes.window import (
+    Window,
+    WindowDecode,
+    damaged_members,
+    fields_by_step,
+    plan_windows,
+    window_members,
+)
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
@@ -135,15 +143,22 @@ class TrainReader(BaseNode[RawSample]):
     def _sample(self, flat: int) -> RawSample:
         e, t = self.table.locate(flat)
         ep = self.episodes[e]
-        read = {t: self._fields(ep, t, None)}
-        for s, want in fields_by_step(t, ep.length, self.windows).items():
-            read[s] = self._fields(ep, s, want)
+        read: dict[int, dict[str, bytes]] = {}
+        damaged = [why for s, want in ((t, None), *fields_by_step(t, ep.length, self.windows).items())
+                   if (why := self._read(ep, s, want, read)) is not None]
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
         shard = self.index.shards[ep.frame_range(t)[0]].name
+        if damaged:  # nothing of it is decoded: WindowDecode gives zeros, the Decoder counts it corrupt
+            return RawSample(item, shard, damaged_members(item, ep.length, ep.prompt, self.windows, damaged[0]))
         return RawSample(item, shard, window_members(item, ep.length, ep.prompt, self.windows, read))
 
-    def _fields(self, ep: Episode, step: int, want: set[str] | None) -> dict[str, bytes]:
+    def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]]) -> str | None:
+        """Read ``step``'s fields into ``into[step]``; why its bytes are damaged, or None.
+
+        A frame read whole (the current step, and window steps of a camera) is checked against its crc32 in
+        the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
+        """
         shard, start, end = ep.frame_range(step)
         if shard not in self._fds:
             path = str(self.index.shard_path(shard))
@@ -152,9 +167,24 @@ class TrainReader(BaseNode[RawSample]):
             except FileNotFoundError:
                 raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
         fd, path = self._fds[shard]
-        fields, n = frame_fields(lambda size, off: os.pread(fd, size, off), start, end, ep.id, step, want, where=path)
+        crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
+        reads: list[bytes] = []
+
+        def pread(size: int, offset: int) -> bytes:
+            reads.append(os.pread(fd, size, offset))
+            return reads[-1]
+
+        try:
+            fields, n = frame_fields(pread, start, end, ep.id, step, want if crc is None else None, where=path)
+        except ValueError:  # a tar header the damage hit; a frame cut short stays an error
+            if crc is None or len(reads[0]) != end - start or zlib.crc32(reads[0]) == crc:
+                raise
+            fields, n = {}, len(reads[0])
         self.stats.add("bytes_read", n)
-        return fields
+        into[step] = fields
+        if crc is not None and zlib.crc32(reads[0]) != crc:
+            return f"frame {step} does not match its crc32 in the index"
+        return None
 
 
 def _count(v: Any) -> bool:
