@@ -266,9 +266,17 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     padded at episode edges with the nearest real step and marked in ``<key>_pad``. Only the returned
     steps' members are read and decoded.
 
+    Every episode of the split must have the same cameras, and arrays of the same keys, dtypes and shapes:
+    a mismatch is refused when the pipe is built, naming both episodes and the key (nothing is cast).
+    Frames read whole (each sample's current step, and the steps of camera windows) are checked against
+    the index's crc32; a mismatch makes the sample corrupt, as a JPEG that does not decode (``on_corrupt``).
+
     ``transform(sample) -> sample`` runs per sample in the decode workers, before collation (so it must
     pickle for ``method="process"``); ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt``
-    are restored after it. ``state_dict()``/``load_state_dict()`` resume exactly, in any step.
+    are restored after it. ``state_dict()``/``load_state_dict()`` resume exactly, in any step, a pipe
+    built with the same ``seed``, ``batch_size``, ``world_size``, windows and episodes; ``load_state_dict``
+    refuses a state saved under others, saying what differs (another rank's state is accepted: every rank
+    is at the same position).
     """
     idx = open_index(index)
     rank, world_size = dist_rank_world(rank, world_size)
