@@ -140,3 +140,32 @@ def test_a_pipe_restored_at_the_end_of_a_pass_gives_the_next_pass(index):
     fresh.load_state_dict(pipe.state_dict())
     assert _items(fresh) == second
     assert torch.is_tensor(next(iter(fresh))["state"])  # and it keeps going, pass after pass
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_the_root_node_follows_torchdatas_save_load_contract(index, method):
+    """The steps of torchdata's own save/load check (test/nodes/utils.py), on the root node of a train_pipe."""
+    from torchdata.nodes import Loader
+
+    def keys(batches):
+        return [(b["episode"], b["frame"].tolist(), b["state"].sum().item()) for b in batches]
+
+    node = train_pipe(index, **{**KW, "world_size": 1, "method": method, "batch_size": 4})._root
+    x = Loader(node)
+    initial = x.state_dict()
+    it = iter(x)
+    epoch0 = [next(it) for _ in range(3)]
+    middle = x.state_dict()
+    epoch0 = keys(epoch0 + list(it))
+    end = x.state_dict()
+    epoch1 = keys(x)
+    x.load_state_dict(middle)
+    assert keys(x) == epoch0[3:] and keys(x) == epoch1
+    x.load_state_dict(initial)
+    assert keys(x) == epoch0 and keys(x) == epoch1
+    exhausted = Loader(node, restart_on_stop_iteration=False)
+    exhausted.load_state_dict(end)
+    assert list(exhausted) == []
+    restarting = Loader(node)
+    restarting.load_state_dict(end)
+    assert keys(restarting) == epoch1
