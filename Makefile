@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SRC ?=
 FORMAT ?= auto
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or: make PY=python3 ...)"; exit 1; }
@@ -29,6 +29,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
+
+docs: $(STAMP)  # regenerate docs/API.md from the docstrings (tests/test_docs.py checks it is current)
+	$(BIN)/python scripts/gen_api_docs.py
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache

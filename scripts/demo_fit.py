@@ -1,6 +1,8 @@
 """The demo's training run: a 2-process DDP fit on CPU with a metric pipe and a gated pinned video pipe.
 
-Lightning relaunches this script once per extra rank. Each rank appends one JSON line per validation
+``scripts/demo.py`` starts it once per rank (`episodepipes.lightning_glue.launch.run_ranks` sets
+``LOCAL_RANK`` and the rendezvous variables, so Lightning starts no process itself) and checks every
+rank's exit status. Each rank appends one JSON line per validation
 pass to ``<out>/passes-rank<r>.jsonl``: gate state, frames decoded, bytes read and seconds, read from
 the pipes' own counters. ``scripts/demo.py`` prints them as a table.
 """
@@ -133,7 +135,10 @@ def main() -> None:
     val = index.split(val_split)
     camera = next(iter(val[0].cameras))
     pinned = [e.id for e in val[:2]]
-    writer = OverlayVideoWriter(args.out / "videos", every_n_passes=args.every, pg_timeout=TIMEOUT)
+    # every camera side by side; the ground truth (when the data has keypoints) beside the prediction
+    gt_key = "keypoints" if "keypoints" in val[0].arrays else None
+    writer = OverlayVideoWriter(args.out / "videos", cameras=list(val[0].cameras), gt_key=gt_key,
+                                every_n_passes=args.every, pg_timeout=TIMEOUT)
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo", timeout=TIMEOUT),
         max_epochs=args.epochs, limit_train_batches=8, num_sanity_val_steps=1, logger=False,

@@ -4,12 +4,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from helpers import write_raw
 
 from episodepipes.sharding.cli import main
+from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.readers import FORMATS, Format
 from episodepipes.sharding.synthetic import SyntheticReader
 
@@ -102,6 +104,7 @@ import sys
 sys.path.insert(0, {str(ROOT / 'tests')!r})
 from test_cli import SLOW_KW, SlowReader
 from episodepipes.sharding.cli import main
+from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.readers import register_format
 
 reader = SlowReader(**SLOW_KW)
@@ -147,3 +150,162 @@ def test_help_documents_merge_equality(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert "byte-identical" in capsys.readouterr().out or argv[0] == "write"
+
+
+@dataclass(frozen=True)
+class GateReader(SyntheticReader):
+    """Reads episode 1 only once the file ``gate`` exists, so a test decides how long a write runs."""
+
+    gate: str = ""
+
+    def read(self, episode_id):
+        while episode_id == "ep0001" and not os.path.exists(self.gate):
+            time.sleep(0.01)
+        return super().read(episode_id)
+
+
+GATE_SCRIPT = f"""
+import sys
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+from test_cli import GateReader
+from episodepipes.sharding.cli import main
+from episodepipes.sharding.readers import register_format
+
+register_format("gate", lambda root: GateReader(num_episodes=3, length=4, height=16, width=16, gate=sys.argv[1]))
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_second_writer_is_refused_naming_the_first_ones_pid(tmp_path, capsys):
+    import socket
+
+    out, gate = tmp_path / "out", tmp_path / "go"
+    cmd = [sys.executable, "-c", GATE_SCRIPT, str(gate), "write", str(tmp_path), str(out), "--format", "gate",
+           "--workers", "1"]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "_write.lock").exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert first.poll() is None, first.stderr.read()
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"being written by pid {first.pid} on host {socket.gethostname()}" in second.stderr
+    finally:
+        gate.touch()
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert not (out / "_write.lock").exists() and (out / "index.json").exists()
+    # the refused writer took nothing away: the output is complete and verifies
+    assert main(["verify", str(out)]) == 0
+
+
+def test_a_stale_lock_is_taken_over_and_another_hosts_lock_is_refused(tmp_path, capsys, caplog, monkeypatch):
+    import socket
+
+    monkeypatch.setitem(FORMATS, "small", Format("small", lambda root: SMALL))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "_write.lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    assert main(["write", str(tmp_path), str(out), "--format", "small", "--workers", "1"]) == 0
+    assert f"taking over the lock of pid {dead.pid}" in caplog.text and "no longer running" in caplog.text
+    assert not (out / "_write.lock").exists()
+    (out / "_write.lock").write_text(json.dumps({"pid": 1, "host": "elsewhere-node-7"}))
+    _fails(capsys, ["write", str(tmp_path), str(out), "--format", "small", "--overwrite"],
+           "pid 1 on host elsewhere-node-7", "delete the file")
+    assert (out / "index.json").exists()  # --overwrite did not clear anything while refused
+
+
+def test_out_is_a_file_and_bad_options_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(FORMATS, "small", Format("small", lambda root: SMALL))
+    (tmp_path / "file").write_text("keep me")
+    base = ["write", str(tmp_path), str(tmp_path / "o"), "--format", "small"]
+    _fails(capsys, ["write", str(tmp_path), str(tmp_path / "file"), "--format", "small"], "file is a file", "OUT")
+    assert (tmp_path / "file").read_text() == "keep me"
+    _fails(capsys, ["write", str(tmp_path / "file"), str(tmp_path / "o")], "is not a folder", "SRC")
+    for flags, needle in ((["--num-jobs", "0"], "--num-jobs 0"), (["--num-jobs", "2", "--job-index", "2"],
+                          "--job-index 2 must be within 0..1"), (["--job-index", "-1"], "--job-index -1"),
+                          (["--seed", "-3"], "--seed -3"), (["--val-fraction", "nan"], "--val-fraction nan"),
+                          (["--val-fraction", "1.5"], "--val-fraction 1.5"), (["--resize", "0x4"], "--resize"),
+                          (["--shard-size=0.1"], "0.1"), (["--jpeg-quality", "0"], "--jpeg-quality"),
+                          (["--workers", "0"], "--workers"), (["--format", "no_such_mod:make"], "no_such_mod"),
+                          (["--format", "os:nope"], "has no 'nope'"), (["--format", "a b:c"], "module:factory"),
+                          (["--format", "os.path:basename"], "is not an EpisodeReader"),
+                          (["--format", "os:sep"], "is a str, not a Format or a callable"),
+                          (["--resize", "70000x10"], "at most 65500 pixels"), (["--workers", "100000"], "--workers"),
+                          (["--num-jobs", "4", "--job-index", "3"], "more than the 3 episodes")):
+        _fails(capsys, [*base[:3], *flags] if "--format" in flags else [*base, *flags], needle)
+    assert not (tmp_path / "o").exists()
+
+
+class BadReader(SyntheticReader):
+    def read(self, episode_id):
+        raise EpisodeError(f"episode {episode_id!r}: unreadable\nsecond line of a library error")
+
+
+def test_skip_bad_with_every_episode_bad_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(FORMATS, "bad", Format("bad", lambda root: BadReader(num_episodes=3)))
+    _fails(capsys, ["write", str(tmp_path), str(tmp_path / "o"), "--format", "bad", "--skip-bad", "--workers", "1"],
+           "every episode of the source is bad (3 skipped", "'ep0000': unreadable second line", "no index")
+    assert not (tmp_path / "o" / "index.json").exists()
+
+
+def test_skipped_episodes_are_counted_in_the_summary(tmp_path, capsys):
+    src = write_raw(tmp_path / "src", SMALL)
+    (src / "ep0001" / "arrays.npz").write_bytes(b"junk")
+    assert main(["write", str(src), str(tmp_path / "o"), "--workers", "1", "--skip-bad"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 2 episodes" in out and "skipped 1 bad episodes" in out and "skipped ep0001:" in out
+
+
+def test_val_fraction_fills_only_episodes_without_a_split_and_the_summary_says_so(tmp_path, capsys):
+    src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=6, length=3, height=16, width=16))
+    for eid in ("ep0000", "ep0001", "ep0003"):  # these have no split of their own
+        meta = json.loads((src / eid / "meta.json").read_text())
+        (src / eid / "meta.json").write_text(json.dumps({**meta, "split": None}))
+    assert main(["write", str(src), str(tmp_path / "o"), "--workers", "1", "--val-fraction", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "splits: 3 from the episodes' metadata, 3 from --val-fraction, 0 train by default" in out
+    splits = {e["id"]: e["split"] for e in json.loads((tmp_path / "o" / "index.json").read_text())["episodes"]}
+    # metadata: ep0002 and ep0005 are val, ep0004 train; --val-fraction 1 puts the three others in val
+    assert splits == {"ep0000": "val", "ep0001": "val", "ep0002": "val", "ep0003": "val", "ep0004": "train",
+                      "ep0005": "val"}
+    assert main(["write", str(src), str(tmp_path / "e"), "--workers", "1", "--val-episodes", "ep0000"]) == 0
+    assert "3 from the episodes' metadata" not in capsys.readouterr().out
+    splits = {e["id"]: e["split"] for e in json.loads((tmp_path / "e" / "index.json").read_text())["episodes"]}
+    assert [k for k, v in splits.items() if v == "val"] == ["ep0000"]  # an explicit list overrides metadata
+    with pytest.raises(SystemExit):
+        main(["write", "--help"])
+    assert "split in meta.json" in " ".join(capsys.readouterr().out.split())
+
+
+PROGRESS_SCRIPT = f"""
+import sys
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+from test_cli import SLOW_KW, SlowReader
+from episodepipes.sharding.write import WriteOptions, write_shards
+reader = SlowReader(**SLOW_KW)
+object.__setattr__(reader, "delay", 0.05)
+write_shards(reader, sys.argv[1], WriteOptions(format="slow"), progress_bar=True, progress_every=0.2)
+"""
+
+
+def test_progress_lines_when_stderr_is_a_pipe(tmp_path):
+    res = subprocess.run([sys.executable, "-c", PROGRESS_SCRIPT, str(tmp_path / "o")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.startswith("episodes ")]
+    assert 2 <= len(lines) < 16, res.stderr  # >= 0.8 s of reading at one line per 0.2 s, not one per episode
+    assert "\r" not in res.stderr  # no bar redraws in a log
+    done = [int(x.split()[1].split("/")[0]) for x in lines]
+    assert done == sorted(done) and all(x.split()[1].endswith("/16,") for x in lines)
+    assert all(" frames/s, elapsed " in x and ", ETA " in x for x in lines)
+
+
+def test_summary_has_wall_time_and_throughput(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(FORMATS, "small", Format("small", lambda root: SMALL))
+    assert main(["write", str(tmp_path), str(tmp_path / "o"), "--format", "small", "--workers", "1"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    words = line.split(" in ")[1].split()
+    assert float(words[0]) > 0 and words[1] == "s" and words[2].startswith("(") and words[3] == "frames/s"

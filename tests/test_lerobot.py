@@ -216,7 +216,7 @@ def test_decoding_stops_at_the_episode_end_in_a_shared_file(tmp_path, monkeypatc
 
     class Counting:  # the container surface _video_frames uses, counting every decoded frame
         def __init__(self, c):
-            self.c, self.streams, self.seek = c, c.streams, c.seek
+            self.c, self.streams, self.seek, self.duration = c, c.streams, c.seek, c.duration
 
         def __enter__(self):
             return self

@@ -1,5 +1,4 @@
 import logging
-import sys
 
 import cv2
 import lightning.pytorch as pl
@@ -8,7 +7,6 @@ import pytest
 import torch
 from ddp.app import EpisodeData, PassCounters, TinyModel
 from helpers import make_shards
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from episodepipes.lightning_glue import AtomicMp4, OverlayVideoWriter, draw_overlay
 from episodepipes.lightning_glue.mp4 import partial_path, remove_partials
@@ -113,10 +111,19 @@ def test_render_hook_replaces_the_default(root, tmp_path):
     assert read_rgb(writer.written[0]).mean() > 250
 
 
-def test_unknown_camera_is_named(root, tmp_path):
-    with pytest.raises(KeyError, match="camera='side'.*front"):
-        _trainer([OverlayVideoWriter(tmp_path, every_n_passes=1, camera="side")]).validate(
-            TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
+def test_unknown_camera_is_named_when_validation_starts_even_on_a_pass_that_renders_nothing(root, tmp_path):
+    # every_n_passes=100: no pass renders, so before this check the wrong camera was never noticed (and under
+    # DDP it surfaced on rank 0 only, at the first render); now every rank checks at validation start
+    writer = OverlayVideoWriter(tmp_path, every_n_passes=100, camera="side")
+    msg = r"camera='side' is not a camera of video loader 'pinned'.*\['front', 'wrist'\]"
+    with pytest.raises(ValueError, match=msg):
+        _trainer([writer], max_epochs=1, num_sanity_val_steps=0).fit(
+            TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]))
+    with pytest.raises(ValueError, match=r"gt_key='kp' is not an array .*'keypoints'"):
+        _trainer([OverlayVideoWriter(tmp_path, every_n_passes=100, gt_key="kp")], max_epochs=1,
+                 num_sanity_val_steps=0).fit(TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]))
+    with pytest.raises(ValueError, match="pass one"):
+        OverlayVideoWriter(tmp_path, camera="front", cameras=["wrist"])
 
 
 def test_default_overlay_draws_points_trajectories_and_labels():
@@ -134,18 +141,44 @@ def test_default_overlay_draws_points_trajectories_and_labels():
         draw_overlay(frames, batch, {"points": torch.zeros(3, 1, 2)})
 
 
-def test_tensorboard_without_moviepy_warns_once_and_keeps_the_files(root, tmp_path, caplog, monkeypatch):
-    monkeypatch.setitem(sys.modules, "moviepy.editor", None)  # as if moviepy were not installed: import fails
-    writer = OverlayVideoWriter(tmp_path / "v", every_n_passes=1)
-    trainer = _trainer([writer], max_epochs=2, num_sanity_val_steps=0, logger=TensorBoardLogger(tmp_path / "tb"))
-    with caplog.at_level(logging.WARNING, logger="episodepipes"):
-        trainer.fit(TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]))
-    assert len([r for r in caplog.records if "moviepy" in r.getMessage()]) == 1
-    assert len(writer.written) == 2
-
-
 def test_render_pass_duration_is_logged(root, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="episodepipes"):
         _trainer([OverlayVideoWriter(tmp_path, every_n_passes=1)]).validate(
             TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
     assert any("render pass at global step 0 took" in r.getMessage() for r in caplog.records)
+
+
+def _probe(path):
+    import av
+
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(s)]
+        return s.codec_context.name, s.average_rate, frames
+
+
+def test_videos_are_h264_at_the_source_fps_decoded_back_with_pyav(root, tmp_path):
+    writer = OverlayVideoWriter(tmp_path, every_n_passes=1)
+    _trainer([writer]).validate(TinyModel(), datamodule=EpisodeData(root, pinned=["ep0000"]), verbose=False)
+    codec, rate, frames = _probe(writer.written[0])
+    assert codec == "h264" and rate == FPS and len(frames) == LENGTH and frames[0].shape == (32, 48, 3)
+
+
+@pytest.mark.parametrize("codec", ["h264", "mp4v"])
+def test_odd_frame_sizes_are_padded_to_even_by_repeating_the_edge(tmp_path, codec):
+    frame = np.zeros((23, 31, 3), np.uint8)
+    frame[:, -1] = 200  # the last column, repeated into the padding
+    with AtomicMp4(tmp_path / "odd.mp4", fps=12.5, codec=codec) as f:
+        for _ in range(4):
+            f.write(frame)
+    name, rate, frames = _probe(tmp_path / "odd.mp4")
+    assert name == {"h264": "h264", "mp4v": "mpeg4"}[codec] and rate == 12.5 and len(frames) == 4
+    assert frames[0].shape == (24, 32, 3) and frames[0][10, 31].mean() > 150 and frames[0][10, 5].mean() < 40
+
+
+def test_bad_codec_and_fps_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="codec='vp9'"):
+        AtomicMp4(tmp_path / "a.mp4", fps=5, codec="vp9")
+    for fps in (0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="fps="):
+            AtomicMp4(tmp_path / "a.mp4", fps=fps)

@@ -1,3 +1,4 @@
+import json
 import logging
 import multiprocessing
 import shutil
@@ -65,6 +66,11 @@ def _corrupt(shards, tmp_path, name):
     with open(copy / "shard-000000.tar", "r+b") as f:
         f.seek(off)
         f.write(b"\0" * 16)  # no JPEG start marker: cv2.imdecode returns None
+    index = json.loads((copy / "index.json").read_text())
+    for e in index["episodes"]:  # an index from before per-frame CRCs: the JPEG itself must be caught
+        for seg in e["segments"]:
+            seg.pop("crc32", None)
+    (copy / "index.json").write_text(json.dumps(index))
     return copy
 
 
@@ -79,7 +85,7 @@ def test_corrupt_jpeg_is_skipped_counted_and_named(shards, tmp_path, method, cap
     assert valid == [True] * 4 + [False] + [True] * 5
     assert pipe.stats["frames_corrupt"] == 1 and pipe.stats["frames_decoded"] == 19
     assert "shard-000000.tar" in caplog.text and "frame 4" in caplog.text and "ep0002" in caplog.text
-    assert "1 corrupt JPEG frame(s) skipped this pass" in caplog.text
+    assert "1 corrupt frame(s) skipped this pass" in caplog.text and "wrist" in caplog.text
 
 
 def test_corrupt_jpeg_raises_by_option(shards, tmp_path):

@@ -1,10 +1,17 @@
-"""The README's code runs: the custom graph executes on real shards; the Lightning snippet is the checked file."""
+"""The README's code runs and its claims hold: the data command, the custom graph, the custom reader, the id listing,
+every builder argument in the table; the Lightning snippet is the checked file."""
 
+import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import torch
-from helpers import make_shards
+
+from episodepipes.pipes import EpisodeIndex, metric_pipe, train_pipe, video_pipe
+from episodepipes.sharding import SyntheticReader, readers
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -14,17 +21,104 @@ def _blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
-def test_custom_graph_example_runs_and_transforms_before_batching(tmp_path, monkeypatch):
-    make_shards(tmp_path / "shards", num_episodes=4, length=20)
+def _block(marker: str) -> str:
+    (code,) = [b for b in _blocks() if marker in b]
+    return code
+
+
+def _run(code: str, name: str, **scope: object) -> dict:
+    exec(compile(code, f"README.md:{name}", "exec"), scope)
+    return scope
+
+
+def test_data_command_makes_the_shards_the_examples_read(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code = next(b for b in _blocks() if "Gate(build" in b)
-    code = code.replace("    ...", "    batches.append(batch)")
-    scope: dict = {"batches": []}
-    exec(compile(code, "README.md:custom-graph", "exec"), scope)
-    batches = scope["batches"]
-    assert [len(b["episode"]) for b in batches] == [8, 8, 4]  # ep0002's 20 frames, in order
-    assert torch.cat([b["frame"] for b in batches]).tolist() == list(range(20))
+    _run(_block("SyntheticReader(num_episodes=6)"), "data")
+    index = EpisodeIndex.open("shards/")
+    assert [e.id for e in index.episodes] == [f"ep{i:04d}" for i in range(6)]
+    assert [e.id for e in index.split("val")] == ["ep0002", "ep0005"]  # the pinned ids of the Lightning snippet
+    assert {e.length for e in index.episodes} == {40}
+    assert {(c.name, c.height, c.width) for c in index.episode("ep0002").cameras.values()} == {
+        ("front", 96, 128), ("wrist", 96, 128)}
+
+
+def test_custom_graph_example_runs_on_the_readme_data_and_transforms_before_batching(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _run(_block("SyntheticReader(num_episodes=6)"), "data")
+    code = _block("Gate(build").replace("    ...", "    batches.append(batch)")
+    batches = _run(code, "custom-graph", batches=[])["batches"]
+    assert [len(b["episode"]) for b in batches] == [8] * 5  # ep0002's 40 frames, in order
+    assert {e for b in batches for e in b["episode"]} == {"ep0002"}
+    assert torch.cat([b["frame"] for b in batches]).tolist() == list(range(40))
     assert batches[0]["front"].shape[-2:] == (48, 64) and batches[0]["wrist"].shape[-2:] == (96, 128)
+
+
+def test_episode_id_listing_command_prints_ids_and_splits(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _run(_block("SyntheticReader(num_episodes=6)"), "data")
+    (cmd,) = re.findall(r'`python -c "(.*?)"`', README)
+    out = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert eval(out.stdout) == [(f"ep{i:04d}", "val" if i % 3 == 2 else "train") for i in range(6)]
+
+
+def test_demo_data_is_what_the_readme_says():
+    # "9 generated episodes, ep0000 to ep0008 ... with ep0002, ep0005 and ep0008 in val"
+    assert "SyntheticReader(num_episodes=9," in (ROOT / "scripts" / "demo.py").read_text()
+    r = SyntheticReader(num_episodes=9)
+    assert [e for e in r.episode_ids() if r.read(e).split == "val"] == ["ep0002", "ep0005", "ep0008"]
+    assert "`ep0000` to `ep0008`" in README and "`ep0002`, `ep0005` and `ep0008` in `val`" in README
+
+
+def test_custom_reader_example_registers_and_writes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(readers, "FORMATS", dict(readers.FORMATS))  # the example registers "npy": keep it local
+    (tmp_path / "npy_src").mkdir()
+    rng = np.random.default_rng(0)
+    for eid, n in (("a", 5), ("b", 3)):
+        np.save(tmp_path / "npy_src" / f"{eid}.npy", rng.integers(0, 255, (n, 32, 48, 3), dtype=np.uint8))
+    _run(_block("register_format("), "custom-reader")
+    index = EpisodeIndex.open("npy_shards/")
+    assert [(e.id, e.split, e.length) for e in index.episodes] == [("a", "train", 5), ("b", "val", 3)]
+    assert (index.episode("a").cameras["front"].height, index.episode("a").cameras["front"].width) == (32, 48)
+    assert index.data["options"]["format"] == "npy"
+    batch = next(iter(video_pipe(index, episodes=["b"], batch_size=3, max_batches=1)))
+    assert batch["step"].flatten().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_hydra_example_builds_the_pipe_only_in_val_dataloader(tmp_path, monkeypatch):
+    import functools
+    import importlib
+
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    _run(_block("SyntheticReader(num_episodes=6)"), "data")
+    (conf,) = re.findall(r"```yaml\n(.*?)```", README, flags=re.S)
+    cfg = yaml.safe_load(conf)["data"]["val_pipe"]
+    module, name = cfg.pop("_target_").rsplit(".", 1)
+    assert cfg.pop("_partial_") is True
+    target = getattr(importlib.import_module(module), name)
+    assert set(cfg) <= set(inspect.signature(target).parameters)
+    # what Hydra's instantiate returns for `_partial_: true`: the target with its arguments, not yet called
+    data = _run(_block("self.val_pipe()"), "hydra")["MyData"](functools.partial(target, **cfg))
+    assert isinstance(data.val_pipe, functools.partial)
+    loaders = data.val_dataloader()
+    assert loaders.names == ["val"] and loaders.lengths() == [1]  # 2 val episodes x 8 frames, batch_size 32
+
+
+def _argument_table() -> dict[str, set[str]]:
+    section = README.split("## Builder arguments\n", 1)[1].split("\n## ", 1)[0]
+    by_builder: dict[str, set[str]] = {"metric": set(), "video": set(), "train": set()}
+    for row in re.findall(r"^\| (`.*?) \| (.*?) \|", section, flags=re.M):
+        for builder in (b.strip() for b in row[1].split(",")):
+            by_builder[builder] |= set(re.findall(r"`(\w+)`", row[0]))
+    return by_builder
+
+
+def test_readme_documents_every_builder_argument_and_no_other():
+    table = _argument_table()
+    for key, fn in (("metric", metric_pipe), ("video", video_pipe), ("train", train_pipe)):
+        assert table[key] == set(inspect.signature(fn).parameters), f"README's Builder arguments vs {fn.__name__}"
 
 
 def test_lightning_snippet_is_the_private_api_checked_example_file():

@@ -2,6 +2,7 @@
 
 Typical use: ``val_dataloader()`` returns ``ValLoaders(metrics={...}, videos={...})`` and the Trainer
 gets ``OverlayVideoWriter(dirpath, every_n_passes=N)`` (N is set there, and only there).
+``episodepipes.lightning_glue.launch.run_ranks`` starts a script's DDP ranks itself and checks every rank's exit.
 """
 
 from episodepipes.lightning_glue.gating import RenderGate, is_render_pass

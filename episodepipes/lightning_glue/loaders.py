@@ -5,6 +5,9 @@ Lightning flattens what ``val_dataloader()`` returns with torch's pytree registr
 loader and yield the pipes themselves as batches. ``ValLoaders`` is therefore a dataclass registered
 with the public ``torch.export.register_dataclass``: Lightning sees its metric pipes, then its video
 pipes, as separate loaders in that order, and ``trainer.val_dataloaders`` gives the ``ValLoaders`` back.
+
+That flattening is how Lightning 2.5/2.6 behaves (``CombinedLoader`` over torch's pytree), not a documented
+promise; ``tests/test_lightning_loaders.py::test_lightning_takes_each_pipe_as_one_loader`` checks it and names it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch.export
+
+from episodepipes.lightning_glue.names import check_folder_clash, check_video_loader_name
 
 if TYPE_CHECKING:
     from episodepipes.pipes import Pipe
@@ -29,6 +34,11 @@ class ValLoaders:
     In ``validation_step(batch, batch_idx, dataloader_idx=0)`` use ``loaders.is_video(dataloader_idx)``
     to skip the metric code (and every ``self.log``) on video batches. An empty group is stored as None:
     Lightning would take an empty mapping for a loader of its own.
+
+    Args:
+        metrics: name -> metric pipe (`metric_pipe`), iterated on every rank every pass.
+        videos: name -> gated video pipe (`video_pipe`). A video loader's name is the folder its videos go to,
+            so it must be 1-64 characters of ``A-Z a-z 0-9 _ - .`` not starting with ``.`` (refused otherwise).
     """
 
     metrics: Mapping[str, Pipe] | None = None
@@ -50,9 +60,11 @@ class ValLoaders:
         for name, pipe in (groups["metrics"] or {}).items():
             _check_sized(name, pipe)
         for name, pipe in (groups["videos"] or {}).items():
+            check_video_loader_name(name)  # it becomes OverlayVideoWriter's folder
             _check_sized(name, pipe)
             if getattr(pipe, "gate", None) is None:
                 raise ValueError(f"videos[{name!r}]={pipe!r} has no gate; build it with episodepipes.pipes.video_pipe")
+        check_folder_clash(list(groups["videos"] or ()))
 
     @property
     def names(self) -> list[str]:

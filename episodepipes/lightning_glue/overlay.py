@@ -1,8 +1,12 @@
-"""`draw_overlay`: the default render hook: episode id and frame number, plus predicted points and trajectories.
+"""`draw_overlay`: the default render hook: episode id and frame number, predictions, ground truth, a legend.
 
 Outputs are read if ``validation_step`` returns a mapping with (pixel coordinates, ``x, y``):
 ``"points"`` ``[B, N, 2]`` (or ``[B, 2]``) drawn as dots, and ``"trajectories"`` ``[B, T, 2]`` (or
-``[B, K, T, 2]``) drawn as polylines. Anything else in the outputs is ignored.
+``[B, K, T, 2]``) drawn as polylines. Anything else in the outputs is ignored. Ground truth is the batch's
+array ``gt_key`` (same shapes as ``"points"``, in pixels), drawn as crosses in a second colour.
+
+With several cameras, `tile_cameras` puts them side by side, the first at the left; coordinates are the
+first camera's pixels, so they stay valid on the tiled frame.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 POINT = (255, 60, 60)  # RGB
 TRAJECTORY = (60, 220, 255)
 TEXT = (255, 255, 255)
+GROUND_TRUTH = (60, 255, 60)
 
 
 def as_numpy(x: Any) -> np.ndarray:
@@ -39,14 +44,31 @@ def _per_sample(outputs: Any, key: str, batch_size: int, ndim: int) -> np.ndarra
     return a
 
 
-def draw_overlay(frames: np.ndarray, batch: Mapping[str, Any], outputs: Any) -> np.ndarray:
-    """Draw on uint8 RGB ``[B, H, W, 3]`` frames (in place) and return them."""
+def draw_overlay(frames: np.ndarray, batch: Mapping[str, Any], outputs: Any, *,
+                 gt_key: str | None = None) -> np.ndarray:
+    """Draw on uint8 RGB ``[B, H, W, 3]`` frames (in place) and return them.
+
+    Args:
+        frames: the frames to draw on (a tiling of cameras is fine: coordinates are the first camera's).
+        batch: the video batch (``episode``, ``frame`` and ``gt_key`` are read).
+        outputs: what ``validation_step`` returned (``points``, ``trajectories``; optional).
+        gt_key: the batch's array of ground-truth points in pixels, e.g. ``"keypoints"`` (None: no ground truth).
+    """
     b, h, w = frames.shape[:3]
     points = _per_sample(outputs, "points", b, 3)
     trajs = _per_sample(outputs, "trajectories", b, 4)
-    scale = max(0.3, w / 640)  # OpenCV font scale: ~13 px tall text on a 640 px wide frame
-    thick = max(1, round(w / 320))
+    gt = None
+    if gt_key is not None:
+        if gt_key not in batch:
+            raise KeyError(f"gt_key={gt_key!r} is not in the video batch; arrays there: "
+                           f"{sorted(k for k in batch if k not in ('episode', 'frame', 'valid'))}")
+        gt = _per_sample({gt_key: batch[gt_key]}, gt_key, b, 3)
+    scale = max(0.3, h / 480)  # OpenCV font scale: ~13 px tall text on a 480 px high frame
+    thick = max(1, round(h / 240))
+    radius = max(2, h // 60)
     frame_ids = as_numpy(batch["frame"]).astype(int) if "frame" in batch else np.arange(b)
+    legend = [(n, c, m) for n, c, m, a in (("pred", POINT, "dot", points), (f"gt {gt_key}", GROUND_TRUTH, "cross", gt))
+              if a is not None]
     for i in range(b):
         img = frames[i]
         if trajs is not None:
@@ -56,9 +78,45 @@ def draw_overlay(frames: np.ndarray, batch: Mapping[str, Any], outputs: Any) -> 
         if points is not None:
             for x, y in points[i]:
                 if np.isfinite(x) and np.isfinite(y):
-                    cv2.circle(img, (round(x), round(y)), max(2, w // 80), POINT, -1, cv2.LINE_AA)
-        label = f"{batch['episode'][i]}  f{frame_ids[i]}"
-        org = (4, max(10, round(28 * scale)))
-        cv2.putText(img, label, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), thick + 2, cv2.LINE_AA)
-        cv2.putText(img, label, org, cv2.FONT_HERSHEY_SIMPLEX, scale, TEXT, thick, cv2.LINE_AA)
+                    _mark(img, (round(x), round(y)), POINT, "dot", radius, thick)
+        if gt is not None:  # after the predictions: a cross stays visible on a dot at the same place
+            for x, y in gt[i]:
+                if np.isfinite(x) and np.isfinite(y):
+                    _mark(img, (round(x), round(y)), GROUND_TRUTH, "cross", radius, thick)
+        _text(img, f"{batch['episode'][i]}  f{frame_ids[i]}", (4, max(10, round(28 * scale))), scale, thick)
+        for k, (name, colour, marker) in enumerate(reversed(legend)):  # bottom-left, one line per entry
+            y = h - 6 - k * max(12, round(30 * scale))
+            _mark(img, (4 + radius, y - radius), colour, marker, radius, thick)
+            _text(img, name, (10 + 2 * radius, y), scale, thick)
     return frames
+
+
+def tile_cameras(views: list[np.ndarray], names: list[str]) -> np.ndarray:
+    """Camera frames ``[B, H_i, W_i, 3]`` side by side (left to right, shorter ones padded black at the bottom),
+    each labelled with its camera name at its top right."""
+    if len(views) == 1:
+        return views[0]
+    hmax = max(v.shape[1] for v in views)
+    tiles = [np.pad(v, ((0, 0), (0, hmax - v.shape[1]), (0, 0), (0, 0))) for v in views]
+    out = np.ascontiguousarray(np.concatenate(tiles, axis=2))
+    scale, thick = max(0.3, hmax / 480), max(1, round(hmax / 240))
+    x0 = 0
+    for v, name in zip(views, names):
+        x0 += v.shape[2]
+        (tw, _), _ = cv2.getTextSize(name, cv2.FONT_HERSHEY_SIMPLEX, scale, thick)
+        for img in out:
+            _text(img, name, (max(0, x0 - tw - 4), hmax - 6), scale, thick)
+    return out
+
+
+def _mark(img: np.ndarray, xy: tuple[int, int], colour: tuple[int, int, int], marker: str, radius: int,
+          thick: int) -> None:
+    if marker == "dot":
+        cv2.circle(img, xy, radius, colour, -1, cv2.LINE_AA)
+    else:  # a cross with exact colour at its centre (no antialiasing)
+        cv2.drawMarker(img, xy, colour, cv2.MARKER_CROSS, 2 * radius + 3, thick, cv2.LINE_8)
+
+
+def _text(img: np.ndarray, text: str, org: tuple[int, int], scale: float, thick: int) -> None:
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), thick + 2, cv2.LINE_AA)
+    cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, TEXT, thick, cv2.LINE_AA)

@@ -2,14 +2,16 @@
 
 It is a `RenderGate`, so it also opens the video pipes on render passes (``every_n_passes``) and runs
 the fail-fast checks. Files: ``<dirpath>/<loader>/<episode>_step<global_step:08d>.mp4`` (suffix
-``_validate`` in ``trainer.validate()``, ``_sanity`` in the sanity check), at the episode's fps from the index.
+``_validate`` in ``trainer.validate()``, ``_sanity`` in the sanity check), at the episode's fps from the index,
+H.264 when PyAV is installed (see `AtomicMp4`). Loggers get the videos afterwards, in a background thread
+(see `episodepipes.lightning_glue.upload`).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,14 +19,15 @@ from typing import Any
 import cv2
 import lightning.pytorch as pl
 import numpy as np
-import torch
-from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.trainer.states import TrainerFn
 
-from episodepipes.format import safe_episode_id
+from episodepipes.index import EpisodeIndex
 from episodepipes.lightning_glue.gating import RenderGate
 from episodepipes.lightning_glue.mp4 import AtomicMp4, remove_partials
-from episodepipes.lightning_glue.overlay import draw_overlay
+from episodepipes.lightning_glue.names import video_stem
+from episodepipes.lightning_glue.overlay import draw_overlay, tile_cameras
+from episodepipes.lightning_glue.upload import Uploader, choose_loggers
 
 log = logging.getLogger(__name__)
 
@@ -34,32 +37,69 @@ class OverlayVideoWriter(RenderGate):
 
     Args:
         dirpath: folder for the videos.
-        camera: camera to render (default: the episode's first camera in the index).
+        camera: the camera to render (default: the episode's first camera in the index); same as ``cameras=[camera]``.
+        cameras: several cameras tiled left to right; the overlay is drawn in the first one's pixel coordinates.
+            Checked against each video pipe's index when validation starts, on every rank.
+        gt_key: a batch array of ground-truth points in pixels (e.g. ``"keypoints"``), drawn in a second colour
+            beside the predictions, with a legend (default None: predictions only).
         every_n_passes, render_sanity_check, pg_timeout: see `RenderGate`.
-        log_videos: also hand each video to a TensorBoard or W&B logger in use.
+        log_to: which of the trainer's loggers get each video: ``"auto"`` (default: every TensorBoard logger, as a
+            GIF, and every logger with ``log_video`` such as W&B, as the mp4), None (files only), or a list of
+            logger class names (``["WandbLogger"]``). Uploads run in a background thread after the file is
+            written, outside the timed render span, and are waited for at teardown.
 
     Override `render` to draw your own overlay.
     """
 
-    def __init__(self, dirpath: str | os.PathLike, *, camera: str | None = None, every_n_passes: int = 10,
-                 render_sanity_check: bool = False, pg_timeout: timedelta | None = None,
-                 log_videos: bool = True) -> None:
+    def __init__(self, dirpath: str | os.PathLike, *, camera: str | None = None, cameras: Sequence[str] | None = None,
+                 gt_key: str | None = None, every_n_passes: int = 10, render_sanity_check: bool = False,
+                 pg_timeout: timedelta | None = None, log_to: str | Sequence[str] | None = "auto") -> None:
         super().__init__(every_n_passes=every_n_passes, render_sanity_check=render_sanity_check,
                          pg_timeout=pg_timeout)
-        self.dirpath, self.camera, self.log_videos = Path(dirpath), camera, log_videos
+        if camera is not None and cameras is not None:
+            raise ValueError(f"camera={camera!r} and cameras={cameras!r}: pass one (camera=x is cameras=[x])")
+        if cameras is not None and (isinstance(cameras, str) or not cameras
+                                    or not all(isinstance(c, str) for c in cameras)):
+            raise ValueError(f"cameras={cameras!r} should be a non-empty list of camera names")
+        if log_to != "auto" and log_to is not None and (isinstance(log_to, str) or not all(
+                isinstance(n, str) for n in log_to)):
+            raise ValueError(f"log_to={log_to!r} should be 'auto', None or a list of logger class names")
+        self.dirpath, self.gt_key, self.log_to = Path(dirpath), gt_key, log_to
+        self.cameras: list[str] | None = [camera] if camera is not None else (list(cameras) if cameras else None)
+        self.camera = camera
         self.written: list[Path] = []  # every video this writer published, in order
+        self.uploader = Uploader()
         self._files: dict[tuple[str, str], AtomicMp4] = {}
-        self._tb_ok: bool | None = None
+        self._loggers: list[Logger] = []
 
     def render(self, frames: np.ndarray, batch: dict[str, Any], outputs: Any) -> np.ndarray:
         """Draw on uint8 RGB ``[B, H, W, 3]`` frames and return them (same shape). Default: `draw_overlay`."""
-        return draw_overlay(frames, batch, outputs)
+        return draw_overlay(frames, batch, outputs, gt_key=self.gt_key)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        self._loggers = choose_loggers(trainer.loggers, self.log_to)  # every rank: a bad log_to fails everywhere
         if trainer.is_global_zero and self.dirpath.is_dir():
             for sub in [self.dirpath, *(p for p in self.dirpath.iterdir() if p.is_dir())]:
                 remove_partials(sub)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_start(trainer, pl_module)
+        if self._loaders is not None:  # on every rank, before any batch: a rank-0-only error would desync
+            for name, pipe in (self._loaders.videos or {}).items():
+                self.check_pipe(name, pipe.index)
+
+    def check_pipe(self, name: str, index: EpisodeIndex) -> None:
+        """Raise if ``cameras`` or ``gt_key`` is missing from the video pipe ``name``'s index, naming what is there."""
+        cams = sorted({c for e in index.episodes for c in e.cameras})
+        for c in self.cameras or ():
+            if c not in cams:
+                raise ValueError(f"OverlayVideoWriter camera={c!r} is not a camera of video loader {name!r} "
+                                 f"(index {index.root}); cameras there: {cams}")
+        arrays = sorted({k for e in index.episodes for k in e.arrays})
+        if self.gt_key is not None and self.gt_key not in arrays:
+            raise ValueError(f"OverlayVideoWriter gt_key={self.gt_key!r} is not an array of video loader {name!r} "
+                             f"(index {index.root}); arrays there: {arrays}")
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -68,13 +108,14 @@ class OverlayVideoWriter(RenderGate):
         if not trainer.is_global_zero or loaders is None or not loaders.is_video(dataloader_idx):
             return
         name, index = loaders.name(dataloader_idx), loaders.pipe(dataloader_idx).index
-        camera = self.camera or next(iter(index.episode(batch["episode"][0]).cameras))
-        if camera not in batch:
-            raise KeyError(f"camera={camera!r} is not in the video batch; cameras there: "
-                           f"{sorted(index.episode(batch['episode'][0]).cameras)}")
+        cameras = self.cameras or [next(iter(index.episode(batch["episode"][0]).cameras))]
+        for camera in cameras:
+            if camera not in batch:
+                raise KeyError(f"camera={camera!r} is not in the video batch; cameras there: "
+                               f"{sorted(index.episode(batch['episode'][0]).cameras)}")
         # copy: the pipe reuses batch buffers once nobody holds them
-        frames = np.ascontiguousarray(batch[camera].permute(0, 2, 3, 1).cpu().numpy())
-        frames = self.render(frames, batch, outputs)
+        views = [np.ascontiguousarray(batch[c].permute(0, 2, 3, 1).cpu().numpy()) for c in cameras]
+        frames = self.render(tile_cameras(views, cameras), batch, outputs)
         if not isinstance(frames, np.ndarray) or frames.shape[0] != len(batch["episode"]) or frames.ndim != 4:
             raise ValueError(f"{type(self).__name__}.render returned {type(frames).__name__} of shape "
                              f"{getattr(frames, 'shape', None)}; it should return uint8 [B, H, W, 3] frames")
@@ -83,7 +124,10 @@ class OverlayVideoWriter(RenderGate):
         for episode, frame in zip(batch["episode"], frames):
             f = self._files.get((name, episode))
             if f is None:
-                path = self.dirpath / name / f"{safe_episode_id(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
+                path = self.dirpath / name / f"{video_stem(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
+                if any(g.path == path for g in self._files.values()):
+                    raise ValueError(f"episodes {episode!r} and another pinned episode map to one video file {path}; "
+                                     "pin episodes whose ids differ in more than characters outside A-Z a-z 0-9 _ - .")
                 f = self._files[(name, episode)] = AtomicMp4(path, fps=index.episode(episode).fps)
             f.write(frame)
 
@@ -94,41 +138,24 @@ class OverlayVideoWriter(RenderGate):
             if path is None:
                 continue
             self.written.append(path)
-            log.info("wrote %s (%d frames at %g fps)", path, f.frames, f.fps)
-            if self.log_videos:
-                self._to_loggers(trainer, f"val_video/{name}/{episode}", path, f.fps)
+            log.info("wrote %s (%d frames at %g fps, %s)", path, f.frames, f.fps, f.codec)
+            # after the file is complete, in the background: not part of the render pass the other ranks wait for
+            self.uploader.submit(self._loggers, f"val_video/{name}/{episode}", path, f.fps, trainer.global_step)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
         self._discard()
+        self.uploader.join()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         self._discard()
+        self.uploader.join()  # every video handed to the loggers before the loggers are finalized
 
     def _discard(self) -> None:
         files, self._files = self._files, {}
         for f in files.values():
             f.discard()
-
-    def _to_loggers(self, trainer: pl.Trainer, tag: str, path: Path, fps: float) -> None:
-        for lg in trainer.loggers:
-            if isinstance(lg, WandbLogger):
-                lg.log_video(tag, videos=[str(path)], step=trainer.global_step, fps=[fps], format=["mp4"])
-            elif isinstance(lg, TensorBoardLogger) and self._tensorboard_can_video():
-                video = torch.from_numpy(read_rgb(path)).permute(0, 3, 1, 2)[None]  # [1, T, 3, H, W]
-                lg.experiment.add_video(tag, video, global_step=trainer.global_step, fps=fps)
-
-    def _tensorboard_can_video(self) -> bool:
-        if self._tb_ok is None:  # torch's add_video encodes a GIF with moviepy.editor
-            try:
-                importlib.import_module("moviepy.editor")
-                self._tb_ok = True
-            except ImportError:
-                self._tb_ok = False
-                log.warning("TensorBoard needs moviepy<2 (moviepy.editor) for add_video; it is not installed, so "
-                            "videos are written to %s only. `pip install 'moviepy<2'` to log them.", self.dirpath)
-        return self._tb_ok
 
 
 def read_rgb(path: str | os.PathLike) -> np.ndarray:

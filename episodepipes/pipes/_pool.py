@@ -1,4 +1,5 @@
-"""A per-pass worker pool: threads (default) or forked processes, always stopped by `Pool.close`.
+"""A per-pass worker pool: threads (default) or forked processes (spawned where there is no fork), always
+stopped by `Pool.close` or, for a pool dropped without it, by its finalizer.
 
 Why ``fork`` and not ``forkserver`` (measured in a process that imported torch and lightning and ran a
 matmul, 2 workers started and stopped per pass, median of 5 passes):
@@ -23,6 +24,8 @@ import ctypes
 import multiprocessing as mp
 import signal
 import sys
+import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
@@ -31,6 +34,7 @@ from episodepipes.pipes.stats import Stats
 
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 64 << 20
+THREAD_PREFIX = "episodepipes-decode"
 
 
 def _init_process() -> None:
@@ -56,20 +60,32 @@ def _init_process() -> None:
         pass
 
 
-def _context() -> Any:
-    methods = mp.get_all_start_methods()
-    return mp.get_context("fork" if "fork" in methods else "spawn")
+def start_method() -> str:
+    """``"fork"`` where the platform has it, else ``"spawn"``: a spawned worker inherits nothing, so
+    `Decoder` then has its frames pickled back instead of written into inherited shared rows."""
+    return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+
+
+def _stop(ex: Executor) -> None:
+    """Cancel queued work and stop the workers; wait for them unless called from one of them (a
+    finalizer can run in any thread, and a thread cannot join itself)."""
+    ex.shutdown(wait=not threading.current_thread().name.startswith(THREAD_PREFIX), cancel_futures=True)
 
 
 class Pool:
-    """``num_workers`` threads or processes for one pass; counts them in ``stats["workers_started"]``."""
+    """``num_workers`` threads or processes for one pass; counts them in ``stats["workers_started"]``.
+
+    `close` stops them; a pool dropped without it is stopped by its finalizer (an abandoned pass).
+    """
 
     def __init__(self, method: str, num_workers: int, stats: Stats) -> None:
         self._ex: Executor
         if method == "process":
-            self._ex = ProcessPoolExecutor(num_workers, mp_context=_context(), initializer=_init_process)
+            self._ex = ProcessPoolExecutor(num_workers, mp_context=mp.get_context(start_method()),
+                                           initializer=_init_process)
         else:
-            self._ex = ThreadPoolExecutor(num_workers, thread_name_prefix="episodepipes-decode")
+            self._ex = ThreadPoolExecutor(num_workers, thread_name_prefix=THREAD_PREFIX)
+        self._finalizer = weakref.finalize(self, _stop, self._ex)
         stats.add("workers_started", num_workers)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
@@ -77,4 +93,4 @@ class Pool:
 
     def close(self) -> None:
         """Cancel queued work and wait for every worker to exit (threads joined, processes reaped)."""
-        self._ex.shutdown(wait=True, cancel_futures=True)
+        self._finalizer()

@@ -1,7 +1,7 @@
 """`Collator`: decoded samples into batch dicts of tensors, without copying frames the decoder laid out.
 
 A batch has one uint8 ``[B, 3, H, W]`` tensor per camera and one tensor per array key (both stacked
-from the samples' arrays), ``frame`` (int64), ``timestamp`` (float64 seconds), ``valid`` (bool),
+from the samples' arrays, in native byte order), ``frame`` (int64), ``timestamp`` (float64 seconds), ``valid`` (bool),
 ``episode`` and ``prompt`` (lists of str).
 """
 
@@ -14,6 +14,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from episodepipes.pipes._buffers import BufferPool, consecutive_rows
+from episodepipes.pipes._lifecycle import shutdown_node
 from episodepipes.pipes.stats import Stats
 
 __all__ = ["BufferPool", "Collator", "collate"]
@@ -36,7 +37,9 @@ def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str,
         if buf is None:  # not laid out by the decoder: stack (into a reused buffer)
             arr = np.asarray(v)
             shape = (len(samples), *arr.shape)
-            buf = buffers.get(shape, arr.dtype) if buffers is not None else np.empty(shape, arr.dtype)
+            # torch holds native byte order only: a ">f4" array is stacked into "<f4" here (same values)
+            dt = arr.dtype if arr.dtype.isnative else arr.dtype.newbyteorder("=")
+            buf = buffers.get(shape, dt) if buffers is not None else np.empty(shape, dt)
             for i, r in enumerate(rows):
                 buf[i] = r
         out[k] = torch.from_numpy(buf)
@@ -78,7 +81,8 @@ class Collator(BaseNode[dict]):
     def get_state(self) -> dict[str, Any]:
         return {self.SOURCE_KEY: self.source.state_dict()}
 
-    def close(self) -> None:
-        """Release the upstream's workers."""
-        if hasattr(self.source, "close"):
-            self.source.close()
+    def shutdown(self) -> None:
+        """Release the upstream's workers and files."""
+        shutdown_node(self.source)
+
+    close = shutdown  # the name callers used before torchdata's `shutdown`

@@ -118,6 +118,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
     """
     idx = open_index(index)
+    inferred = rank is None or world_size is None
     rank, world_size = dist_rank_world(rank, world_size)
     episodes = idx.split(split)
     if not episodes:
@@ -130,7 +131,8 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
                           resize=resize, on_corrupt=on_corrupt, verify=verify, url=url)
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
-    return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False)
+    return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False,
+                rank_world=(rank, world_size) if inferred else None)
 
 
 def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str], batch_size: int,

@@ -3,17 +3,19 @@
 Lightning creates a throwaway iterator per val loader, and most validation passes render nothing.
 So `reset` decides nothing and touches nothing; the first `next` of a pass asks the predicate, and
 only an open pass builds the upstream (starting its workers, reading, decoding). When that pass ends,
-the upstream is closed and dropped, so no worker outlives it.
+the upstream is shut down and dropped, so no worker outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from torchdata.nodes import BaseNode
 
+from episodepipes.pipes._lifecycle import shutdown_node
 from episodepipes.pipes.stats import Stats
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ class Gate(BaseNode[T]):
 
     Args:
         builder: zero-argument callable returning a fresh upstream `BaseNode`; called once per open pass.
-            If the node has ``close()``, it is called when the pass ends to release its workers.
+            Its ``shutdown()`` (or ``close()``) is called when the pass ends, to release its workers.
         predicate: zero-argument callable deciding, at the first ``next()`` of each pass, whether it is open.
         stats: counters for ``open_passes`` and ``closed_passes``.
     """
@@ -51,7 +53,7 @@ class Gate(BaseNode[T]):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        self.shutdown()
         self._open = None
         self._initial = initial_state.get(self.UPSTREAM_KEY) if initial_state else None
 
@@ -69,15 +71,21 @@ class Gate(BaseNode[T]):
         try:
             return next(self._upstream)
         except BaseException:  # the end of the pass, or an error that ends it: release the workers either way
-            self.close()
+            self.shutdown()
             raise
 
     def get_state(self) -> dict[str, Any]:
         up = self._upstream.state_dict() if self._upstream is not None else self._initial
         return {self.UPSTREAM_KEY: up}
 
-    def close(self) -> None:
-        """End the open pass now: close the upstream (joining its workers) and drop it."""
+    def shutdown(self) -> None:
+        """End the open pass now: shut the upstream down (joining its workers) and drop it."""
         up, self._upstream = self._upstream, None
-        if up is not None and hasattr(up, "close"):
-            up.close()
+        if up is not None:
+            # keep where the pass stopped, so the state still resumes there (an error ending the pass
+            # must stay the error raised, hence no second one from here)
+            with contextlib.suppress(Exception):
+                self._initial = up.state_dict()
+            shutdown_node(up)
+
+    close = shutdown  # the name callers used before torchdata's `shutdown`

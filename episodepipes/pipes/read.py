@@ -1,10 +1,12 @@
 """`ShardReader`: the raw tar members of planned items, read by seeking where the source can seek.
 
 Local shards are read one contiguous byte range (`Run`) at a time, so a pinned episode costs its own
-bytes only; the index's frame offsets split a run into samples, and a small header parser (with
-webdataset's tar iterator as fallback) splits a sample into members. Any other URL (``pipe:``,
-``http://``...) is streamed through webdataset's ``gopen``, ``tar_file_iterator`` and
-``group_by_keys``, skipping forward to the wanted samples and stopping after the last one.
+bytes only; the index's frame offsets split a run into samples, each frame's bytes are checked
+against the index's CRC32 (where it has one), and a small header parser (with webdataset's tar
+iterator as fallback) splits a sample into members. Any other URL (``pipe:``, ``http://``...) is
+streamed through webdataset's ``gopen``, ``tar_file_iterator`` and ``group_by_keys``, skipping
+forward to the wanted samples and stopping after the last one. A streamed frame has no CRC check:
+webdataset hands over member payloads, not the frame's tar bytes (headers included) the CRC covers.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -29,9 +32,20 @@ from episodepipes.tarmembers import frame_fields
 
 @dataclass
 class RawSample:
+    """One planned item's undecoded members, as a reader hands them to `Decoder`.
+
+    Attributes:
+        item: the planned item (episode, frame, valid).
+        shard: the shard file's name, for messages.
+        members: field (``"front.jpg"``, ``"state.npy"``, ``"json"``) -> bytes.
+        damaged: why the frame's bytes are not the ones written (``"crc32 mismatch"``), or None. A damaged
+            sample is corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
+    """
+
     item: Item
     shard: str
-    members: dict[str, bytes]  # field ("front.jpg", "state.npy", "json") -> bytes
+    members: dict[str, bytes]
+    damaged: str | None = None
 
 
 def is_local(url: str) -> bool:
@@ -61,7 +75,7 @@ class ShardReader(BaseNode[RawSample]):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        self.shutdown()
         self._pos = initial_state[self.POS_KEY] if initial_state else 0
         self._it = self._samples(self.items[self._pos:])
 
@@ -74,12 +88,14 @@ class ShardReader(BaseNode[RawSample]):
     def get_state(self) -> dict[str, Any]:
         return {self.POS_KEY: self._pos}
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Close open shard files and any stream (a ``pipe:`` subprocess, a socket); `reset` reopens them."""
         it, self._it = self._it, None
         if it is not None:
             it.close()  # runs the generator's `finally`, which closes a stream it holds
         self._close_files()
+
+    close = shutdown  # the name callers used before torchdata's `shutdown`
 
     def _close_files(self) -> None:
         for f in self._files.values():
@@ -119,11 +135,21 @@ class ShardReader(BaseNode[RawSample]):
         def pread(size: int, offset: int) -> bytes:  # the run is in memory: frames are slices of it
             return data[offset - run.start:offset - run.start + size]
 
+        view = memoryview(data)
         for k, item in enumerate(run.items):  # each frame's byte range is known: split, no grouping by name
-            members, _ = frame_fields(pread, run.bounds[k], run.bounds[k + 1], item.episode, item.frame,
-                                      where=f"shard {url}")
+            a, b = run.bounds[k], run.bounds[k + 1]
+            want = self.index.episode(item.episode).frame_crc(item.frame)
+            damaged = None
+            if want is not None and zlib.crc32(view[a - run.start:b - run.start]) != want:
+                damaged = "crc32 mismatch"
+            try:
+                members, _ = frame_fields(pread, a, b, item.episode, item.frame, where=f"shard {url}")
+            except ValueError:
+                if damaged is None:
+                    raise
+                members = {}  # the damage hit a tar header: the decoder fills the whole sample with zeros
             self.stats.add("frames_read")
-            yield RawSample(item, name, members)
+            yield RawSample(item, name, members, damaged)
 
     def _read_stream(self, items: Sequence[Item], url: str) -> Iterator[RawSample]:
         stream = _Counting(gopen(url, "rb"), self.stats)

@@ -12,6 +12,19 @@ Multi-job runs: job I shards the I-th contiguous block of the sorted episode lis
 merged OUT is byte-identical to a single-job ``write`` with the same options: same shard files, same
 sha256, same ``index.json``.
 
+One writer per output: ``write`` and ``merge`` hold ``OUT/_write.lock`` (a job, its job folder's),
+which names the writer's pid and host; a second writer is refused, and a lock left by a dead
+process on this host is taken over with a warning. A full disk stops the run with everything
+finished kept: free space and re-run to resume.
+
+Splits: a split given by an episode's own metadata (``"split"`` in meta.json, zarr attrs) wins
+over ``--val-fraction``, which assigns only the episodes without one; ``--val-episodes`` overrides
+every episode. The summary says how many splits came from where.
+
+Custom layouts: ``--format module:factory`` or an installed ``episodepipes.formats`` entry point
+(see `episodepipes.sharding.readers`). On a terminal progress is a bar; in a log (stderr not a
+terminal) a line every 10 s. The run ends with a summary: counts, wall time, frames/s.
+
 Input errors exit with status 2 and one line naming the file or episode and the fix; a failed
 ``verify`` exits with status 1.
 """
@@ -27,8 +40,17 @@ from pathlib import Path
 from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.plan import parse_resize, parse_size
+from episodepipes.sharding.write import DiskFullError, WriteResult
 
 PROG = "episodepipes-shard"
+
+
+def _format_help() -> str:
+    from episodepipes.sharding.readers import FORMATS, plugin_formats
+
+    names = ", ".join([*FORMATS, *plugin_formats()])
+    return (f"auto (detect), {names}, or module:factory (import module, call factory(SRC) -> EpisodeReader, "
+            "or a Format; the module must be importable, e.g. on PYTHONPATH, in every job)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,14 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("write", help="shard SRC into OUT (resumes an interrupted run with the same options)")
     w.add_argument("src", type=Path, metavar="SRC")
     w.add_argument("out", type=Path, metavar="OUT")
-    w.add_argument("--format", default="auto", help="auto (detect), raw, zarr, lerobot or a registered format")
+    w.add_argument("--format", default="auto", help=_format_help())
     w.add_argument("--shard-size", default="512MB", help="target shard size, e.g. 512MB, 1GiB (default 512MB)")
     w.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
     w.add_argument("--resize", default=None, metavar="HxW", help="resize every frame to height x width")
     split = w.add_mutually_exclusive_group()
     split.add_argument("--val-fraction", type=float, default=None, metavar="F",
-                       help="put round(F * episodes) episodes, chosen with --seed, in val; the rest in train")
-    split.add_argument("--val-episodes", nargs="+", default=None, metavar="ID", help="these episodes are val")
+                       help="for episodes whose metadata gives no split: val if among round(F * episodes) "
+                            "chosen with --seed, else train (a split in meta.json or the dataset wins)")
+    split.add_argument("--val-episodes", nargs="+", default=None, metavar="ID",
+                       help="these episodes are val, every other one train (overrides the metadata's split)")
     w.add_argument("--seed", type=int, default=0, help="seed of the --val-fraction choice (default 0)")
     w.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="encoder processes (default: cores, at most 8); the output does not depend on it")
@@ -53,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished output")
     w.add_argument("--num-jobs", type=int, default=1, metavar="K", help="split the episodes over K jobs")
     w.add_argument("--job-index", type=int, default=0, metavar="I", help="this job's index, 0..K-1")
+    w.add_argument("--tolerance-s", type=float, default=None, metavar="S",
+                   help="lerobot only: how far (seconds) a row's timestamp may lie from its video frame before "
+                        "the episode is refused; finite, > 0 (default 1e-4, LeRobot's)")
     for name, text in (("info", "print a summary table"), ("verify", "check sha256 and frame offsets")):
         c = sub.add_parser(name, help=text)
         c.add_argument("out", type=Path, metavar="OUT")
@@ -62,27 +89,52 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_write_args(a: argparse.Namespace) -> None:
+    if not 1 <= a.jpeg_quality <= 100:
+        raise ValueError(f"--jpeg-quality {a.jpeg_quality} must be within 1..100")
+    most = 4 * (os.cpu_count() or 1)
+    if not 1 <= a.workers <= most:  # encoding is CPU-bound: more processes only cost memory
+        raise ValueError(f"--workers {a.workers} must be within 1..{most} (4 per core)")
+    if a.num_jobs < 1:
+        raise ValueError(f"--num-jobs {a.num_jobs} must be >= 1")
+    if not 0 <= a.job_index < a.num_jobs:
+        raise ValueError(f"--job-index {a.job_index} must be within 0..{a.num_jobs - 1} for --num-jobs {a.num_jobs}")
+    if a.seed < 0:
+        raise ValueError(f"--seed {a.seed} must be >= 0")
+    if a.val_fraction is not None and not 0.0 <= a.val_fraction <= 1.0:  # also refuses nan
+        raise ValueError(f"--val-fraction {a.val_fraction} must be within 0..1")
+
+
+def _summary(a: argparse.Namespace, res: WriteResult) -> list[str]:
+    rate = res.frames_written / max(res.seconds, 1e-9)
+    lines = [f"{'resumed and wrote' if res.resumed else 'wrote'} {res.episodes} episodes, {res.frames} frames, "
+             f"{res.shards} shards to {res.out} in {res.seconds:.2f} s ({rate:.0f} frames/s this run); "
+             f"skipped {len(res.skipped)} bad episodes"]
+    option = "--val-episodes" if a.val_episodes is not None else "--val-fraction"
+    names = {"metadata": "from the episodes' metadata", "option": f"from {option}", "default": "train by default"}
+    lines.append("splits: " + ", ".join(f"{res.split_origins.get(k, 0)} {v}" for k, v in names.items()))
+    lines += [f"skipped {s['id']}: {s['error']}" for s in res.skipped]
+    if a.num_jobs > 1:
+        lines.append(f"job {a.job_index} of {a.num_jobs} done; when all jobs are done run: {PROG} merge {a.out}")
+    return lines
+
+
 def _write(a: argparse.Namespace) -> int:
     from episodepipes.sharding.readers import FORMATS, resolve
     from episodepipes.sharding.write import WriteOptions, write_shards
 
-    if not 1 <= a.jpeg_quality <= 100:
-        raise ValueError(f"--jpeg-quality {a.jpeg_quality} must be within 1..100")
-    if a.workers < 1:
-        raise ValueError(f"--workers {a.workers} must be >= 1")
+    _check_write_args(a)
     root, fmt = resolve(a.src, a.format)
     opts = WriteOptions(format=fmt, shard_size=parse_size(a.shard_size), jpeg_quality=a.jpeg_quality,
                         resize=parse_resize(a.resize), val_fraction=a.val_fraction,
                         val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None,
                         seed=a.seed, skip_bad=a.skip_bad)
-    res = write_shards(FORMATS[fmt].factory(root), a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
+    if a.tolerance_s is not None and fmt != "lerobot":
+        raise ValueError(f"--tolerance-s applies to LeRobot datasets only, and {root} is {fmt}; drop the option")
+    reader = FORMATS[fmt].factory(root, **({} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}))
+    res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
                        job_index=a.job_index, overwrite=a.overwrite, progress_bar=True)
-    print(f"{'resumed and wrote' if res.resumed else 'wrote'} {res.episodes} episodes, {res.frames} frames, "
-          f"{res.shards} shards to {res.out}")
-    for s in res.skipped:
-        print(f"skipped {s['id']}: {s['error']}")
-    if a.num_jobs > 1:
-        print(f"job {a.job_index} of {a.num_jobs} done; when all jobs are done run: {PROG} merge {a.out}")
+    print("\n".join(_summary(a, res)))
     return 0
 
 
@@ -112,16 +164,21 @@ def _run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _error(msg: str) -> None:
+    """One line, even when the message quotes a library's multi-line error (OpenCV's, for one)."""
+    print(f"{PROG}: error: {' '.join(msg.split())}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 verify failed, 2 input error)."""
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         return _run(a)
-    except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-    except OSError as e:  # e.g. OUT under a file, a full disk: the message names the path
-        print(f"{PROG}: error: {e}; check that OUT is a writable folder with free space", file=sys.stderr)
+    except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:
+        _error(str(e))
+    except OSError as e:  # e.g. OUT under a file: the message names the path
+        _error(f"{e}; check that OUT is a writable folder with free space")
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130

@@ -11,19 +11,116 @@ lazily so a long video is never held twice. Frames are RGB unless ``channel_orde
 that decodes with OpenCV (or PyAV's ``bgr24``) yields BGR as is, and the JPEG encoder, which wants
 BGR, then skips a colour conversion that costs a quarter of the encode. Arrays are per-step:
 first dimension = frames.
+
+`EpisodeData` checks what every reader hands over (names, fps, split, prompt, extra metadata) when it is
+made, so a custom reader gets the same refusals as the built-in ones; readers call the same checks
+earlier, with the file name in the message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from episodepipes.format import safe_field
+
+# Fields a camera or array must not become once tar-safe: the per-frame ``json`` member, the batch keys
+# the pipes add (pipes.builders.RESERVED) and, as any name starting with "__", webdataset's ``__key__``/``__url__``.
+RESERVED_FIELDS = frozenset({"json", "episode", "frame", "timestamp", "valid", "prompt"})
+ARRAY_KINDS = "biufc"  # bool, integers, floats, complex: what a .npy member and the index dtype hold exactly
+Scalar = str | int | float | bool | None
+
 
 class EpisodeError(ValueError):
-    """Bad input in one episode; the message names the episode and the file."""
+    """Bad input in one episode; the message names the episode and the file. Always one line."""
+
+    def __init__(self, message: object) -> None:
+        super().__init__(re.sub(r"\s*\n\s*", " ", str(message)))
+
+
+def safe_names(keys: Iterable[str], where: object) -> dict[str, str]:
+    """Each camera/array name -> its tar field name (`safe_field`); refuses names that would share one field
+    (``wrist.left`` and ``wrist_left``, or a camera and an array both called ``state``) or take a reserved one."""
+    names: dict[str, str] = {}
+    by_field: dict[str, list[str]] = {}
+    for k in keys:
+        if not isinstance(k, str):
+            raise EpisodeError(f"{where}: name {k!r} is not a string; name cameras and arrays with text")
+        try:
+            f = safe_field(k)
+        except ValueError as e:
+            raise EpisodeError(f"{where}: {e}") from e
+        if f in RESERVED_FIELDS or f.startswith("__"):
+            raise EpisodeError(f"{where}: name {k!r} becomes the shard field {f!r}, which is reserved "
+                               f"({', '.join(sorted(RESERVED_FIELDS))} and names starting with '__'); rename it")
+        names[k] = f
+        by_field.setdefault(f, []).append(k)
+    for f, ks in by_field.items():
+        if len(ks) > 1:
+            raise EpisodeError(f"{where}: names {sorted(ks)} would share the shard field {f!r}, so only one "
+                               "would be kept; rename all but one")
+    return names
+
+
+def check_fps(fps: object, where: object) -> float:
+    """A positive, finite frame rate; ``true``, strings, 0, NaN and Infinity are refused."""
+    if isinstance(fps, bool) or not isinstance(fps, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(fps) or not fps > 0:
+        raise EpisodeError(f"{where}: fps={fps!r} is not a positive, finite number of frames per second; "
+                           "set it to the frame rate, e.g. 10")
+    return float(fps)
+
+
+def check_text(name: str, value: object, where: object, *, optional: bool = False) -> str | None:
+    """``value`` when it is a string (or None with ``optional``); anything else is refused by ``name``."""
+    if isinstance(value, str) or (optional and value is None):
+        return value
+    raise EpisodeError(f"{where}: {name}={value!r} must be a string; quote it")
+
+
+def check_extra(extra: Mapping[str, object], where: object) -> dict[str, Scalar]:
+    """Extra metadata, kept as is: string keys, and JSON scalars (strings, finite numbers, booleans, null)."""
+    out: dict[str, Scalar] = {}
+    for k, v in extra.items():
+        if not isinstance(k, str):
+            raise EpisodeError(f"{where}: metadata key {k!r} is not a string")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise EpisodeError(f"{where}: metadata {k}={v!r} is not a finite number; JSON has no NaN or Infinity")
+        if v is not None and not isinstance(v, (str, int, float, bool)):
+            raise EpisodeError(f"{where}: metadata {k}={v!r} is a {type(v).__name__}; extra keys hold one string, "
+                               "number, boolean or null each (put structured data in an array or a string)")
+        out[k] = v
+    return out
+
+
+def check_dtype(name: str, dtype: np.dtype, where: object) -> None:
+    """Refuse a dtype that shards cannot hold exactly and the pipes cannot read back: only numbers and booleans."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise EpisodeError(f"{where}: array {name!r} has dtype {dtype} ({dtype.str}), which shards cannot hold; "
+                           "convert it to numbers (e.g. a category index), or put text in meta.json")
+
+
+def check_array(name: str, a: np.ndarray, where: object) -> np.ndarray:
+    """``a``, when `check_dtype` accepts its dtype."""
+    check_dtype(name, a.dtype, where)
+    return a
+
+
+def resolve_inside(path: Path, root: Path, where: object) -> Path:
+    """``path`` with its links resolved; refused when that leaves ``root`` (a resolved folder): a reader never
+    opens a file outside the dataset, whatever its links say. Links that stay inside are followed."""
+    real = Path(path).resolve()
+    if not real.is_relative_to(root):
+        raise EpisodeError(f"{where}: {path} leads to {real}, outside the source folder {root}; copy the data into "
+                           "the source folder, or remove the link")
+    return real
 
 
 @dataclass
@@ -39,10 +136,36 @@ class EpisodeData:
     # camera name -> file it comes from, for error messages
     files: dict[str, str] = field(default_factory=dict)
     channel_order: str = "rgb"  # of every camera's frames: "rgb" or "bgr"
+    # further metadata of the source (raw meta.json keys, zarr attrs), JSON scalars only
+    extra: dict[str, Scalar] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"episode {self.id!r}"
+        safe_names([*self.cameras, *self.arrays], where)
+        for k, a in self.arrays.items():
+            check_array(k, np.asarray(a), where)
+        self.fps = check_fps(self.fps, where)
+        check_text("prompt", self.prompt, where)
+        check_text("split", self.split, where, optional=True)
+        self.extra = check_extra(self.extra, where)
 
 
 @runtime_checkable
 class EpisodeReader(Protocol):
-    def episode_ids(self) -> list[str]: ...
+    """What `write_shards` reads: any picklable object with these two methods (no base class needed).
 
-    def read(self, episode_id: str) -> EpisodeData: ...
+    Register a factory ``root -> reader`` with `register_format` so that `open_reader` and
+    ``episodepipes-shard write --format NAME`` find it.
+    """
+
+    def episode_ids(self) -> list[str]:
+        """Every episode id, in the same order on every call: jobs and resumes count episodes by position."""
+        ...
+
+    def read(self, episode_id: str) -> EpisodeData:
+        """One episode; raise `EpisodeError` naming the episode and the file when its data is bad.
+
+        Args:
+            episode_id: one of `episode_ids`.
+        """
+        ...

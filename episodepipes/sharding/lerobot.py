@@ -14,61 +14,60 @@ never silently borrows its neighbour's frames.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
+import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from episodepipes.format import safe_field
-from episodepipes.sharding.episode import EpisodeData, EpisodeError
+from episodepipes.sharding import lerobot_meta as meta
+from episodepipes.sharding.episode import EpisodeData, EpisodeError, safe_names
+from episodepipes.sharding.lerobot_meta import LEGACY as LEGACY  # re-exported
+from episodepipes.sharding.lerobot_meta import V3, Episode
 from episodepipes.sharding.pool import decode_threads
 
 log = logging.getLogger(__name__)
 
-V3 = "v3.0"
-LEGACY = ("v2.0", "v2.1")
 INDEX_COLUMNS = frozenset({"timestamp", "frame_index", "episode_index", "index", "task_index"})
 DEFAULT_TOLERANCE_S = 1e-4  # LeRobotDataset's default
+TOLERANCE_HINT = "or pass a larger tolerance_s (`--tolerance-s` of `episodepipes-shard write`) if the timestamps jitter"
+# the demuxer comes from the template's suffix, never from probing a file's bytes (an mp4 holding an
+# HLS playlist would otherwise be read as one, and open the files it lists)
+DEMUXERS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska"}
 _ID = re.compile(r"episode_(\d+)")
-_EPISODES: dict[tuple, dict[int, _Episode]] = {}  # per process, as workers unpickle a reader per episode
-
-
-@dataclass(frozen=True)
-class _Episode:
-    index: int
-    length: int
-    tasks: tuple[str, ...]
-    data_file: str  # relative to the root
-    videos: dict[str, tuple[str, float, float | None]]  # key -> (relative mp4, from_ts, to_ts)
+_EPISODES: dict[tuple, dict[int, Episode]] = {}  # per process, as workers unpickle a reader per episode
 
 
 class LeRobotReader:
-    """`EpisodeReader` over a LeRobot dataset folder (the one holding ``meta/info.json``). Picklable."""
+    """`EpisodeReader` over a LeRobot dataset folder (the one holding ``meta/info.json``). Picklable.
+
+    Its metadata is hostile input (see `episodepipes.sharding.lerobot_meta`): no file outside ``root``
+    is ever opened, and ``tolerance_s`` must be a finite number of seconds > 0.
+    """
 
     def __init__(self, root: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
         self.root = Path(root)
-        self.tolerance_s = float(tolerance_s)
+        self.tolerance_s = meta.tolerance(tolerance_s)
+        self._real = self.root.resolve()
         info_path = self.root / "meta" / "info.json"
-        if not info_path.is_file():
+        if not os.path.lexists(info_path):
             raise FileNotFoundError(f"{info_path} is missing: pass the LeRobot dataset root (the folder holding "
                                     "meta/, data/ and videos/), or download the dataset's meta/ folder")
-        self.info = json.loads(info_path.read_text())
-        self.version = str(self.info.get("codebase_version"))
-        if self.version not in (V3, *LEGACY):
-            raise ValueError(f"{info_path}: codebase_version={self.version!r} is not supported; this reader reads "
-                             f"{V3} and {', '.join(LEGACY)}; convert the dataset with LeRobot's converter to {V3}")
-        self.fps = float(self.info["fps"])
-        feats = self.info.get("features") or {}
-        self.video_keys = sorted(k for k, f in feats.items() if f.get("dtype") == "video")
-        self.image_keys = sorted(k for k, f in feats.items() if f.get("dtype") == "image")
-        self.array_keys = sorted(k for k, f in feats.items() if k not in INDEX_COLUMNS and _numeric(f.get("dtype")))
+        where = str(info_path)
+        self.info = meta.read_json(self._file("meta/info.json", where, ValueError), info_path)
+        self.version, self.fps, feats = meta.check_info(self.info, where)
+        self.video_keys = sorted(k for k, f in feats.items() if f["dtype"] == "video")
+        self.image_keys = sorted(k for k, f in feats.items() if f["dtype"] == "image")
+        self.array_keys = sorted(k for k, f in feats.items() if k not in INDEX_COLUMNS and _numeric(f["dtype"]))
         self.shapes = {k: tuple(feats[k].get("shape") or ()) for k in self.array_keys}
-        self.names = _safe_names([*self.video_keys, *self.image_keys, *self.array_keys], info_path)
+        self.names = safe_names([*self.video_keys, *self.image_keys, *self.array_keys], info_path)
+        self.data_path = meta.template(self.info, "data_path", self.version, where)
+        self.video_path = meta.template(self.info, "video_path", self.version, where) if self.video_keys else ""
+        self.chunks_size = 1000 if self.version == V3 else meta.index(self.info.get("chunks_size", 1000),
+                                                                      "chunks_size", where, low=1)
         skipped = sorted(set(feats) - set(self.names) - INDEX_COLUMNS)
         if skipped:
             log.info("%s: skipping non-numeric features %s", self.root, skipped)
@@ -92,10 +91,12 @@ class LeRobotReader:
         ep = self.episodes[int(m.group(1))]
         table = self._rows(episode_id, ep)
         n = table.num_rows
+        shown = self.root / ep.data_file
         if n != ep.length:
-            raise EpisodeError(f"episode {episode_id!r}: {self.root / ep.data_file} holds {n} rows, meta/episodes "
+            raise EpisodeError(f"episode {episode_id!r}: {shown} holds {n} rows, meta/episodes "
                                f"says length={ep.length}; the dataset is inconsistent, re-download or re-convert it")
-        times = table.column("timestamp").to_numpy().astype(np.float64)
+        _check_frame_index(table.column("frame_index"), f"episode {episode_id!r}: {shown}")
+        times = _timestamps(table.column("timestamp"), f"episode {episode_id!r}: {shown}")
         cameras: dict[str, Iterable[np.ndarray]] = {}
         files: dict[str, str] = {}
         for key in self.video_keys:
@@ -105,145 +106,251 @@ class LeRobotReader:
                 raise EpisodeError(f"{where}: the last row's timestamp {times.max():.6f}s lies past the episode's "
                                    f"video span [{start:.6f}s, {end:.6f}s) from meta/episodes; fix its "
                                    "to_timestamp or the rows")
-            cameras[self.names[key]] = _video_frames(self.root / rel, start, end, times, self.fps,
-                                                     self.tolerance_s, where)
+            path = self._file(rel, f"episode {episode_id!r} camera {key!r} video_path", EpisodeError)
+            cameras[self.names[key]] = _video_frames(path, start, end, times, self.fps, self.tolerance_s, where)
             files[self.names[key]] = str(self.root / rel)
         for key in self.image_keys:
-            where = f"episode {episode_id!r} image feature {key!r} ({self.root / ep.data_file})"
-            cameras[self.names[key]] = _image_frames(table.column(key).to_pylist(), self.root, where)
-            files[self.names[key]] = str(self.root / ep.data_file)
+            where = f"episode {episode_id!r} image feature {key!r} ({shown})"
+            cameras[self.names[key]] = _image_frames(table.column(key), self._real, where)
+            files[self.names[key]] = str(shown)
         arrays = {self.names[k]: _column(table.column(k), self.shapes[k], f"episode {episode_id!r} feature {k!r}")
                   for k in self.array_keys}
-        tasks = ep.tasks or self._tasks_of(table)
+        tasks = ep.tasks or self._tasks_of(table, episode_id)
         return EpisodeData(id=episode_id, cameras=cameras, arrays=arrays, fps=self.fps, prompt="; ".join(tasks),
                            sources={v: k for k, v in self.names.items()}, files=files)
 
-    def _rows(self, episode_id: str, ep: _Episode):  # noqa: ANN202 (pyarrow.Table, imported lazily)
-        import pyarrow.parquet as pq
+    def _file(self, rel: str, what: str, error: type[ValueError]) -> Path:
+        """The resolved path of ``rel`` under the root; refused unless it is inside it (symlinks too)."""
+        return meta.regular_file(meta.inside(self._real, rel, what, error), what, error)
 
-        path = self.root / ep.data_file
+    def _rows(self, episode_id: str, ep: Episode):  # noqa: ANN202 (pyarrow.Table, imported lazily)
+        shown = self.root / ep.data_file
+        path = self._file(ep.data_file, f"episode {episode_id!r} data_path", EpisodeError)
         if not path.is_file():
-            raise EpisodeError(f"episode {episode_id!r}: parquet {path} is missing; re-download the dataset's data/")
+            raise EpisodeError(f"episode {episode_id!r}: parquet {shown} is missing; re-download the dataset's data/")
+        where = f"episode {episode_id!r}: {shown}"
         cols = ["timestamp", "frame_index", "episode_index", "task_index", *self.image_keys, *self.array_keys]
-        have = set(pq.read_schema(path).names)
+        have = set(_parquet(path, where, EpisodeError, schema=True).names)
         missing = [c for c in cols if c not in have and c != "task_index"]
         if missing:
-            raise EpisodeError(f"episode {episode_id!r}: {path} has no columns {missing}, which meta/info.json "
-                               "lists as features; the dataset is inconsistent, re-convert it")
-        table = pq.read_table(path, columns=[c for c in cols if c in have],
-                              filters=[("episode_index", "=", ep.index)])
+            raise EpisodeError(f"{where} has no columns {missing}, which meta/info.json lists as features; the "
+                               "dataset is inconsistent, re-convert it")
+        table = _parquet(path, where, EpisodeError, columns=[c for c in cols if c in have],
+                         filters=[("episode_index", "=", ep.index)])
         return table.sort_by("frame_index")
 
-    def _load_episodes(self) -> dict[int, _Episode]:
+    def _meta_files(self) -> list[Path]:
+        """The episode metadata files, each checked to resolve inside the root, folder by folder."""
+        if self.version != V3:
+            rel = "meta/episodes.jsonl"
+            return [self._file(rel, str(self.root / rel), ValueError)] if os.path.lexists(self.root / rel) else []
+        if not os.path.lexists(self.root / "meta/episodes"):
+            return []
+        files = []
+        for chunk in sorted(meta.inside(self._real, "meta/episodes", "meta/episodes").glob("chunk-*")):
+            rel = f"meta/episodes/{chunk.name}"
+            for f in sorted(meta.inside(self._real, rel, str(self.root / rel)).glob("file-*.parquet")):
+                files.append(self._file(f"{rel}/{f.name}", str(self.root / rel / f.name), ValueError))
+        return files
+
+    def _load_episodes(self) -> dict[int, Episode]:
         """Episode metadata, loaded once per process for as long as its files do not change."""
-        if self.version == V3:
-            files = sorted((self.root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
-        else:
-            files = [p for p in [self.root / "meta" / "episodes.jsonl"] if p.is_file()]
+        files = self._meta_files()
         if not files:
             raise FileNotFoundError(f"{self.root / 'meta'} has no {self.version} episode metadata (meta/episodes/"
                                     "chunk-*/file-*.parquet, or meta/episodes.jsonl before v3.0); re-download meta/")
-        stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in [self.root / "meta/info.json", *files])
-        key = (str(self.root.resolve()), stamp, tuple(self.video_keys))
+        stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size)
+                      for p in [self._real / "meta/info.json", *files])
+        key = (str(self._real), stamp, tuple(self.video_keys))
         if key not in _EPISODES:
             if len(_EPISODES) >= 4:
                 _EPISODES.clear()
             eps = self._v3_episodes(files) if self.version == V3 else self._legacy_episodes(files[0])
-            _EPISODES[key] = {e.index: e for e in eps}
+            _EPISODES[key] = meta.unique(eps, str(self.root / "meta"))
         return _EPISODES[key]
 
-    def _v3_episodes(self, files: list[Path]) -> list[_Episode]:
-        import pyarrow.parquet as pq
+    def _shown(self, real: Path) -> Path:
+        return self.root / real.relative_to(self._real)
 
+    def _v3_episodes(self, files: list[Path]) -> list[Episode]:
         vcols = [f"videos/{k}/{c}" for k in self.video_keys
                  for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
         cols = ["episode_index", "length", "tasks", "data/chunk_index", "data/file_index", *vcols]
         out = []
         for f in files:
-            missing = [c for c in cols if c not in pq.read_schema(f).names]
+            shown = self._shown(f)
+            missing = [c for c in cols if c not in _parquet(f, str(shown), ValueError, schema=True).names]
             if missing:
-                raise ValueError(f"{f}: episode metadata has no columns {missing}; is it a {V3} dataset? re-convert it")
-            for r in pq.read_table(f, columns=cols).to_pylist():
-                data = self.info["data_path"].format(chunk_index=r["data/chunk_index"],
-                                                     file_index=r["data/file_index"])
-                videos = {k: (self.info["video_path"].format(video_key=k, chunk_index=r[f"videos/{k}/chunk_index"],
-                                                             file_index=r[f"videos/{k}/file_index"]),
-                              float(r[f"videos/{k}/from_timestamp"]), float(r[f"videos/{k}/to_timestamp"]))
-                          for k in self.video_keys}
-                out.append(_Episode(int(r["episode_index"]), int(r["length"]), tuple(r["tasks"] or ()), data, videos))
+                raise ValueError(f"{shown}: episode metadata has no columns {missing}; is it a {V3} dataset? "
+                                 "re-convert it")
+            for r in _parquet(f, str(shown), ValueError, columns=cols).to_pylist():
+                i = meta.index(r["episode_index"], "episode_index", str(shown))
+                where = f"{shown} episode_index {i}"
+                data = self._fill("data_path", where, chunk_index=meta.index(r["data/chunk_index"],
+                                                                             "data/chunk_index", where),
+                                  file_index=meta.index(r["data/file_index"], "data/file_index", where))
+                videos = {}
+                for k in self.video_keys:
+                    c = {n: r[f"videos/{k}/{n}"] for n in ("chunk_index", "file_index", "from_timestamp",
+                                                           "to_timestamp")}
+                    start = meta.seconds(c["from_timestamp"], f"videos/{k}/from_timestamp", where)
+                    end = meta.seconds(c["to_timestamp"], f"videos/{k}/to_timestamp", where)
+                    if end < start:
+                        raise ValueError(f"{where}: videos/{k}/to_timestamp={end} is before from_timestamp={start}; "
+                                         "fix the episode metadata or re-convert the dataset")
+                    rel = self._fill("video_path", where, video_key=k,
+                                     chunk_index=meta.index(c["chunk_index"], f"videos/{k}/chunk_index", where),
+                                     file_index=meta.index(c["file_index"], f"videos/{k}/file_index", where))
+                    videos[k] = (rel, start, end)
+                out.append(Episode(i, meta.index(r["length"], "length", where), meta.tasks(r["tasks"], where),
+                                   data, videos))
         return out
 
-    def _legacy_episodes(self, path: Path) -> list[_Episode]:
-        size = int(self.info.get("chunks_size", 1000))
-        out = []
-        for line in path.read_text().splitlines():
+    def _legacy_episodes(self, path: Path) -> list[Episode]:
+        shown, out = self._shown(path), []
+        for n, line in enumerate(path.read_bytes().splitlines(), 1):
             if not line.strip():
                 continue
-            r = json.loads(line)
-            i = int(r["episode_index"])
-            data = self.info["data_path"].format(episode_chunk=i // size, episode_index=i)
-            videos = {k: (self.info["video_path"].format(episode_chunk=i // size, video_key=k, episode_index=i),
-                          0.0, None) for k in self.video_keys}
-            out.append(_Episode(i, int(r["length"]), tuple(r.get("tasks") or ()), data, videos))
+            r = meta.loads(line, f"{shown} line {n}")
+            if not isinstance(r, dict):
+                raise ValueError(f"{shown} line {n}: expected a JSON object per line; re-download meta/")
+            i = meta.index(r.get("episode_index"), "episode_index", f"{shown} line {n}")
+            where = f"{shown} line {n} (episode_index {i})"
+            chunk = i // self.chunks_size
+            data = self._fill("data_path", where, episode_chunk=chunk, episode_index=i)
+            videos = {k: (self._fill("video_path", where, episode_chunk=chunk, video_key=k, episode_index=i), 0.0, None)
+                      for k in self.video_keys}
+            out.append(Episode(i, meta.index(r.get("length"), "length", where), meta.tasks(r.get("tasks"), where),
+                               data, videos))
         return out
 
-    def _tasks_of(self, table) -> tuple[str, ...]:  # noqa: ANN001 (pyarrow.Table)
+    def _fill(self, field: str, where: str, **values: object) -> str:
+        """A checked template filled with checked values; the result is checked to stay in the root."""
+        rel = (self.data_path if field == "data_path" else self.video_path).format(**values)
+        return meta.relative(rel, f"{where}: {field}", ValueError)
+
+    def _tasks_of(self, table, episode_id: str) -> tuple[str, ...]:  # noqa: ANN001 (pyarrow.Table)
         """Tasks from the per-row task_index, for metadata without a ``tasks`` entry."""
         if "task_index" not in table.column_names:
             return ()
+        rel = "meta/tasks.parquet" if self.version == V3 else "meta/tasks.jsonl"
+        shown = self.root / rel
+        where = f"episode {episode_id!r}: {shown}"
+        path = self._file(rel, where, EpisodeError)
+        if not path.is_file():
+            raise EpisodeError(f"{where} is missing, and meta/episodes lists no tasks; re-download meta/")
         if self.version == V3:
-            import pyarrow.parquet as pq
-
-            t = pq.read_table(self.root / "meta" / "tasks.parquet")
-            name = next(c for c in ("task", "__index_level_0__", t.column_names[-1]) if c in t.column_names)
+            t = _parquet(path, where, EpisodeError)
+            name = next((c for c in ("task", "__index_level_0__") if c in t.column_names), t.column_names[-1])
+            if "task_index" not in t.column_names:
+                raise EpisodeError(f"{where} has no task_index column; re-download meta/")
             names = dict(zip(t.column("task_index").to_pylist(), t.column(name).to_pylist()))
         else:
-            rows = [json.loads(x) for x in (self.root / "meta" / "tasks.jsonl").read_text().splitlines() if x.strip()]
-            names = {r["task_index"]: r["task"] for r in rows}
-        return tuple(names[i] for i in dict.fromkeys(table.column("task_index").to_pylist()))
+            rows = [meta.loads(x, f"{where} line {n}") for n, x in enumerate(path.read_bytes().splitlines(), 1)
+                    if x.strip()]
+            names = {r.get("task_index"): r.get("task") for r in rows if isinstance(r, dict)}
+        out = []
+        for i in dict.fromkeys(table.column("task_index").to_pylist()):
+            if not isinstance(names.get(i), str):
+                raise EpisodeError(f"{where} has no task for task_index={i!r}; re-download meta/")
+            out.append(names[i])
+        return tuple(out)
 
 
-def _numeric(dtype: object) -> bool:
+def _numeric(dtype: str) -> bool:
     try:
-        return np.dtype(str(dtype)).kind in "biuf"
-    except TypeError:
+        return np.dtype(dtype).kind in "biuf"
+    except (TypeError, ValueError, OverflowError):
         return False
 
 
-def _safe_names(keys: list[str], where: Path) -> dict[str, str]:
-    names = {k: safe_field(k) for k in keys}
-    clash = sorted(k for k in keys if list(names.values()).count(names[k]) > 1)
-    if clash:
-        raise ValueError(f"{where}: features {clash} would share the shard member name {names[clash[0]]!r}; "
-                         "rename one of them")
-    return names
+def _parquet(path: Path, where: str, error: type[ValueError], *, schema: bool = False, **kw: object):  # noqa: ANN202
+    """``pq.read_table(path, **kw)`` (or its schema) on the local file system; any failure names the file."""
+    import pyarrow as pa
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+
+    local = pyarrow.fs.LocalFileSystem()  # never a URI read from the path
+    try:
+        return pq.read_schema(path, filesystem=local) if schema else pq.read_table(path, filesystem=local, **kw)
+    except (pa.ArrowException, OSError, ValueError, TypeError) as e:
+        raise error(f"{where}: cannot read the parquet file ({type(e).__name__}: {e}); re-download or re-convert "
+                    "the dataset") from None
+
+
+def _check_frame_index(col, where: str) -> None:  # noqa: ANN001 (pyarrow.ChunkedArray)
+    """An episode's rows, sorted by frame_index, must be frames 0..n-1 exactly once each."""
+    import pyarrow as pa
+
+    got = col.to_numpy() if pa.types.is_integer(col.type) and not col.null_count else None
+    if got is None or not np.array_equal(got, np.arange(len(col))):
+        first = None if got is None else next(int(i) for i, g in enumerate(got) if g != i)
+        raise EpisodeError(f"{where}: frame_index is not 0..{len(col) - 1} (type {col.type}"
+                           f"{'' if first is None else f', row {first} holds {got[first]}'}); re-convert the dataset")
+
+
+def _timestamps(col, where: str) -> np.ndarray:  # noqa: ANN001 (pyarrow.ChunkedArray)
+    import pyarrow as pa
+
+    if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)) or col.null_count:
+        raise EpisodeError(f"{where}: timestamp column is {col.type} with {col.null_count} nulls; it must hold "
+                           "seconds as numbers; re-convert the dataset")
+    times = col.to_numpy().astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(times) | (times < 0))
+    if bad.size:
+        raise EpisodeError(f"{where}: row {bad[0]} has timestamp {times[bad[0]]}; timestamps must be finite "
+                           "seconds >= 0, re-convert the dataset")
+    return times
 
 
 def _column(col, shape: tuple[int, ...], where: str) -> np.ndarray:  # noqa: ANN001 (pyarrow.ChunkedArray)
     """A parquet column (scalars, or nested lists) as one (n, *shape) array, without a Python loop."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     arr, n, nested = col.combine_chunks(), len(col), False
     while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
         if arr.null_count:
             raise EpisodeError(f"{where}: {arr.null_count} null values; fill or drop those rows")
+        sizes = pc.min_max(pc.list_value_length(arr))
+        if len(arr) and sizes["min"].as_py() != sizes["max"].as_py():
+            raise EpisodeError(f"{where}: rows hold lists of {sizes['min']} to {sizes['max']} values; every row "
+                               "needs the same shape, fix the data")
         arr, nested = arr.flatten(), True
     if arr.null_count:
         raise EpisodeError(f"{where}: {arr.null_count} null values; fill or drop those rows")
     values = arr.to_numpy(zero_copy_only=False)
+    if values.dtype.kind not in "biuf":
+        raise EpisodeError(f"{where}: the column holds {arr.type}, not the numbers meta/info.json declares; "
+                           "fix the feature's dtype or the data")
     if not nested:
         return values
+    if not n:
+        return values.reshape(0, *shape)
     size = int(np.prod(shape)) if shape else 0
     return values.reshape(n, *shape) if size and values.size == n * size else values.reshape(n, -1)
 
 
-def _image_frames(cells: list[dict | None], root: Path, where: str) -> Iterator[np.ndarray]:
-    """Decode parquet image cells ({bytes, path}) to RGB, one at a time."""
-    for i, cell in enumerate(cells):
-        data = (cell or {}).get("bytes")
-        if data is None and (cell or {}).get("path"):
-            p = Path(cell["path"])
-            data = (p if p.is_absolute() else root / p).read_bytes()
+def _image_frames(col, root: Path, where: str) -> Iterator[np.ndarray]:  # noqa: ANN001 (pyarrow.ChunkedArray)
+    """Decode parquet image cells ({bytes, path} structs, or bytes) to RGB, one at a time.
+
+    A cell without bytes names a file by ``path``; it is read only when it resolves inside ``root``.
+    """
+    for i, cell in enumerate(col.to_pylist()):
+        data, path = (cell, None) if isinstance(cell, bytes) else (None, None)
+        if isinstance(cell, dict):
+            data, path = cell.get("bytes"), cell.get("path")
+        elif cell is not None and data is None:
+            raise EpisodeError(f"{where} row {i}: an image cell is {type(cell).__name__}, not {{bytes, path}}; "
+                               "re-export the dataset with images embedded")
+        if data is None and path:
+            what = f"{where} row {i}: image path"
+            real = meta.regular_file(meta.inside(root, path, what, EpisodeError), what, EpisodeError)
+            if not real.is_file():
+                raise EpisodeError(f"{what} {path!r} is missing; re-export the dataset with images embedded")
+            data = real.read_bytes()
+        if data is not None and not isinstance(data, bytes):
+            raise EpisodeError(f"{where} row {i}: image bytes are {type(data).__name__}; re-export the dataset")
         img = None if data is None else cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         if img is None:
             raise EpisodeError(f"{where} row {i}: no decodable image bytes; re-export the dataset with images embedded")
@@ -257,14 +364,22 @@ def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray
 
     if not path.is_file():
         raise EpisodeError(f"{where}: video file is missing; re-download the dataset's videos/")
+    demuxer = DEMUXERS.get(path.suffix.lower())
+    if demuxer is None:
+        raise EpisodeError(f"{where}: video_path gives a {path.suffix or 'suffix-less'} file; LeRobot videos are "
+                           f"{', '.join(DEMUXERS)}; fix video_path in meta/info.json")
     half = 0.5 / fps  # span edges sit half a frame out, so rounding never drops an edge frame
     try:
-        with av.open(str(path)) as container:
+        with av.open(str(path), format=demuxer) as container:
+            length = container.duration / av.time_base if container.duration else None
+            if length is not None and start > length + half:
+                raise EpisodeError(f"{where}: from_timestamp {start:.6f}s lies past the video's end at {length:.6f}s; "
+                                   "fix the episode metadata or re-download the video")
             decoded = itertools.dropwhile(lambda tf: tf[0] < start - half, _decode_from(container, start, half))
             if end is not None:  # frames past the span belong to the next episode in the file
                 decoded = itertools.takewhile(lambda tf: tf[0] < end - half, decoded)  # stop decoding there
             yield from _match(decoded, start + times, start, tol, where)
-    except (av.FFmpegError, OSError, IndexError) as e:
+    except (av.FFmpegError, OSError, IndexError, OverflowError) as e:
         raise EpisodeError(f"{where}: cannot decode the video ({type(e).__name__}: {e}); re-download or "
                            "re-encode it") from e
 
@@ -306,5 +421,5 @@ def _match(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: f
             raise EpisodeError(
                 f"{where}: row {i} (timestamp {q - start:.6f}s, {q:.6f}s in the file) has no frame within "
                 f"tolerance_s={tol}; {near}. The video is shorter than the episode or out of sync: re-encode it, "
-                "or pass a larger tolerance_s if the timestamps jitter")
+                f"{TOLERANCE_HINT}")
         yield best[1].to_ndarray(format="rgb24")

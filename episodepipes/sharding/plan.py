@@ -10,6 +10,7 @@ import numpy as np
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 10**3, "m": 10**6, "g": 10**9}
+JPEG_MAX = 65500  # libjpeg's limit on either side
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -32,6 +33,8 @@ def parse_resize(text: str | None) -> tuple[int, int] | None:
     m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     if m is None or min(int(m.group(1)), int(m.group(2))) < 1:
         raise ValueError(f"--resize {text!r} is not HxW; write e.g. --resize 224x224 (height x width)")
+    if max(int(m.group(1)), int(m.group(2))) > JPEG_MAX:
+        raise ValueError(f"--resize {text!r}: JPEG frames are at most {JPEG_MAX} pixels a side; pass a smaller size")
     return int(m.group(1)), int(m.group(2))
 
 

@@ -1,12 +1,13 @@
 """The encoder processes of `write_shards`: one task reads and encodes one episode.
 
-Results come back in task order (an ordered ``imap``), so the output never depends on timing or
-on the number of workers.
+Results come back in task order, so the output never depends on timing or on the number of workers.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import mmap
 import multiprocessing as mp
 import os
@@ -31,31 +32,37 @@ def decode_threads() -> int:
 def _encode(task: tuple) -> tuple:
     """Worker: read and encode one episode. Input errors come back as values, to be skipped or raised.
 
+    ``split`` is the split chosen by an option; it replaces the episode's own split when ``override``
+    (``--val-episodes``), else only fills it in (``--val-fraction``). The result says where the split
+    came from: "option", "metadata" or "default" (train).
+
     With a ``spool`` folder the tar bytes go to a file there and only its name and the frame sizes
     return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
-    writing them, and the parent is the one process that cannot be parallelised.
+    writing them, and the parent is the one process that cannot be parallelised. A failed spool write
+    (a full disk) is not the episode's fault: it is raised, never skipped as a bad episode.
     """
-    reader, eid, split, opts, spool = task
+    reader, eid, split, override, opts, spool = task
     try:
         ep = reader.read(eid)
-        if split is not None:
-            ep.split = split
+        origin = "metadata" if ep.split is not None else "default"
+        if split is not None and (override or ep.split is None):
+            ep.split, origin = split, "option"
         if ep.split not in (None, "train", "val"):
             raise EpisodeError(f"episode {eid!r}: split {ep.split!r} is not 'train' or 'val'; fix its metadata "
-                               "or pass --val-fraction/--val-episodes")
+                               "or pass --val-episodes")
         enc = encode_episode(ep, opts)
-        if spool is None:
-            return "ok", enc.meta, (enc.data(), enc.sizes)
-        path = Path(spool) / f"{enc.meta['id']}.samples"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _write_parts(fd, enc)
-        finally:
-            os.close(fd)
-        return "ok", enc.meta, (str(path), enc.sizes)
     except (EpisodeError, ValueError, OSError, cv2.error) as e:
         msg = str(e) if isinstance(e, EpisodeError) else f"episode {eid!r}: {type(e).__name__}: {e}"
         return "bad", eid, msg
+    if spool is None:
+        return "ok", enc.meta, (enc.data(), enc.sizes), origin
+    path = Path(spool) / f"{enc.meta['id']}.samples"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_parts(fd, enc)
+    finally:
+        os.close(fd)
+    return "ok", enc.meta, (str(path), enc.sizes), origin
 
 
 def _write_parts(fd: int, enc: EncodedEpisode) -> None:
@@ -79,8 +86,16 @@ def samples(payload: tuple) -> Iterator[tuple]:
     if not isinstance(data, str):
         yield data, sizes
         return
-    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
-        yield view, sizes
+    with open(data, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            with memoryview(mm) as view:
+                yield view, sizes
+        finally:
+            try:
+                mm.close()
+            except BufferError:  # a slice is still held by the traceback of the error in flight: keep that
+                pass  # error (a BufferError would hide it); the mapping is freed with the traceback
     os.unlink(data)
 
 
@@ -110,4 +125,13 @@ def encoded(tasks: list[tuple], workers: int) -> Iterator[tuple]:
     finally:
         cv2.setNumThreads(threads)
     with pool:
-        yield from pool.imap(_encode, tasks, chunksize=1)
+        # a bounded window, not imap's unbounded read-ahead: encoders faster than the writer would
+        # otherwise spool up to the whole dataset, on the disk the shards need
+        todo, window = iter(tasks), collections.deque()
+        for task in itertools.islice(todo, 2 * workers):
+            window.append(pool.apply_async(_encode, (task,)))
+        while window:
+            res = window.popleft().get()
+            for task in itertools.islice(todo, 1):
+                window.append(pool.apply_async(_encode, (task,)))
+            yield res

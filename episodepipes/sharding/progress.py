@@ -33,6 +33,7 @@ class Progress:
     position: int = 0  # index into the job's episode list
     frame: int = 0  # first frame of that episode not in a finished shard
     segments: list[dict] = field(default_factory=list)  # that episode's segments in finished shards
+    splits: dict = field(default_factory=dict)  # where the finished episodes' splits came from: origin -> count
 
     def save(self, out: Path) -> None:
         atomic_write_bytes(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())

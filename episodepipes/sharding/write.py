@@ -8,16 +8,21 @@ sorted episode list into ``out/_jobs/job-NNNN/``; `episodepipes.sharding.merge` 
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
+import json
 import logging
 import shutil
-import sys
-import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from episodepipes.format import INDEX_NAME, safe_episode_id
 from episodepipes.sharding.encode import EncodeOptions
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
+from episodepipes.sharding.lock import write_lock
+from episodepipes.sharding.meter import Meter
 from episodepipes.sharding.plan import assign_splits, job_block
 from episodepipes.sharding.pool import encoded, samples
 from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, Progress, start
@@ -32,6 +37,17 @@ class WriteOptions:
 
     ``skip_bad`` is left out of `to_dict`: it changes nothing unless an episode is bad, and then the
     index's ``skipped`` list records it. So a run that stopped at a bad episode can resume with it.
+
+    Attributes:
+        format: the format name, only recorded in the index.
+        shard_size: target bytes per shard; a shard ends with the frame that reaches it.
+        jpeg_quality: JPEG quality 1-100.
+        resize: ``(H, W)`` every frame is resized to, or None to keep the source size.
+        val_fraction: for episodes whose reader gives no split: val if among ``round(F * episodes)``
+            chosen with ``seed``, else train. A split from the episode's metadata wins.
+        val_episodes: these ids are val and every other episode train, whatever the metadata says.
+        seed: seed of the ``val_fraction`` choice.
+        skip_bad: skip episodes that fail to read or encode (listed in the index) instead of stopping.
     """
 
     format: str
@@ -53,80 +69,181 @@ class WriteOptions:
 
 @dataclass(frozen=True)
 class WriteResult:
+    """What a `write_shards` call wrote.
+
+    Attributes:
+        out: the folder written (a job's folder under ``out/_jobs`` with ``num_jobs > 1``).
+        episodes: episodes in the output.
+        frames: frames in the output.
+        shards: shard files in the output.
+        skipped: ``{"id", "error"}`` of each bad episode skipped under ``skip_bad``.
+        resumed: True when this call continued an interrupted write.
+        seconds: wall time of this call.
+        frames_written: frames written by this call (fewer than ``frames`` after a resume).
+        split_origins: where the splits came from, as counts: "metadata" (the episode's own), "option"
+            (``val_fraction``/``val_episodes``) and "default" (train).
+    """
+
     out: Path
     episodes: int
     frames: int
     shards: int
     skipped: list[dict]
     resumed: bool
+    seconds: float = 0.0
+    frames_written: int = 0
+    split_origins: dict = field(default_factory=dict)
+
+
+class DiskFullError(OSError):
+    """The output's filesystem is full; the message says how much is kept and how to resume."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def job_dir(out: Path, job_index: int) -> Path:
     return out / JOBS_DIR / f"job-{job_index:04d}"
 
 
+def source_fingerprint(ids: list[str], options: dict, num_jobs: int) -> str:
+    """sha256 of what decides which episodes each job covers: jobs with equal fingerprints can be merged."""
+    text = json.dumps({"episodes": ids, "options": options, "num_jobs": num_jobs}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, workers: int = 1,
                  num_jobs: int = 1, job_index: int = 0, overwrite: bool = False,
-                 progress_bar: bool = False) -> WriteResult:
-    """Shard ``reader`` into ``out``, resuming an interrupted run with the same options."""
+                 progress_bar: bool = False, progress_every: float = 10.0) -> WriteResult:
+    """Shard ``reader`` into ``out``, resuming an interrupted run with the same options.
+
+    One writer per folder: ``<folder>/_write.lock`` refuses a second one (`LockedError` names its pid
+    and host). Raises `DiskFullError` when the disk fills up; everything finished stays, and the same
+    call resumes once there is space.
+
+    Args:
+        reader: an `EpisodeReader`; it is pickled to the encoder processes.
+        out: the output folder (new, or an interrupted write of the same source and options).
+        opts: what decides the output bytes; see `WriteOptions`.
+        workers: encoder processes; the output does not depend on it.
+        num_jobs: split the sorted episode list into this many contiguous blocks, one per job.
+        job_index: this job's block, ``0..num_jobs-1``; it writes ``out/_jobs/job-NNNN`` for `merge_jobs`.
+        overwrite: replace a finished or unfinished output instead of refusing or resuming.
+        progress_bar: show progress on stderr: a bar on a terminal, else a line every ``progress_every``
+            seconds (for Slurm and CI logs).
+        progress_every: seconds between two progress lines when stderr is not a terminal.
+    """
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT {out} is a file; OUT is the folder to write into: choose a new or empty path")
+    if not isinstance(reader, EpisodeReader):
+        raise ValueError(f"{reader!r} is not an EpisodeReader (episode_ids() and read(id)); check --format")
     ids = reader.episode_ids()
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ValueError(f"{reader!r}.episode_ids() must return a list of str; fix the reader")
     if not ids:
         raise ValueError(f"the source has no episodes ({reader!r}); check SRC and --format")
+    if num_jobs > len(ids):
+        raise ValueError(f"--num-jobs {num_jobs} is more than the {len(ids)} episodes of the source; "
+                         f"pass at most --num-jobs {len(ids)}")
     _check_unique(ids)
     splits = assign_splits(ids, val_fraction=opts.val_fraction, val_episodes=opts.val_episodes, seed=opts.seed)
     block = list(job_block(len(ids), num_jobs=num_jobs, job_index=job_index))
     options = opts.to_dict()
     target = out if num_jobs == 1 else job_dir(out, job_index)
-    state = dict(options, num_jobs=num_jobs, job_index=job_index) if num_jobs > 1 else options
-    prog, resumed = start(target, state, overwrite=overwrite,
-                          finished_hint=out / INDEX_NAME if num_jobs > 1 else None)
-    if prog.skipped and not opts.skip_bad:
-        raise ValueError(f"the interrupted run in {target} skipped {[x['id'] for x in prog.skipped]}; "
-                         "resume with --skip-bad, or pass --overwrite to start over")
-    enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize)
-    spool = target / "_spool"
-    shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
-    if workers > 1:
-        spool.mkdir()
-    tasks = [(reader, ids[p], splits[ids[p]], enc_opts, str(spool) if workers > 1 else None)
-             for p in block[prog.position:]]
-    skipped = list(prog.skipped)
-    position = prog.position  # relative to the block; read by `save` when a shard finishes
+    source = source_fingerprint(ids, options, num_jobs)
+    state = dict(options, num_jobs=num_jobs, job_index=job_index) if num_jobs > 1 else dict(options)
+    state["source"] = source  # resuming from another episode list would mix two sources
+    writer: ShardWriter | None = None
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with write_lock(target):
+            prog, resumed = start(target, state, overwrite=overwrite,
+                                  finished_hint=out / INDEX_NAME if num_jobs > 1 else None)
+            if prog.skipped and not opts.skip_bad:
+                raise ValueError(f"the interrupted run in {target} skipped {[x['id'] for x in prog.skipped]}; "
+                                 "resume with --skip-bad, or pass --overwrite to start over")
+            writer = ShardWriter(target, shard_size=opts.shard_size, options=options, shards=prog.shards,
+                                 episodes=prog.episodes, on_shard=None)
+            extra: dict = {}
+            if num_jobs > 1:
+                extra["job"] = {"index": job_index, "num_jobs": num_jobs, "episodes": len(ids),
+                                "first": block[0] if block else 0, "count": len(block),
+                                "ids": [ids[p] for p in block], "source": source}
+            run = _Run(reader, block, ids, splits, opts, target, state, prog, extra)
+            meter = run.write(writer, workers, Meter(len(block), prog.position, enabled=progress_bar,
+                                                     every=progress_every))
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        kept = writer.shards if writer is not None else []
+        where = f": {e.filename}" if e.filename else ""
+        raise DiskFullError(
+            f"{target}: the disk is full ({e.strerror}{where}) after {len(kept)} finished shards "
+            f"({sum(s['bytes'] for s in kept) / 1e6:.1f} MB, kept); free space (or choose another OUT) "
+            "and re-run the same command to resume") from e
+    total = sum(e["length"] for e in writer.episodes)
+    return WriteResult(target, len(writer.episodes), total, len(writer.shards), run.skipped, resumed,
+                       seconds=meter.seconds, frames_written=meter.frames, split_origins=dict(run.origins))
 
-    def save(w: ShardWriter) -> None:
+
+class _Run:
+    """The episode loop of one `write_shards` call, and the progress it saves after each shard."""
+
+    def __init__(self, reader: EpisodeReader, block: list[int], ids: list[str], splits: dict,
+                 opts: WriteOptions, target: Path, state: dict, prog: Progress, extra: dict) -> None:
+        self.reader, self.block, self.ids, self.splits, self.opts = reader, block, ids, splits, opts
+        self.target, self.state, self.prog, self.extra = target, state, prog, extra
+        self.skipped = list(prog.skipped)
+        self.origins = Counter(prog.splits)
+        self.position = prog.position  # relative to the block; read by `save` when a shard finishes
+
+    def save(self, w: ShardWriter) -> None:
         # no episode in flight happens only at the final flush: every episode has been added
         pend = w.pending or {"segments": [], "frame": 0}
-        Progress(options=state, shards=w.shards, episodes=w.episodes, skipped=skipped,
-                 position=position if w.pending else len(block), frame=pend["frame"],
-                 segments=pend["segments"]).save(target)
+        Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
+                 position=self.position if w.pending else len(self.block), frame=pend["frame"],
+                 segments=pend["segments"], splits=dict(self.origins)).save(self.target)
 
-    frames, t0 = 0, time.perf_counter()
-    with ShardWriter(target, shard_size=opts.shard_size, options=options, shards=prog.shards,
-                     episodes=prog.episodes, on_shard=save) as writer, \
-            _bar(len(block), prog.position, enabled=progress_bar) as bar:
-        for position, res in zip(range(prog.position, len(block)), encoded(tasks, workers)):
-            if res[0] == "bad":
-                if not opts.skip_bad:
-                    raise EpisodeError(res[2])
-                log.warning("skipping %s", res[2])
-                skipped.append({"id": res[1], "error": res[2]})
-            else:
-                first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
-                with samples(res[2]) as (data, sizes):
-                    writer.add_frames(res[1], data, sizes, start=first, segments=segs)
-                frames += len(sizes) - first
-            bar.update(1)
-            bar.set_postfix_str(f"{frames / max(time.perf_counter() - t0, 1e-9):.0f} frames/s", refresh=False)
-        extra: dict = {"skipped": skipped} if skipped else {}
-        if num_jobs > 1:
-            extra["job"] = {"index": job_index, "num_jobs": num_jobs, "episodes": len(ids),
-                            "first": block[0] if block else 0, "count": len(block)}
-        writer.extra = extra
-    shutil.rmtree(spool, ignore_errors=True)
-    (target / PROGRESS_NAME).unlink(missing_ok=True)
-    total = sum(e["length"] for e in writer.episodes)
-    return WriteResult(target, len(writer.episodes), total, len(writer.shards), skipped, resumed)
+    def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
+        prog, opts, target = self.prog, self.opts, self.target
+        enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize)
+        spool = target / "_spool"
+        shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
+        if workers > 1:
+            spool.mkdir()
+        override = opts.val_episodes is not None  # --val-fraction only fills in episodes without a split
+        tasks = [(self.reader, self.ids[p], self.splits[self.ids[p]], override, enc_opts,
+                  str(spool) if workers > 1 else None) for p in self.block[prog.position:]]
+        writer.on_shard = self.save
+        try:  # the spool goes on failure too: on a full disk its files hold space the user needs
+            with writer, meter, contextlib.closing(encoded(tasks, workers)) as results:
+                for position, res in zip(range(prog.position, len(self.block)), results):
+                    self.position = position
+                    if res[0] == "bad":
+                        if not opts.skip_bad:
+                            raise EpisodeError(res[2])
+                        log.warning("skipping %s", res[2])
+                        self.skipped.append({"id": res[1], "error": res[2]})
+                        meter.update(0)
+                        continue
+                    first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
+                    with samples(res[2]) as (data, sizes):
+                        writer.add_frames(res[1], data, sizes, start=first, segments=segs)
+                    self.origins[res[3]] += 1
+                    meter.update(len(sizes) - first)
+                if self.block and len(self.skipped) == len(self.block):
+                    raise ValueError(f"every episode of {'this job' if 'job' in self.extra else 'the source'} "
+                                     f"is bad ({len(self.skipped)} skipped, first: {self.skipped[0]['error']}); "
+                                     f"no index was written to {target}: fix the source and re-run")
+                writer.extra = dict(self.extra, **({"skipped": self.skipped} if self.skipped else {}))
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
+        (target / PROGRESS_NAME).unlink(missing_ok=True)
+        return meter
 
 
 def _check_unique(ids: list[str]) -> None:
@@ -138,10 +255,3 @@ def _check_unique(ids: list[str]) -> None:
             raise ValueError(f"episodes {seen[safe]!r} and {eid!r} both become {safe!r} in shard member names; "
                              "rename one of them")
         seen[safe] = eid
-
-
-def _bar(total: int, initial: int, *, enabled: bool):  # noqa: ANN202 - a tqdm or a no-op stand-in
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="ep", desc="episodes", file=sys.stderr,
-                disable=None if enabled else True, dynamic_ncols=True)

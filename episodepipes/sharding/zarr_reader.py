@@ -2,19 +2,35 @@
 
 Layout: ``images/<camera>`` uint8 (T, H, W, 3); any other array, at any depth, is per-step
 (T, ...) and keeps its path as its name (``obs/state``); attrs ``fps``, ``prompt``, ``split``.
-Each array is read with one ``[:]`` (one pass over its chunks), never frame by frame, which
-on chunked, compressed stores is the difference between reading a chunk once and T times.
+Other attrs that are JSON scalars are kept in `EpisodeData.extra`; structured ones (lists, objects)
+are skipped with a log line. Each array is read with one ``[:]`` (one pass over its chunks), never
+frame by frame, which on chunked, compressed stores is the difference between reading a chunk once and T times.
+
+Arrays must hold numbers or booleans: text, bytes and object arrays are refused by name before they are
+read. A store whose files or folders link outside SRC is refused, so zarr never opens a file outside it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from episodepipes.sharding.episode import EpisodeData, EpisodeError
+from episodepipes.sharding.episode import (
+    EpisodeData,
+    EpisodeError,
+    check_dtype,
+    check_extra,
+    check_fps,
+    check_text,
+    resolve_inside,
+)
+
+log = logging.getLogger(__name__)
 
 
 def _zarr():  # noqa: ANN202 - the module, imported on use so zarr stays an optional extra
@@ -53,6 +69,15 @@ def _arrays(group: object, prefix: str = "") -> Iterator[tuple[str, object]]:
             yield from _arrays(group[name], f"{prefix}{name}/")
 
 
+def _check_links(store: Path, root: Path, where: str) -> None:
+    """Every link inside the store must resolve inside ``root``: zarr opens chunk files by itself."""
+    for folder, dirs, files in os.walk(store):
+        for name in (*dirs, *files):
+            p = Path(folder) / name
+            if p.is_symlink():
+                resolve_inside(p, root, where)
+
+
 @dataclass(frozen=True)
 class ZarrReader:
     """`EpisodeReader` over ``root/<episode_id>.zarr`` groups."""
@@ -64,25 +89,39 @@ class ZarrReader:
                       if p.is_dir() and p.name.endswith(".zarr"))
 
     def read(self, episode_id: str) -> EpisodeData:
-        store = Path(self.root) / f"{episode_id}.zarr"
+        root = Path(self.root).resolve()
         where = f"episode {episode_id!r}"
+        if not isinstance(episode_id, str) or Path(f"{episode_id}.zarr").name != f"{episode_id}.zarr":
+            raise EpisodeError(f"{where}: not a store name inside {root}; pass one of episode_ids()")
+        store = resolve_inside(root / f"{episode_id}.zarr", root, where)
+        _check_links(store, root, where)
         try:
             g = _zarr().open_group(str(store), mode="r")
             images = g["images"] if "images" in g.group_keys() else None
             cams = sorted(images.array_keys()) if images is not None else []
             if not cams:
                 raise EpisodeError(f"{where}: {store} has no images/<camera> arrays; add at least one camera")
-            arrays = {name: np.asarray(arr[:]) for name, arr in _arrays(g)}
+            found = list(_arrays(g))
+            for name, arr in found:  # before reading: a text array is refused without decoding it
+                check_dtype(name, arr.dtype, f"{where} {store}")
+            arrays = {name: np.asarray(arr[:]) for name, arr in found}
             attrs = dict(g.attrs)
         except EpisodeError:
             raise
         except Exception as e:  # a damaged store: name it instead of leaking a zarr internal
-            raise EpisodeError(f"{where}: cannot read {store} ({e}); re-write it, or pass --skip-bad") from e
-        fps = attrs.get("fps")
-        if not isinstance(fps, (int, float)) or not fps > 0:
-            raise EpisodeError(f"{where}: {store} attrs have fps={fps!r}; set group.attrs['fps'] to the frame rate")
+            raise EpisodeError(f"{where}: cannot read {store} ({type(e).__name__}: {e}); re-write it, "
+                               "or pass --skip-bad") from e
+        file = f"{where} {store} attrs"
+        if "fps" not in attrs:
+            raise EpisodeError(f"{file}: no fps; set group.attrs['fps'] to the frame rate")
+        fps = check_fps(attrs.pop("fps"), file)
+        prompt = check_text("prompt", attrs.pop("prompt", ""), file)
+        split = check_text("split", attrs.pop("split", None), file, optional=True)
+        structured = sorted(k for k, v in attrs.items() if isinstance(v, (list, dict)))
+        if structured:
+            log.info("%s: attrs %s are not JSON scalars; not kept", file, structured)
+        extra = check_extra({k: v for k, v in attrs.items() if k not in structured}, file)
         return EpisodeData(
             id=episode_id, cameras={c: ZarrImages(store, f"images/{c}", where) for c in cams}, arrays=arrays,
-            fps=float(fps), prompt=str(attrs.get("prompt", "")), split=attrs.get("split"),
-            files={c: f"{store}/images/{c}" for c in cams},
+            fps=fps, prompt=prompt, split=split, files={c: f"{store}/images/{c}" for c in cams}, extra=extra,
         )

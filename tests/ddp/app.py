@@ -10,6 +10,7 @@ import argparse
 import faulthandler
 import json
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -145,6 +146,19 @@ def main() -> None:
     # from outliving the interpreter (a joinable C++ thread at exit aborts with std::terminate).
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    _forced_exit(rank, out)
+
+
+def _forced_exit(rank: int, out: Path) -> None:
+    """Test hook: ``EPISODEPIPES_TEST_LATE_EXIT=<rank>:<status>`` makes that rank exit with that status once
+    rank 0 has written its record, as a rank that dies at interpreter exit after rank 0 finished would."""
+    spec = os.environ.get("EPISODEPIPES_TEST_LATE_EXIT")
+    if not spec or int(spec.split(":")[0]) != rank:
+        return
+    while not (out / "rank0.json").exists():
+        time.sleep(0.1)
+    time.sleep(3)  # rank 0 exits in well under this once its record is written
+    os._exit(int(spec.split(":")[1]))
 
 
 if __name__ == "__main__":

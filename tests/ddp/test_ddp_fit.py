@@ -1,20 +1,17 @@
 """A real 2-process gloo fit (then ``trainer.validate()``) of tests/ddp/app.py, checked from per-rank counters.
 
-The run is a subprocess under ``timeout -k``: a desync fails within the strategy timeout (60 s) and
-never hangs the suite (Lightning installs a SIGTERM handler, hence ``-k``).
+Each rank is its own subprocess, started, waited for and checked by `run_ranks`: a rank that fails after
+rank 0 finished is reported, and a desync fails within the strategy timeout (60 s) and never hangs the
+suite (past ``DEADLINE`` the ranks are stopped with SIGTERM, then SIGKILL, since Lightning handles SIGTERM).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import cv2
 import pytest
@@ -22,6 +19,7 @@ import torch
 from ddp.app import TinyModel, target
 from helpers import make_shards
 
+from episodepipes.lightning_glue.launch import RanksFailed, check_ranks, run_ranks
 from episodepipes.pipes import EpisodeIndex, metric_pipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,35 +29,30 @@ EPOCHS, EVERY, FPS, LENGTH = 4, 2, 7.5, 12
 DEADLINE = 150  # seconds for the whole run; the strategy's timeout is 60
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ddp")
-    # 9 episodes -> val = ep0002, ep0005, ep0008: 3 x 5 frames = 15, split over 2 ranks = 8 + (7 + 1 padded)
-    root = make_shards(tmp / "shards", num_episodes=9, length=LENGTH, height=32, width=48, fps=FPS,
-                       shard_size=30_000)
-    out = tmp / "out"
-    out.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
-    env.pop("MASTER_PORT", None)
-    cmd = ["timeout", "-k", "10", str(DEADLINE), sys.executable, str(APP), str(root), str(out),
-           "--epochs", str(EPOCHS), "--every", str(EVERY), "--timeout", "60"]
+def launch(root: Path, out: Path, *, epochs: int = EPOCHS, env_extra: dict | None = None) -> dict:
+    """Run app.py's two ranks with `run_ranks`: every rank is waited for and its exit status kept."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
+           **(env_extra or {})}
+    cmd = [sys.executable, str(APP), str(root), str(out), "--epochs", str(epochs), "--every", str(EVERY),
+           "--timeout", "60"]
     t0 = time.perf_counter()
-    # Output goes to files, not pipes: a rank that outlives rank 0 (Lightning handles SIGTERM, and `timeout`
-    # stops waiting once its own child has exited) would otherwise hold the pipes open forever. A new session
-    # lets us reap every process of the run afterwards, whatever happened.
-    with open(tmp / "stdout.txt", "w") as so, open(tmp / "stderr.txt", "w") as se:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=so, stderr=se, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=DEADLINE + 20)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    exits = run_ranks(cmd, nprocs=2, log_dir=out / "logs", timeout=DEADLINE, env=env, cwd=REPO)
     seconds = time.perf_counter() - t0
-    proc = SimpleNamespace(returncode=rc, stderr=(tmp / "stderr.txt").read_text())
     ranks = {r: json.loads(p.read_text()) for r in (0, 1) if (p := out / f"rank{r}.json").exists()}
-    return {"proc": proc, "root": root, "out": out, "ranks": ranks, "seconds": seconds}
+    return {"exits": exits, "root": root, "out": out, "ranks": ranks, "seconds": seconds}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    # 9 episodes -> val = ep0002, ep0005, ep0008: 3 x 5 frames = 15, split over 2 ranks = 8 + (7 + 1 padded)
+    return make_shards(tmp_path_factory.mktemp("ddp") / "shards", num_episodes=9, length=LENGTH, height=32,
+                       width=48, fps=FPS, shard_size=30_000)
+
+
+@pytest.fixture(scope="module")
+def run(shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_out")
+    return launch(shards, out)
 
 
 def _deltas(passes: list[dict], key: str) -> list[dict]:
@@ -83,8 +76,8 @@ def _is_render(passes: list[dict]) -> list[bool]:
 
 
 def test_both_ranks_finish(run):
-    proc = run["proc"]
-    assert proc.returncode == 0, f"rc={proc.returncode} after {run['seconds']:.0f}s\n{proc.stderr[-4000:]}"
+    check_ranks(run["exits"])  # every rank waited for; a failure names the rank and its log's tail
+    assert [e.returncode for e in run["exits"]] == [0, 0]
     assert sorted(run["ranks"]) == [0, 1]
     assert run["ranks"][0]["world_size"] == 2 and run["ranks"][0]["pid"] != run["ranks"][1]["pid"]
     for r in (0, 1):  # sanity check + one pass per epoch + validate()
@@ -149,6 +142,17 @@ def test_one_mp4_per_pinned_episode_per_render_pass_from_rank0(run):
             n += 1
         assert n == LENGTH and cap.get(cv2.CAP_PROP_FPS) == pytest.approx(FPS)
         cap.release()
+
+
+def test_a_rank_that_fails_after_rank0_finished_is_reported(shards, tmp_path):
+    res = launch(shards, tmp_path, epochs=1, env_extra={"EPISODEPIPES_TEST_LATE_EXIT": "1:3"})
+    r0, r1 = res["exits"]
+    assert r0.ok and sorted(res["ranks"]) == [0, 1]  # rank 0 (and rank 1's work) finished normally
+    assert r1.returncode == 3 and not r1.ok and not r1.killed_by_us
+    with pytest.raises(RanksFailed, match=r"1 of 2 ranks failed: rank 1 exited with status 3") as e:
+        check_ranks(res["exits"])
+    assert str(tmp_path / "logs" / "rank1.log") in str(e.value)
+    assert "rank 0" not in str(e.value).split("\n")[0]
 
 
 def test_run_time(run):

@@ -1,0 +1,120 @@
+"""The byte source: every read of a dataset's files (its index and shards) goes through one of these.
+
+A source is opened on a dataset *root* chosen by the caller (a local folder today; an object-store
+URL behind the same interface), and files are named relative to it. Names come from an index, which
+may be hostile, so a source accepts only plain base names: nothing in a data file decides where or how
+another file is opened. Sources own their handle cache and the "missing" / "truncated" errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+
+
+class ShardIOError(OSError):
+    """A file of the dataset is missing, shorter than the index says, or could not be read; names the file."""
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"file name {name!r} is not a plain base name inside the dataset folder")
+    return name
+
+
+class ByteSource(Protocol):
+    """Reads byte ranges of files under one dataset root. Thread-safe; `close` drops cached handles."""
+
+    root: str
+
+    def size(self, name: str) -> int:
+        """The file's size in bytes; `ShardIOError` if it is missing."""
+        ...
+
+    def read(self, name: str, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset``; `ShardIOError` naming the file and range if fewer exist."""
+        ...
+
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """``read(name, offset, size)`` for each ``(offset, size)``; a remote source coalesces and overlaps them."""
+        ...
+
+    def read_file(self, name: str) -> bytes:
+        """The whole file (an index)."""
+        ...
+
+    def close(self) -> None:
+        """Release handles and connections; the source stays usable and reopens them on demand."""
+        ...
+
+
+class LocalSource:
+    """A local folder: one read-only descriptor per file, shared by threads through ``os.pread``."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = str(root)
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, check_name(name))
+
+    def _fd(self, name: str) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(name)
+                if fd is None:
+                    path = self._path(name)
+                    try:
+                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    except FileNotFoundError:
+                        raise ShardIOError(f"{path} is missing; restore it or re-shard {self.root}") from None
+                    self._fds[name] = fd
+        return fd
+
+    def size(self, name: str) -> int:
+        return os.fstat(self._fd(name)).st_size
+
+    def read(self, name: str, offset: int, size: int) -> bytes:
+        data = os.pread(self._fd(name), size, offset)
+        if len(data) != size:
+            raise ShardIOError(f"{self._path(name)} ends at byte {offset + len(data)}, the index expects "
+                               f"{offset + size}: truncated? re-shard it or check with verify=True")
+        return data
+
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return [self.read(name, off, size) for off, size in ranges]
+
+    def read_file(self, name: str) -> bytes:
+        return self.read(name, 0, self.size(name))
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"LocalSource({self.root!r})"
+
+
+def is_url(root: str | os.PathLike) -> bool:
+    """Whether a dataset root names a remote store (``scheme://...``) rather than a local folder."""
+    s = str(root)
+    return "://" in s and not s.startswith("file://")
+
+
+def open_source(root: str | os.PathLike) -> ByteSource:
+    """The byte source for a dataset root given by the caller: a local folder (or ``file://`` path) for now."""
+    s = str(root)
+    if is_url(s):
+        raise ValueError(f"root {s!r} is a URL; remote roots are not supported yet, use a local folder")
+    return LocalSource(Path(s.removeprefix("file://")))

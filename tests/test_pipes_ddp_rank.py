@@ -1,0 +1,65 @@
+"""A pipe built before the process group started refuses to iterate, in a real 2-process gloo group."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as tmp_mp
+from helpers import make_shards
+
+from episodepipes.pipes import metric_pipe
+
+DEADLINE = 120  # seconds: a hang fails the test instead of the suite
+
+
+def _rank_main(rank: int, root: str, port: int, out: str) -> None:
+    """One rank: a pipe built before init_process_group, one after, one with an explicit rank."""
+    early = metric_pipe(root, frames_per_episode=4, batch_size=2)  # no group yet: rank 0 of 1
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        try:
+            iter(early)
+            error = None
+        except ValueError as e:
+            error = str(e)
+        late = metric_pipe(root, frames_per_episode=4, batch_size=2)
+        frames = [f for b in late for f in b["frame"].tolist()]
+        alone = len(list(metric_pipe(root, frames_per_episode=4, batch_size=2, rank=0, world_size=1)))
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump({"error": error, "frames": frames, "alone": alone}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_pipe_built_before_ddp_started_refuses_to_iterate(tmp_path):
+    root = make_shards(tmp_path / "s", num_episodes=3, length=8, height=16, width=24)  # val: ep0002
+    ctx = tmp_mp.spawn(_rank_main, args=(str(root), _free_port(), str(tmp_path)), nprocs=2, join=False)
+    try:
+        if not ctx.join(timeout=DEADLINE) and not ctx.join(timeout=DEADLINE):
+            pytest.fail("the 2-rank run did not finish")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r, got in enumerate(ranks):
+        assert got["error"] is not None and "built for rank=0, world_size=1" in got["error"]
+        assert f"rank={r} of world_size=2" in got["error"] and "val_dataloader()" in got["error"]
+        assert "_partial_: true" in got["error"] and got["alone"] == 2
+    whole = [f for b in metric_pipe(root, frames_per_episode=4, batch_size=2, rank=0, world_size=1)
+             for f in b["frame"].tolist()]
+    assert len(ranks[0]["frames"]) == len(ranks[1]["frames"]) == 2  # built inside the group: split, not repeated
+    assert sorted(ranks[0]["frames"] + ranks[1]["frames"]) == sorted(whole)

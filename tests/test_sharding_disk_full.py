@@ -1,0 +1,64 @@
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = """
+import resource, signal, sys
+limit = int(sys.argv[1])
+if limit:  # no mountable filesystem: a per-file size limit gives EFBIG instead of ENOSPC
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+from episodepipes.sharding.cli import main
+from episodepipes.sharding.readers import register_format
+from episodepipes.sharding.synthetic import SyntheticReader
+register_format("syn", lambda root: SyntheticReader(num_episodes=10, length=20, height=96, width=128))
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs (as root); else None, and the test limits file sizes with RLIMIT_FSIZE instead."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode
+    yield mnt if ok == 0 else None
+    if ok == 0:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def _run(limit, *argv):
+    return subprocess.run([sys.executable, "-c", SCRIPT, str(limit), *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_full_disk_with_two_workers_is_one_line_and_resumes(tmp_path, small_disk):
+    argv = ["--format", "syn", "--workers", "2", "--shard-size", "300kB"]
+    ref = tmp_path / "ref"
+    assert _run(0, "write", str(tmp_path), str(ref), *argv).returncode == 0
+    out = (small_disk or tmp_path) / "out"
+    limit = 0 if small_disk else 200_000
+    res = _run(limit, "write", str(tmp_path), str(out), *argv)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr and "BufferError" not in res.stderr
+    assert str(out) in res.stderr and "the disk is full" in res.stderr and "finished shards" in res.stderr
+    assert "re-run the same command to resume" in res.stderr
+    # nothing written is torn: every shard under its final name is one the progress file records, whole
+    prog = json.loads((out / "_progress.json").read_text())
+    names = sorted(p.name for p in out.glob("shard-*.tar"))
+    assert names == [s["name"] for s in prog["shards"]] and not (out / "index.json").exists()
+    assert len(names) >= (1 if small_disk else 0)  # the full disk came mid-run, after finished shards
+    assert not (out / "_spool").exists()  # its files would keep holding the space the user must free
+    for s in prog["shards"]:
+        assert hashlib.sha256((out / s["name"]).read_bytes()).hexdigest() == s["sha256"]
+    if small_disk:
+        subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
+    done = _run(0, "write", str(tmp_path), str(out), *argv)
+    assert done.returncode == 0 and "resumed" in done.stdout, done.stderr
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+    assert files == {p.name: p.read_bytes() for p in sorted(ref.iterdir()) if p.is_file()}
