@@ -150,7 +150,8 @@ class TrainReader(BaseNode[RawSample]):
         item = Item(ep.id, t)
         shard = self.index.shards[ep.frame_range(t)[0]].name
         if damaged:  # nothing of it is decoded: WindowDecode gives zeros, the Decoder counts it corrupt
-            return RawSample(item, shard, damaged_members(item, ep.length, ep.prompt, self.windows, damaged[0]))
+            members = damaged_members(item, ep.length, ep.prompt, self.windows, damaged[0])
+            return RawSample(item, shard, members, damaged=damaged[0])
         return RawSample(item, shard, window_members(item, ep.length, ep.prompt, self.windows, read))
 
     def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]]) -> str | None:
@@ -226,8 +227,8 @@ class TrainPipe(Pipe):
     """
 
     def __init__(self, root: Collator, *, length: int | None, index: EpisodeIndex, stats: Stats,
-                 reader: TrainReader) -> None:
-        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False)  # type: ignore[arg-type]
+                 reader: TrainReader, rank_world: tuple[int, int] | None = None) -> None:
+        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world)
         # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
         self._loader = Loader(root, restart_on_stop_iteration=True)
         self.infinite = length is None
@@ -279,6 +280,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     is at the same position).
     """
     idx = open_index(index)
+    inferred = rank is None or world_size is None  # then iter() checks them against torch.distributed's
     rank, world_size = dist_rank_world(rank, world_size)
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed={seed!r} should be a non-negative int (it fixes every epoch's order)")
@@ -308,4 +310,5 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
     return TrainPipe(Collator(dec, batch_size=batch_size, stats=stats),
-                     length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader)
+                     length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
+                     rank_world=(rank, world_size) if inferred else None)
