@@ -45,3 +45,11 @@ def test_frame_table_round_trip():
                                              Item("c", 1)]
     with pytest.raises(IndexError, match="6"):
         t.locate(6)
+
+
+def test_fingerprint_changes_with_the_episodes_their_order_and_lengths():
+    fp = FrameTable(["a", "b"], [3, 4]).fingerprint()
+    assert fp == FrameTable(["a", "b"], [3, 4]).fingerprint() and len(fp) == 16
+    others = [FrameTable(["b", "a"], [4, 3]), FrameTable(["a", "b"], [4, 3]), FrameTable(["a", "c"], [3, 4]),
+              FrameTable(["a", "b", "c"], [3, 4, 0]), FrameTable(["ab"], [7])]
+    assert len({fp, *(t.fingerprint() for t in others)}) == len(others) + 1

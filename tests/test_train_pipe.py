@@ -195,15 +195,13 @@ def test_resume_within_a_multi_epoch_and_an_endless_pass(index):
     assert head + [_keys(b) for b in itertools.islice(iter(fresh), 12)] == want
 
 
-def test_state_is_a_small_cursor_and_checks_the_seed(index):
-    pipe = train_pipe(index, batch_size=4, seed=5, rank=0, world_size=1)
+def test_state_is_a_small_cursor_and_the_settings_it_depends_on(index):
+    pipe = train_pipe(index, batch_size=4, seed=5, rank=0, world_size=1, history={"state": 3})
     next(iter(pipe))
-    state = pipe.state_dict()
-    assert state["root"]["source"]["source"] == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1}
-    other = train_pipe(index, batch_size=4, seed=6, rank=0, world_size=1)
-    other.load_state_dict(state)
-    with pytest.raises(ValueError, match="seed"):
-        next(iter(other))
+    cursor = dict(pipe.state_dict()["root"]["source"]["source"])
+    assert len(cursor.pop("plan")) == 16  # a fingerprint of the episode ids and lengths
+    assert cursor == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1, "world_size": 1, "rank": 0, "batch_size": 4,
+                      "frames": 39, "windows": {"state": [-2, 0]}}
 
 
 @pytest.mark.parametrize("stop", [4, 9, 14])  # mid-epoch, end of epoch 0 (9 batches each), mid-epoch 1
@@ -293,3 +291,51 @@ def test_transform_may_change_arrays_in_place(index):
     shifted = next(iter(train_pipe(index, transform=_shift_in_place, **kw)))
     assert torch.equal(shifted["state"], plain["state"] + 1.0)
     assert torch.equal(shifted["action"], plain["action"] * 2.0)
+
+
+def _shards_with_state_dtypes(out, dtypes):
+    """Shard synthetic episodes whose ``state`` array is stored as ``dtypes[i]`` in episode i."""
+    import dataclasses
+
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.writer import ShardWriter
+
+    reader = SyntheticReader(num_episodes=len(dtypes), length=6, height=16, width=24)
+    with ShardWriter(out, shard_size=1 << 20, options={"jpeg_quality": 90}) as w:
+        for eid, dt in zip(reader.episode_ids(), dtypes):
+            ep = reader.read(eid)
+            ep = dataclasses.replace(ep, split="train", arrays={**ep.arrays, "state": ep.arrays["state"].astype(dt)})
+            w.add(encode_episode(ep, EncodeOptions()))
+    return EpisodeIndex.open(out)
+
+
+def test_episodes_of_another_array_dtype_are_refused_by_name(tmp_path):
+    idx = _shards_with_state_dtypes(tmp_path / "s", ["float32", "float64"])
+    msg = r"'ep0000' and 'ep0001'.*'state' is <f4 \[7\] in episode 'ep0000' but <f8 \[7\] in 'ep0001'"
+    with pytest.raises(ValueError, match=msg):
+        train_pipe(idx, batch_size=4, seed=0, rank=0, world_size=1, history={"state": 2})
+    with pytest.raises(ValueError, match=msg):  # the other builders check the same way
+        video_pipe(idx, episodes=["ep0000", "ep0001"], batch_size=4, max_batches=1)
+
+
+def test_episodes_of_one_dtype_give_their_exact_values(tmp_path):
+    idx = _shards_with_state_dtypes(tmp_path / "s", ["float64", "float64"])
+    reader = SyntheticReader(num_episodes=2, length=6, height=16, width=24)
+    for b in train_pipe(idx, batch_size=4, seed=0, rank=0, world_size=1, history={"state": 2}):
+        assert b["state"].dtype == torch.float64
+        for i, (e, t) in enumerate(zip(b["episode"], b["frame"].tolist())):
+            want = reader.read(e).arrays["state"].astype("float64")[[max(t - 1, 0), t]]
+            assert torch.equal(b["state"][i], torch.from_numpy(want))
+
+
+def _scramble_reserved(sample):
+    return {**sample, "timestamp": -1.0, "frame": -1, "episode": "x", "valid": False, "prompt": "x"}
+
+
+def test_reserved_keys_are_restored_after_the_transform(index):
+    kw = dict(batch_size=4, seed=0, num_workers=1, history={"state": 2})
+    plain = next(iter(train_pipe(index, **kw)))
+    scrambled = next(iter(train_pipe(index, transform=_scramble_reserved, **kw)))
+    for key in ("timestamp", "frame", "episode", "valid", "prompt"):
+        got, want = scrambled[key], plain[key]
+        assert torch.equal(got, want) if torch.is_tensor(want) else got == want, key

@@ -5,7 +5,15 @@ from hypothesis import strategies as st
 
 from episodepipes.format import sample_key, tar_member
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.window import Window, WindowDecode, fields_by_step, plan_windows, window_members, window_steps
+from episodepipes.pipes.window import (
+    Window,
+    WindowDecode,
+    damaged_members,
+    fields_by_step,
+    plan_windows,
+    window_members,
+    window_steps,
+)
 from episodepipes.tarmembers import frame_fields
 
 CAMS, ARRS = {"front", "wrist"}, {"state", "action"}
@@ -99,3 +107,19 @@ def test_decoded_windows_equal_the_source_rows_at_clamped_steps(length, data, k,
     assert np.array_equal(fields["state"], state[hist]) and fields["state"].shape == (k + 1, 2)
     assert np.array_equal(fields["action"], action[np.clip(np.arange(t, t + h), 0, length - 1)])
     assert fields["state_pad"].tolist() == [not 0 <= s < length for s in range(t - k + 1, t + 2)]
+
+
+def test_a_damaged_sample_decodes_to_zeros_of_every_shape_with_its_pad_masks():
+    w = plan_windows({"state": 3, "front": 2}, {"action": 4}, cameras=CAMS, arrays=ARRS)
+    members = damaged_members(Item("ep", 1), 4, "p", w, "frame 0 does not match its crc32")
+    fn = WindowDecode(w, arrays={"state": ("<f4", (7,)), "action": (">f8", (2,))})
+    cams = {"front": (16, 24), "wrist": (16, 24)}
+    fields, bad = fn(members, cams, (8, 12))
+    assert bad == ["front", "wrist"] and fn.jpegs(members, cams) == 2  # all counted, all corrupt
+    shapes = {k: (v.shape, v.dtype.str) for k, v in fields.items() if isinstance(v, np.ndarray) and "_pad" not in k}
+    assert shapes == {"front": ((2, 3, 8, 12), "|u1"), "wrist": ((3, 8, 12), "|u1"), "state": ((3, 7), "<f4"),
+                      "action": ((4, 2), "<f8")}  # native order, as npy_load returns arrays
+    assert not any(v.any() for k, v in fields.items() if isinstance(v, np.ndarray) and "_pad" not in k)
+    assert fields["state_pad"].tolist() == [True, False, False]
+    assert fields["action_pad"].tolist() == [False, False, False, True]
+    assert (fields["episode"], fields["frame"], fields["prompt"]) == ("ep", 1, "p")

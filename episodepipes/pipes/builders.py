@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._slabs import Slabs
 from episodepipes.pipes.batch import Collator
@@ -35,16 +37,42 @@ def dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return rank, world_size
 
 
+def _dtype(name: str) -> str:
+    """``np.dtype(name).str`` ("float32" and "<f4" alike give "<f4"); the name itself when numpy does not parse it."""
+    try:
+        return np.dtype(name).str
+    except TypeError:
+        return name
+
+
+def stack_mismatch(a: Episode, b: Episode) -> str | None:
+    """Why ``a`` and ``b`` cannot share a batch (a key present in one only, or another dtype or shape), else None."""
+    for kind, ka, kb in (("camera", a.cameras, b.cameras), ("array", a.arrays, b.arrays)):
+        for key in sorted(set(ka) ^ set(kb)):
+            has, lacks = (a, b) if key in ka else (b, a)
+            return f"{kind} {key!r} is in episode {has.id!r} but not in {lacks.id!r}"
+    for key in sorted(a.arrays):
+        sa, sb = a.arrays[key], b.arrays[key]
+        if _dtype(sa.dtype) != _dtype(sb.dtype) or tuple(sa.shape) != tuple(sb.shape):
+            return (f"array {key!r} is {_dtype(sa.dtype)} {list(sa.shape)} in episode {a.id!r} but "
+                    f"{_dtype(sb.dtype)} {list(sb.shape)} in {b.id!r}")
+    return None
+
+
 def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None) -> None:
-    """Refuse episodes whose cameras or arrays cannot be stacked into one batch, naming the fix."""
+    """Refuse episodes whose cameras or arrays cannot be stacked into one batch, naming both, the key and the fix.
+
+    Arrays must match in key set, dtype and shape: nothing is cast (a float64 episode beside float32 ones is
+    refused, not silently converted); re-shard them alike, or pipe them separately.
+    """
     if not episodes:
         return
     first = episodes[0]
     for e in episodes:
-        if set(e.cameras) != set(first.cameras) or {k: a.shape for k, a in e.arrays.items()} != {
-                k: a.shape for k, a in first.arrays.items()}:
-            raise ValueError(f"episodes {first.id!r} and {e.id!r} have different cameras or array shapes; "
-                             "pipe them separately")
+        why = stack_mismatch(first, e)
+        if why:
+            raise ValueError(f"episodes {first.id!r} and {e.id!r} cannot share a batch: {why}; re-shard them with "
+                             "the same keys, dtypes and shapes, or pipe them separately")
         shapes = {c: (cam.height, cam.width) for c, cam in e.cameras.items()}
         if resize is None and shapes != {c: (cam.height, cam.width) for c, cam in first.cameras.items()}:
             raise ValueError(f"episodes {first.id!r} and {e.id!r} have different camera sizes; pass resize=(H, W)")

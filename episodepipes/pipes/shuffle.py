@@ -10,7 +10,9 @@ rank then keeps the same whole number of batches (``batches_per_epoch``), droppi
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,6 +65,12 @@ class FrameTable:
 
     def __len__(self) -> int:
         return self.starts[-1]
+
+    def fingerprint(self) -> str:
+        """A digest of the episode ids and lengths in order: what every epoch's order depends on besides the seed
+        (re-sharding the same episodes keeps it, another episode list or length changes it)."""
+        lengths = [b - a for a, b in itertools.pairwise(self.starts)]
+        return hashlib.sha256(json.dumps([self.ids, lengths]).encode()).hexdigest()[:16]
 
     def locate(self, flat: int) -> tuple[int, int]:
         """(episode position, frame) of a flat frame number."""

@@ -3,7 +3,8 @@
 Graph: `TrainReader` (planned permutation, read by seeking through the byte-range index) -> `Decoder`
 (with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `Collator`.
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
-of a train loader it iterates once per epoch. The resume state is ``{seed, epoch, pos, stop}``.
+of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop}`` and
+the settings it is valid under, which ``load_state_dict`` checks (`TrainReader`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torchdata.nodes import BaseNode
+from torchdata.nodes import BaseNode, Loader
+from torchdata.nodes.loader import LoaderIterator
 
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.batch import Collator
@@ -26,7 +29,14 @@ from episodepipes.pipes.plan import Item
 from episodepipes.pipes.read import RawSample
 from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, rank_order
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.window import Window, WindowDecode, fields_by_step, plan_windows, window_members
+from episodepipes.pipes.window import (
+    Window,
+    WindowDecode,
+    damaged_members,
+    fields_by_step,
+    plan_windows,
+    window_members,
+)
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
@@ -36,10 +46,19 @@ class TrainReader(BaseNode[RawSample]):
     """Yield this rank's window samples, epoch after epoch, in the seeded order of `rank_order`.
 
     A pass runs ``epochs`` epochs (forever when None). ``reset(None)`` starts a new pass at the first
-    epoch not yet begun; a restored state continues its pass, or starts the next one if it had ended.
+    epoch not yet begun; a restored state continues its pass, and one saved at the end of a pass is
+    exhausted (torchdata's contract: the `Loader` then starts the next pass).
+
+    The state is a cursor, ``{seed, epoch, pos, stop}``, plus what the cursor depends on: ``world_size``,
+    ``batch_size``, ``frames`` and ``plan`` (`FrameTable.fingerprint`), ``windows`` (key -> [first, last])
+    and ``rank``. `check_state` refuses a state that differs in any of them but ``rank``: every rank is at
+    the same ``pos`` (Lightning saves rank 0's state and every rank loads it). ``pos`` samples on each of
+    ``world_size`` ranks are the first ``pos * world_size`` entries of the epoch's permutation.
     """
 
     SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = "seed", "epoch", "pos", "stop"
+    WORLD_KEY, RANK_KEY, BATCH_KEY = "world_size", "rank", "batch_size"
+    FRAMES_KEY, PLAN_KEY, WINDOWS_KEY = "frames", "plan", "windows"
 
     def __init__(self, index: EpisodeIndex, episodes: Sequence[Episode], *, windows: Mapping[str, Window], seed: int,
                  rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None) -> None:
@@ -52,6 +71,9 @@ class TrainReader(BaseNode[RawSample]):
         if self.per_epoch == 0:
             raise ValueError(f"{len(self.table)} frames make no full batch of batch_size={batch_size} on each of "
                              f"world_size={world_size} ranks; lower batch_size")
+        self._setup = {self.WORLD_KEY: world_size, self.RANK_KEY: rank, self.BATCH_KEY: batch_size,
+                       self.FRAMES_KEY: len(self.table), self.PLAN_KEY: self.table.fingerprint(),
+                       self.WINDOWS_KEY: {k: [w.first, w.last] for k, w in sorted(self.windows.items())}}
         self._epoch = self._pos = 0
         self._stop: int | None = None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
@@ -64,17 +86,33 @@ class TrainReader(BaseNode[RawSample]):
         if initial_state is None:
             epoch, pos = self._epoch + (self._pos > 0), 0
         else:
-            if initial_state[self.SEED_KEY] != self.seed:
-                raise ValueError(f"the saved state has seed={initial_state[self.SEED_KEY]}, this pipe {self.seed}; "
-                                 "build the pipe with the checkpoint's seed")
+            self.check_state(initial_state)
             epoch, pos, stop = (initial_state[k] for k in (self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY))
-            if stop is not None and epoch >= stop:
-                stop = None  # that pass had ended: this one is the next pass, as in an uninterrupted run
-        if not 0 <= pos < self.per_epoch:
-            raise ValueError(f"the saved state is at sample {pos} of an epoch, but this pipe has {self.per_epoch} "
-                             "per epoch and rank; resume with the checkpoint's batch_size and world_size")
         self._epoch, self._pos = int(epoch), int(pos)
         self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Refuse a saved state this reader cannot continue exactly, saying what differs and what to do."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"the saved train state is a {type(state).__name__}, not a dict; pass the pipe's own "
+                             "state_dict()")
+        missing = [k for k in (self.SEED_KEY, self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, *self._setup)
+                   if k not in state]
+        if missing:
+            raise ValueError(f"the saved train state has no {missing} (saved by an older episodepipes?), so it "
+                             "cannot be checked against this pipe; resume with the version that saved it, or start "
+                             "the run afresh")
+        diffs = state_mismatch(state, {self.SEED_KEY: self.seed, **self._setup})
+        if diffs:
+            raise ValueError(f"the saved train state does not fit this pipe: {'; '.join(d for d, _ in diffs)}. "
+                             f"{' '.join(dict.fromkeys(f for _, f in diffs))}")
+        epoch, pos, stop = (state[k] for k in (self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY))
+        if not all(_count(v) for v in (epoch, pos)) or not (stop is None or _count(stop)):
+            raise ValueError(f"the saved train state has epoch={epoch!r}, pos={pos!r}, stop={stop!r}: not "
+                             "non-negative ints; pass the pipe's own state_dict()")
+        if not pos < self.per_epoch:
+            raise ValueError(f"the saved state is at sample {pos} of an epoch, but this pipe has {self.per_epoch} "
+                             "per epoch and rank; resume with the checkpoint's batch_size and world_size")
 
     def next(self) -> RawSample:
         if self._stop is not None and self._epoch >= self._stop:
@@ -86,8 +124,9 @@ class TrainReader(BaseNode[RawSample]):
         return raw
 
     def get_state(self) -> dict[str, Any]:
+        # called before every sample read (Decoder): one flat dict; the windows dict is shared, never changed
         return {self.SEED_KEY: self.seed, self.EPOCH_KEY: self._epoch, self.POS_KEY: self._pos,
-                self.STOP_KEY: self._stop}
+                self.STOP_KEY: self._stop, **self._setup}
 
     def close(self) -> None:
         """Close shard files; they are reopened on demand."""
@@ -104,15 +143,23 @@ class TrainReader(BaseNode[RawSample]):
     def _sample(self, flat: int) -> RawSample:
         e, t = self.table.locate(flat)
         ep = self.episodes[e]
-        read = {t: self._fields(ep, t, None)}
-        for s, want in fields_by_step(t, ep.length, self.windows).items():
-            read[s] = self._fields(ep, s, want)
+        read: dict[int, dict[str, bytes]] = {}
+        damaged = [why for s, want in ((t, None), *fields_by_step(t, ep.length, self.windows).items())
+                   if (why := self._read(ep, s, want, read)) is not None]
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
         shard = self.index.shards[ep.frame_range(t)[0]].name
+        if damaged:  # nothing of it is decoded: WindowDecode gives zeros, the Decoder counts it corrupt
+            members = damaged_members(item, ep.length, ep.prompt, self.windows, damaged[0])
+            return RawSample(item, shard, members, damaged=damaged[0])
         return RawSample(item, shard, window_members(item, ep.length, ep.prompt, self.windows, read))
 
-    def _fields(self, ep: Episode, step: int, want: set[str] | None) -> dict[str, bytes]:
+    def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]]) -> str | None:
+        """Read ``step``'s fields into ``into[step]``; why its bytes are damaged, or None.
+
+        A frame read whole (the current step, and window steps of a camera) is checked against its crc32 in
+        the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
+        """
         shard, start, end = ep.frame_range(step)
         if shard not in self._fds:
             path = str(self.index.shard_path(shard))
@@ -121,23 +168,86 @@ class TrainReader(BaseNode[RawSample]):
             except FileNotFoundError:
                 raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
         fd, path = self._fds[shard]
-        fields, n = frame_fields(lambda size, off: os.pread(fd, size, off), start, end, ep.id, step, want, where=path)
+        crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
+        reads: list[bytes] = []
+
+        def pread(size: int, offset: int) -> bytes:
+            reads.append(os.pread(fd, size, offset))
+            return reads[-1]
+
+        try:
+            fields, n = frame_fields(pread, start, end, ep.id, step, want if crc is None else None, where=path)
+        except ValueError:  # a tar header the damage hit; a frame cut short stays an error
+            if crc is None or len(reads[0]) != end - start or zlib.crc32(reads[0]) == crc:
+                raise
+            fields, n = {}, len(reads[0])
         self.stats.add("bytes_read", n)
-        return fields
+        into[step] = fields
+        if crc is not None and zlib.crc32(reads[0]) != crc:
+            return f"frame {step} does not match its crc32 in the index"
+        return None
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 0
+
+
+_FIXES = {
+    "seed": "Build the pipe with the checkpoint's seed.",
+    "world_size": "Resume with the checkpoint's world_size and batch_size: resuming under another world size or "
+                  "batch size (elastic resume) is not supported yet.",
+    "frames": "Resume on the index and split the checkpoint was trained on (same episodes and lengths).",
+    "windows": "Build the pipe with the checkpoint's history and horizon.",
+}
+_FIXES.update(batch_size=_FIXES["world_size"], plan=_FIXES["frames"])
+
+
+def state_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(what differs, its fix) for each setting in ``mine`` that ``saved`` has otherwise; ``rank`` may differ."""
+    out = []
+    for key, want in mine.items():
+        got = saved[key]
+        if key == TrainReader.WINDOWS_KEY:  # a state saved as JSON has lists where this one may have tuples
+            try:
+                same = {k: list(v) for k, v in got.items()} == want
+            except (AttributeError, TypeError):
+                same = False
+        else:
+            same = key == TrainReader.RANK_KEY or got == want
+        if not same:
+            out.append((f"{key}={got!r} in the state, {want!r} here", _FIXES[key]))
+    return out
 
 
 class TrainPipe(Pipe):
-    """A `Pipe` whose ``len()`` is ``epochs * batches_per_epoch``; in infinite mode ``len()`` raises TypeError."""
+    """A `Pipe` whose ``len()`` is ``epochs * batches_per_epoch``; in infinite mode ``len()`` raises TypeError.
 
-    def __init__(self, root: Collator, *, length: int | None, index: EpisodeIndex, stats: Stats) -> None:
-        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False)  # type: ignore[arg-type]
+    ``load_state_dict`` checks the state against the pipe at once (`TrainReader.check_state`), not at the
+    next ``iter()``; a state saved at the end of a pass makes that ``iter()`` the next pass.
+    """
+
+    def __init__(self, root: Collator, *, length: int | None, index: EpisodeIndex, stats: Stats,
+                 reader: TrainReader, rank_world: tuple[int, int] | None = None) -> None:
+        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world)
+        # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
+        self._loader = Loader(root, restart_on_stop_iteration=True)
         self.infinite = length is None
+        self.reader = reader
 
     def __len__(self) -> int:
         if self.infinite:
             raise TypeError("train_pipe(epochs=None) is infinite and has no len(); pass epochs=N for a length, "
                             "or bound training by steps (Lightning's max_steps)")
         return super().__len__()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:
+            saved = state[LoaderIterator.ROOT_KEY][Collator.SOURCE_KEY][Decoder.SOURCE_KEY]
+        except (KeyError, TypeError, IndexError):
+            raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
+                             "one the pipe (or the Lightning checkpoint) saved") from None
+        self.reader.check_state(saved)
+        super().load_state_dict(state)
 
 
 def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train", batch_size: int, seed: int,
@@ -157,11 +267,20 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     padded at episode edges with the nearest real step and marked in ``<key>_pad``. Only the returned
     steps' members are read and decoded.
 
+    Every episode of the split must have the same cameras, and arrays of the same keys, dtypes and shapes:
+    a mismatch is refused when the pipe is built, naming both episodes and the key (nothing is cast).
+    Frames read whole (each sample's current step, and the steps of camera windows) are checked against
+    the index's crc32; a mismatch makes the sample corrupt, as a JPEG that does not decode (``on_corrupt``).
+
     ``transform(sample) -> sample`` runs per sample in the decode workers, before collation (so it must
     pickle for ``method="process"``); ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt``
-    are restored after it. ``state_dict()``/``load_state_dict()`` resume exactly, in any step.
+    are restored after it. ``state_dict()``/``load_state_dict()`` resume exactly, in any step, a pipe
+    built with the same ``seed``, ``batch_size``, ``world_size``, windows and episodes; ``load_state_dict``
+    refuses a state saved under others, saying what differs (another rank's state is accepted: every rank
+    is at the same position).
     """
     idx = open_index(index)
+    inferred = rank is None or world_size is None  # then iter() checks them against torch.distributed's
     rank, world_size = dist_rank_world(rank, world_size)
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed={seed!r} should be a non-negative int (it fixes every epoch's order)")
@@ -173,13 +292,11 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     if not episodes:
         raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
                          f"{sorted({e.split for e in idx.episodes})}")
-    check_batchable(episodes, resize)
+    check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
-    n = sum(e.length for e in episodes)
-    per = batches_per_epoch(n, world_size=world_size, batch_size=batch_size)
-    if per == 0:
-        raise ValueError(f"split={split!r} has {n} frames, fewer than world_size * batch_size = "
-                         f"{world_size * batch_size}: every rank needs a full batch; lower batch_size")
+    stats = Stats()
+    reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
+                         batch_size=batch_size, epochs=epochs, stats=stats)
     fn = WindowDecode(windows, transform, arrays={k: (a.dtype, a.shape) for k, a in episodes[0].arrays.items()})
     if method == "process":
         try:
@@ -187,11 +304,11 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         except Exception as e:
             raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
                             "module-level function or a picklable callable object, or method='thread'") from None
-    stats = Stats()
-    reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
-                         batch_size=batch_size, epochs=epochs, stats=stats)
     dec = Decoder(reader, idx, num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt,
                   stats=stats, fn=fn)
-    log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", n, per, rank, world_size)
+    per = reader.per_epoch // batch_size
+    log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
+              world_size)
     return TrainPipe(Collator(dec, batch_size=batch_size, stats=stats),
-                     length=None if epochs is None else epochs * per, index=idx, stats=stats)
+                     length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
+                     rank_world=(rank, world_size) if inferred else None)

@@ -29,6 +29,7 @@ from episodepipes.pipes.decode import decode_jpeg, decode_members, load_npy
 from episodepipes.pipes.plan import Item
 
 ITEM_KEY = "__item__"
+DAMAGED_KEY = "__damaged__"  # present only in a damaged sample: why its bytes are not the ones written
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,20 @@ def window_members(item: Item, length: int, prompt: str, windows: Mapping[str, W
     return out
 
 
+def damaged_members(item: Item, length: int, prompt: str, windows: Mapping[str, Window], why: str) -> dict[str, bytes]:
+    """The members of a sample whose bytes are damaged: no field data, only its item, pad masks and ``why``."""
+    out = {f"{w.key}_pad": window_steps(item.frame, length, w)[1].astype(np.uint8).tobytes() for w in windows.values()}
+    out[ITEM_KEY] = json.dumps([item.episode, item.frame, item.valid, prompt]).encode()
+    out[DAMAGED_KEY] = why.encode()
+    return out
+
+
 @dataclass(frozen=True)
 class WindowDecode:
     """Decode one window sample in a worker, then apply ``transform``; picklable when ``transform`` is.
 
-    Called by `Decoder` as ``fn(members, cameras, resize)`` and returns ``(fields, corrupt cameras)``.
+    Called by `Decoder` as ``fn(members, cameras, resize)`` and returns ``(fields, corrupt cameras)``. A damaged
+    sample (`damaged_members`) decodes nothing: every field is zeros of its shape, and every camera is corrupt.
     """
 
     windows: Mapping[str, Window]
@@ -119,6 +129,35 @@ class WindowDecode:
 
     def __call__(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
                  size: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
+        if DAMAGED_KEY in members:
+            fields, bad = self._zeros(members, cameras, size), sorted(cameras)
+        else:
+            fields, bad = self._decode_all(members, cameras, size)
+        if ITEM_KEY in members:
+            episode, frame, valid, prompt = json.loads(members[ITEM_KEY])
+            fields.update(episode=episode, frame=frame, valid=valid, prompt=prompt)
+        if self.transform is not None:
+            timestamp = fields.get("timestamp")
+            fields = self.transform(fields)
+            if not isinstance(fields, dict):
+                raise TypeError(f"transform={self.transform!r} returned {type(fields).__name__}; it should return "
+                                "the sample dict")
+            if timestamp is not None:  # restored, as the Decoder restores episode, frame, valid and prompt
+                fields["timestamp"] = timestamp
+        return fields, bad
+
+    def jpegs(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]]) -> int:
+        """How many JPEGs ``self(members, cameras, ...)`` decodes (for ``stats["frames_decoded"]``): each
+        camera without a window once, and each distinct step of a camera window once (a step repeated as
+        padding is the same bytes object, decoded once). A damaged sample counts its cameras, all corrupt."""
+        if DAMAGED_KEY in members:
+            return len(cameras)
+        windowed = [k for k in self.windows if k in cameras]
+        steps = {id(members[f"{k}@{i}"]) for k in windowed for i in range(self.windows[k].size)}
+        return len(cameras) - len(windowed) + len(steps)
+
+    def _decode_all(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
+                    size: tuple[int, int] | None) -> tuple[dict[str, Any], list[str]]:
         plain = {k: v for k, v in members.items() if "@" not in k and not k.endswith((".npy", "_pad", ITEM_KEY))}
         fields, bad = decode_members(plain, {c: s for c, s in cameras.items() if c not in self.windows}, size)
         # copies: views of the members are read-only, and a transform may change arrays in place
@@ -134,23 +173,20 @@ class WindowDecode:
                 steps.append(done[id(data)])
             fields[key] = np.stack(steps)
             fields[f"{key}_pad"] = np.frombuffer(members[f"{key}_pad"], np.uint8).astype(bool)
-        if ITEM_KEY in members:
-            episode, frame, valid, prompt = json.loads(members[ITEM_KEY])
-            fields.update(episode=episode, frame=frame, valid=valid, prompt=prompt)
-        if self.transform is not None:
-            fields = self.transform(fields)
-            if not isinstance(fields, dict):
-                raise TypeError(f"transform={self.transform!r} returned {type(fields).__name__}; it should return "
-                                "the sample dict")
         return fields, bad
 
-    def jpegs(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]]) -> int:
-        """How many JPEGs ``self(members, cameras, ...)`` decodes (for ``stats["frames_decoded"]``): each
-        camera without a window once, and each distinct step of a camera window once (a step repeated as
-        padding is the same bytes object, decoded once)."""
-        windowed = [k for k in self.windows if k in cameras]
-        steps = {id(members[f"{k}@{i}"]) for k in windowed for i in range(self.windows[k].size)}
-        return len(cameras) - len(windowed) + len(steps)
+    def _zeros(self, members: dict[str, bytes], cameras: dict[str, tuple[int, int]],
+               size: tuple[int, int] | None) -> dict[str, Any]:
+        """A damaged sample's fields: zeros of every camera's and array's shape, windows with their step axis."""
+        fields: dict[str, Any] = {}
+        for key, src in cameras.items():
+            fields[key] = np.zeros((3, *(size or src)), np.uint8)
+        for key, (dtype, shape) in self.arrays.items():
+            fields[key] = np.zeros(shape, np.dtype(dtype).newbyteorder("="))  # as npy_load gives them
+        for key, w in self.windows.items():
+            fields[key] = np.zeros((w.size, *fields[key].shape), fields[key].dtype)
+            fields[f"{key}_pad"] = np.frombuffer(members[f"{key}_pad"], np.uint8).astype(bool)
+        return fields
 
     def _npy(self, key: str, data: bytes) -> np.ndarray:
         """The index gives each array's dtype and shape, so no .npy header is parsed per step."""

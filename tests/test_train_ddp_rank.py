@@ -1,0 +1,60 @@
+"""A train_pipe built before the process group started refuses to iterate, in a real 2-process gloo group."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as tmp_mp
+from helpers import make_shards
+
+from episodepipes.pipes.train import train_pipe
+
+DEADLINE = 120  # seconds: a hang fails the test instead of the suite
+
+
+def _rank_main(rank: int, root: str, port: int, out: str) -> None:
+    early = train_pipe(root, batch_size=2, seed=0, num_workers=1)  # no group yet: rank 0 of 1
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        try:
+            iter(early)
+            error = None
+        except ValueError as e:
+            error = str(e)
+        late = train_pipe(root, batch_size=2, seed=0, num_workers=1)
+        items = [(e, f) for b in late for e, f in zip(b["episode"], b["frame"].tolist())]
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump({"error": error, "items": items}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_train_pipe_built_before_ddp_started_refuses_to_iterate(tmp_path):
+    root = make_shards(tmp_path / "s", num_episodes=2, length=8, height=16, width=24)  # train: 16 frames
+    ctx = tmp_mp.spawn(_rank_main, args=(str(root), _free_port(), str(tmp_path)), nprocs=2, join=False)
+    try:
+        if not ctx.join(timeout=DEADLINE) and not ctx.join(timeout=DEADLINE):
+            pytest.fail("the 2-rank run did not finish")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r, got in enumerate(ranks):
+        assert got["error"] is not None and "built for rank=0, world_size=1" in got["error"]
+        assert f"rank={r} of world_size=2" in got["error"]
+    a, b = ({tuple(i) for i in got["items"]} for got in ranks)
+    assert len(a) == len(b) == 8 and not a & b  # built inside the group: split, not repeated
