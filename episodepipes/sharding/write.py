@@ -60,6 +60,7 @@ class WriteOptions:
     skip_bad: bool = False
 
     def to_dict(self) -> dict:
+        """The options as the index's ``options`` record them (JSON lists, ``skip_bad`` left out)."""
         d = asdict(self)
         del d["skip_bad"]
         d["resize"] = list(self.resize) if self.resize else None
