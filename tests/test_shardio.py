@@ -44,6 +44,9 @@ def test_threads_share_one_descriptor_and_close_releases_it(tmp_path):
 
 
 def test_a_url_root_is_not_taken_for_a_folder(tmp_path):
-    with pytest.raises(ValueError, match="is a URL"):
-        open_source("s3://bucket/prefix")
+    from episodepipes.remote import RemoteSource
+
+    assert type(open_source("s3://bucket/prefix")) is RemoteSource
+    with pytest.raises(ValueError, match="expected s3://bucket/prefix"):
+        open_source("pipe://cat")
     assert open_source(f"file://{tmp_path}").root == str(tmp_path)
