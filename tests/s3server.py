@@ -294,3 +294,61 @@ def restore_env(old: dict[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+class ServerProcess:
+    """moto and one `FaultProxy` per latency in a child process, so their CPU and GIL are not the client's.
+
+    For the benchmark: ``endpoints[i]`` is the proxy with ``latencies[i]``; `stats` and `reset` reach its counters.
+    """
+
+    def __init__(self, latencies: tuple[float, ...]) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, latencies), daemon=True)
+        self._proc.start()
+        self.moto_endpoint, self.endpoints = self._conn.recv()
+
+    def _ask(self, *msg: object) -> object:
+        self._conn.send(msg)
+        return self._conn.recv()
+
+    def upload_dir(self, local: Path, bucket: str, prefix: str) -> None:
+        self._ask("upload", str(local), bucket, prefix)
+
+    def reset(self, i: int) -> None:
+        self._ask("reset", i)
+
+    def stats(self, i: int) -> tuple[int, int]:
+        """(GET requests, body bytes) through proxy ``i`` since its last reset."""
+        return self._ask("stats", i)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._ask("stop")
+        self._proc.join(10)
+
+
+def _serve(conn: object, latencies: tuple[float, ...]) -> None:
+    moto = MotoS3()
+    proxies = [FaultProxy(moto.endpoint, Faults(latency=lat)) for lat in latencies]
+    conn.send((moto.endpoint, [p.endpoint for p in proxies]))  # type: ignore[attr-defined]
+    while True:
+        cmd, *args = conn.recv()  # type: ignore[attr-defined]
+        if cmd == "upload":
+            moto.upload_dir(Path(args[0]), args[1], args[2])
+            conn.send(None)  # type: ignore[attr-defined]
+        elif cmd == "reset":
+            p = proxies[args[0]]
+            p.reset(Faults(latency=p.faults.latency))
+            conn.send(None)  # type: ignore[attr-defined]
+        elif cmd == "stats":
+            p = proxies[args[0]]
+            conn.send((len(p.gets()), p.body_bytes))  # type: ignore[attr-defined]
+        else:
+            for p in proxies:
+                p.close()
+            moto.close()
+            conn.send(None)  # type: ignore[attr-defined]
+            return
