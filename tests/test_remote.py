@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -241,6 +242,10 @@ def test_cache_evicts_least_recently_used_past_its_bound(tmp_path):
     assert kept == [b"\0" * 1000, None, b"\2" * 1000, b"\3" * 1000]
     assert sum(p.stat().st_size for p in tmp_path.glob("*.bin")) <= 3000
     assert cache.get("s3://b/p", "other.tar", 0, 1000) is None
+    (tmp_path / ".tmp-dead").write_bytes(b"x")  # a writer killed mid-entry, an hour ago
+    os.utime(tmp_path / ".tmp-dead", (time.time() - 4000, time.time() - 4000))
+    cache.put("s3://b/p", "a.tar", 4000, 1000, b"\4" * 1000)
+    assert not (tmp_path / ".tmp-dead").exists()
     with pytest.raises(ValueError, match="cache_bytes"):
         RangeCache(tmp_path, max_bytes=0)
 
@@ -270,3 +275,41 @@ def test_two_processes_filling_one_entry_never_see_a_torn_file(tmp_path):
     assert [p.exitcode for p in procs] == [0, 0]
     assert [p.name for p in tmp_path.iterdir()] == [RangeCache(tmp_path, 1)._path("s3://b/p", "a.tar", 0, 1 << 20).name]
     assert RangeCache(tmp_path, 1 << 30).get("s3://b/p", "a.tar", 0, 1 << 20) == bytes(range(256)) * 4096
+
+
+def test_whole_shard_cache_downloads_each_shard_once_for_all_threads(shards, proxy, tmp_path):
+    index = EpisodeIndex.open(shards)
+    frames = _frames(index)
+    opts = RemoteOptions(cache_dir=tmp_path / "cache", cache_bytes=10 << 20, cache_whole=True, backoff=0.001)
+    src = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts)
+    local = open_source(shards)
+    results: dict[str, list[bytes]] = {}
+
+    def read(shard: str) -> None:
+        results[shard] = src.read_ranges(shard, [(o, n) for name, o, n in frames if name == shard])
+
+    threads = [threading.Thread(target=read, args=(s.name,)) for s in index.shards for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(proxy.gets()) == len(index.shards)  # one whole-object GET per shard, not per thread or range
+    assert sum(s.bytes for s in index.shards) == proxy.body_bytes
+    for s in index.shards:
+        assert results[s.name] == local.read_ranges(s.name, [(o, n) for name, o, n in frames if name == s.name])
+    proxy.reset()
+    again = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts)  # another rank on this machine
+    assert again.read(index.shards[0].name, 7, 1000) == local.read(index.shards[0].name, 7, 1000)
+    assert proxy.requests == []
+    with pytest.raises(ShardIOError, match=r"ends at byte \d+, the index expects 99999999"):
+        again.read(index.shards[0].name, 99999999 - 10, 10)
+
+
+def test_an_object_too_big_for_the_cache_is_read_by_ranges(shards, proxy, tmp_path):
+    name = EpisodeIndex.open(shards).shards[0].name
+    opts = RemoteOptions(cache_dir=tmp_path / "cache", cache_bytes=1000, cache_whole=True, backoff=0.001)
+    src = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts)
+    assert src.read(name, 100, 50) == (shards / name).read_bytes()[100:150]
+    assert src.read(name, 200, 50) == (shards / name).read_bytes()[200:250]
+    assert [r[2] for r in proxy.gets()] == [None, "bytes=100-149", "bytes=200-249"]  # one try, then ranges
+    assert list((tmp_path / "cache").iterdir()) == []

@@ -1,6 +1,7 @@
-"""A bounded local cache of fetched ranges, shared by the processes (ranks, workers) of one machine.
+"""A bounded local cache of fetched ranges or whole objects, shared by the processes (ranks) of one machine.
 
-Each entry is one file named by a hash of (root, file name, offset, size). Entries are written to a
+Each entry is one file named by a hash of (root, file name, offset, size), or (root, file name) for a
+whole object (a shard, for training that reads it over many epochs). Entries are written to a
 temporary file and moved into place with `os.replace`, so a reader sees a whole entry or none, and two
 processes filling the same entry both succeed (the last rename wins, with identical bytes). Eviction is
 least-recently-used by size: a hit refreshes the entry's mtime, and when this process's view of the total
@@ -15,6 +16,8 @@ import logging
 import os
 import tempfile
 import threading
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -22,8 +25,12 @@ _SUFFIX = ".bin"
 _TMP = ".tmp-"
 
 
+class _TooBig(Exception):
+    pass
+
+
 class RangeCache:
-    """Whole-range entries in ``folder``, at most about ``max_bytes`` in total."""
+    """Range and whole-object entries in ``folder``, at most about ``max_bytes`` in total."""
 
     def __init__(self, folder: str | os.PathLike, max_bytes: int) -> None:
         if type(max_bytes) is not int or max_bytes <= 0:
@@ -57,22 +64,52 @@ class RangeCache:
 
     def put(self, root: str, name: str, offset: int, size: int, data: bytes) -> None:
         """Store ``data`` atomically, then evict if over the bound. Failures to cache are logged, not raised."""
-        if len(data) != size or size > self.max_bytes:
-            return
-        path = self._path(root, name, offset, size)
+        if len(data) == size <= self.max_bytes:
+            self._commit(self._path(root, name, offset, size), [data], name)
+
+    def read_whole(self, root: str, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
+        """``ranges`` of the cached whole object, or None if it is not cached. A short piece is left short."""
+        path = self._path(root, name, -1, -1)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            out = [os.pread(fd, n, off) for off, n in ranges]
+        finally:
+            os.close(fd)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            pass
+        return out
+
+    def put_whole(self, root: str, name: str, chunks: Iterable[bytes]) -> bool:
+        """Store a whole object streamed as ``chunks``; False if it could not be (too big, disk error)."""
+        return self._commit(self._path(root, name, -1, -1), chunks, name)
+
+    def _commit(self, path: Path, chunks: Iterable[bytes], name: str) -> bool:
+        size = 0
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=_TMP, dir=self.folder)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
+                    for c in chunks:
+                        size += len(c)
+                        if size > self.max_bytes:
+                            raise _TooBig
+                        f.write(c)
+                os.replace(tmp, path)  # readers see the whole entry or none; the last of two writers wins
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+        except _TooBig:
+            log.warning("%s is larger than cache_bytes=%d; not cached", name, self.max_bytes)
+            return False
         except OSError as e:
-            log.warning("could not cache a range of %s in %s: %s", name, self.folder, e)
-            return
+            log.warning("could not cache %s in %s: %s", name, self.folder, e)
+            return False
         with self._lock:
             if self._total is None:
                 self._total = self._scan_total()
@@ -81,6 +118,7 @@ class RangeCache:
             self._since_scan += size
             if self._total > self.max_bytes or self._since_scan > self.max_bytes // 8:
                 self._evict()
+        return True
 
     def _entries(self) -> list[tuple[float, int, Path]]:
         out = []
@@ -96,6 +134,13 @@ class RangeCache:
         return sum(n for _, n, _ in self._entries())
 
     def _evict(self) -> None:
+        stale = time.time() - 3600
+        for p in self.folder.glob(f"{_TMP}*"):  # left by a process killed mid-write
+            try:
+                if p.stat().st_mtime < stale:
+                    p.unlink()
+            except FileNotFoundError:
+                pass
         entries = sorted(self._entries(), key=lambda e: (e[0], e[2].name))
         total = sum(n for _, n, _ in entries)
         for _, n, p in entries:

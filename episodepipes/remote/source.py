@@ -45,6 +45,7 @@ class RemoteOptions:
         timeout: seconds for one GET, connection included.
         cache_dir: folder for a local range cache shared by the processes of one machine; None: no cache.
         cache_bytes: the cache's bound in bytes (least recently used entries are evicted past it).
+        cache_whole: cache whole objects (one GET per shard, then local reads) instead of the ranges read.
     """
 
     gap: int = 64 * 1024
@@ -56,6 +57,7 @@ class RemoteOptions:
     timeout: float = 30.0
     cache_dir: str | os.PathLike | None = None
     cache_bytes: int = 10 * 1024**3
+    cache_whole: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("gap", 0), ("max_request", 1), ("max_in_flight", 1), ("attempts", 1),
@@ -96,6 +98,8 @@ class RemoteSource:
         self._store: object | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._sizes: dict[str, int] = {}
+        self._uncached: set[str] = set()  # objects that cache_whole could not store
+        self._fetching: dict[str, threading.Lock] = {}
         _LIVE.add(self)
 
     # -- ByteSource --------------------------------------------------------------------------------------
@@ -115,11 +119,18 @@ class RemoteSource:
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         name = check_name(name)
         ranges = check_ranges(ranges)
+        cache = self._cache
+        if cache is not None and self.options.cache_whole:
+            whole = self._read_whole(cache, name, ranges) if name not in self._uncached else None
+            if whole is not None:
+                return whole
+            self._uncached.add(name)  # too big for the cache, or no disk: read ranges, uncached
+            cache = None
         out: list[bytes | None] = [b"" if n == 0 else None for _, n in ranges]
-        if self._cache is not None:
+        if cache is not None:
             for i, (off, n) in enumerate(ranges):
                 if n:
-                    out[i] = self._cache.get(self.root, name, off, n)
+                    out[i] = cache.get(self.root, name, off, n)
         todo = [i for i, b in enumerate(out) if b is None]
         o = self.options
         reqs = coalesce([ranges[i] for i in todo], gap=o.gap, max_request=o.max_request)
@@ -136,9 +147,30 @@ class RemoteSource:
                 if len(piece) != n:
                     raise self._short(name, off, off + n) from None
                 out[i] = piece
-                if self._cache is not None:
-                    self._cache.put(self.root, name, off, n, piece)
+                if cache is not None:
+                    cache.put(self.root, name, off, n, piece)
         return out  # type: ignore[return-value]
+
+    def _read_whole(self, cache: RangeCache, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
+        """``ranges`` from the cached whole object, fetching it first; None if it cannot be cached."""
+        import obstore
+
+        out = cache.read_whole(self.root, name, ranges)
+        if out is None:
+            def fetch() -> bool:
+                return cache.put_whole(self.root, name, obstore.get(self._client(), name))  # streamed in chunks
+
+            with self._lock:
+                lock = self._fetching.setdefault(name, threading.Lock())
+            with lock:  # threads of this process download a shard once; the others wait and read the entry
+                out = cache.read_whole(self.root, name, ranges)
+                if out is None and (not self._call(name, None, fetch)
+                                    or (out := cache.read_whole(self.root, name, ranges)) is None):
+                    return None
+        for (off, n), piece in zip(ranges, out):
+            if len(piece) != n:
+                raise self._short(name, off, off + n) from None
+        return out
 
     def read_file(self, name: str) -> bytes:
         """The whole object (an index), never cached: it is the file that says what the shards are."""
