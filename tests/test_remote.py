@@ -195,9 +195,14 @@ def test_names_and_roots_are_checked_before_any_request(proxy):
             src.read(bad, 0, 1)
     with pytest.raises(ValueError, match=r"ranges\[1\]"):
         src.read_ranges("shard-000000.tar", [(0, 1), (-1, 2)])
-    for root in ("ftp://host/x", "s3://", "https://user:pw@host/x", "https://host/x?token=abc"):
-        with pytest.raises(ValueError, match="root|credentials"):
+    for root in ("ftp://host/x", "s3://", "https://user:pw@host/x", "ftp://user:pw@host/x", "https://host/x?t=pw"):
+        with pytest.raises(ValueError, match="root|credentials") as e:
             open_source(root)
+        assert "pw" not in str(e.value)
+    for bad in ({"gap": -1}, {"max_in_flight": 0}, {"attempts": 0}, {"timeout": 0}, {"backoff": "1"},
+                {"cache_bytes": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            RemoteOptions(**bad)
     assert proxy.requests == []
 
 
@@ -250,12 +255,12 @@ def test_cache_evicts_least_recently_used_past_its_bound(tmp_path):
         RangeCache(tmp_path, max_bytes=0)
 
 
-def _fill(folder: str, start: float) -> None:
+def _fill(folder: str, barrier: object) -> None:
     cache = RangeCache(folder, max_bytes=1 << 30)
     data = bytes(range(256)) * 4096  # 1 MiB: big enough for a torn write to be seen
     path = cache._path("s3://b/p", "a.tar", 0, len(data))
-    time.sleep(max(0.0, start - time.time()))  # both processes race over the same second
-    while time.time() < start + 1.0:
+    barrier.wait(60)  # both processes start racing together
+    for _ in range(150):
         cache.put("s3://b/p", "a.tar", 0, len(data), data)
         try:
             raw = path.read_bytes()  # the file itself, not through get(), which drops short entries
@@ -266,8 +271,9 @@ def _fill(folder: str, start: float) -> None:
 
 
 def test_two_processes_filling_one_entry_never_see_a_torn_file(tmp_path):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_fill, args=(str(tmp_path), time.time() + 2.0)) for _ in range(2)]
+    ctx = mp.get_context("fork")  # the cache is plain file I/O: nothing of the parent's runtime is needed
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path), barrier)) for _ in range(2)]
     for p in procs:
         p.start()
     for p in procs:

@@ -1,10 +1,11 @@
 """The object-store byte source: ranged GETs through obstore, coalesced, concurrent, retried.
 
 obstore (Rust's object_store) was chosen over fsspec/s3fs: on many concurrent 10-200 KB ranged GETs it
-moved more bytes per second with less client CPU, it is one wheel without transitive dependencies, and
-it speaks S3, GCS and HTTP behind one call. It reads the standard environment (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ...) itself. Its own retries are switched off: this module retries, so that the
-attempts are bounded by an option and the final error names the object and the range.
+moved more bytes per second, it signs and copies in Rust with the GIL released (decode threads need it),
+it is one wheel without transitive dependencies, and it speaks S3, GCS and HTTP behind one call. It
+reads the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) itself. Its own retries
+are switched off: this module retries, so that the attempts are bounded by an option and the final error
+names the object and the range.
 
 The price: obstore's runtime is global and does not survive ``fork`` (a forked child of a process that
 has read through it hangs on its first request). The pipes read in the main process and fork only decode
@@ -65,20 +66,20 @@ class RemoteOptions:
             v = getattr(self, name)
             if type(v) is not int or v < low:
                 raise ValueError(f"{name}={v!r} should be an int >= {low}")
-        for name in ("backoff", "max_backoff", "timeout"):
+        for name, low in (("backoff", 0.0), ("max_backoff", 0.0), ("timeout", 1e-3)):
             v = getattr(self, name)
-            if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < 1e6:
-                raise ValueError(f"{name}={v!r} should be a number of seconds >= 0")
+            if not isinstance(v, int | float) or isinstance(v, bool) or not low <= v < 1e6:
+                raise ValueError(f"{name}={v!r} should be a number of seconds >= {low}")
 
 
 def parse_root(root: str) -> str:
     """``root`` without a trailing slash, if it is a URL this source can open; a ValueError says why not."""
     parts = urlsplit(root)
-    if parts.scheme not in SCHEMES or not parts.hostname:
-        raise ValueError(f"root {root!r}: expected s3://bucket/prefix, gs://bucket/prefix or https://host/prefix")
-    if parts.username or parts.password or parts.query or parts.fragment:
+    if "@" in parts.netloc or parts.query or parts.fragment:  # checked first: the root is not echoed then
         raise ValueError("a remote root may not carry credentials, a query or a fragment; "
                          "put credentials in the environment (AWS_ACCESS_KEY_ID, ...)")
+    if parts.scheme not in SCHEMES or not parts.hostname:
+        raise ValueError(f"root {root!r}: expected s3://bucket/prefix, gs://bucket/prefix or https://host/prefix")
     return root.rstrip("/")
 
 
