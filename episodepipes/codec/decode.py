@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 import av
+import cv2
 import numpy as np
 
 from episodepipes.codec.stream import DECODERS
@@ -32,6 +33,7 @@ class PacketDecoder:
     ``size``: the (height, width) every frame must have; a frame of another size counts as corrupt.
     ``threads``: FFmpeg threads per context; 1 suits a pool with one decoder per worker.
     ``keep``: GOPs whose frames are kept; a history window of W frames over GOPs of G needs ``ceil(W / G) + 1``.
+    Returned arrays are the kept ones: copy a frame before writing into it.
     """
 
     def __init__(self, codec: str, extradata: bytes = b"", *, size: tuple[int, int] | None = None,
@@ -41,15 +43,15 @@ class PacketDecoder:
         if threads < 1 or keep < 1:
             raise ValueError(f"{threads=} and {keep=} should be >= 1")
         self.codec, self.size, self.keep = codec, size, keep
-        self._older: OrderedDict[Hashable, list[np.ndarray | None]] = OrderedDict()  # earlier GOPs, oldest first
+        self._older: OrderedDict[Hashable, list] = OrderedDict()  # earlier GOPs, oldest first
         self._ctx = av.CodecContext.create(DECODERS[codec], "r")
         if extradata:
             self._ctx.extradata = extradata
         self._ctx.thread_count = threads
         self._ctx.thread_type = "SLICE" if threads > 1 else "NONE"
         self._gop: Hashable = None
-        self._frames: list[np.ndarray | None] = []  # decoded so far, by position in the GOP
-        self._pending: dict[int, np.ndarray | None] = {}  # frames that came out of order (decoder delay)
+        self._frames: list[av.VideoFrame | np.ndarray | None] = []  # decoded so far, by position in the GOP
+        self._pending: dict[int, av.VideoFrame] = {}  # frames that came out early (a decoder that holds some back)
         self._fed = 0  # packets of the current GOP sent to the decoder
         self._drained = False  # sent EOF: the context must be reset before it takes more packets
         self._bad: int | None = None  # the first damaged frame of this GOP: it and all after it are refused
@@ -61,20 +63,25 @@ class PacketDecoder:
         ``gop`` names the GOP (say, its keyframe's shard and byte offset); asking again for the same one
         continues from where the last call stopped. None marks a frame that did not decode.
         """
+        got = self._decoded(gop, packets, upto)
+        return [_rgb(got, j) for j in range(upto + 1)]
+
+    def frame(self, gop: Hashable, packets: Sequence[bytes], t: int) -> np.ndarray | None:
+        """Frame ``t`` of the GOP (see `frames`); the frames before it are decoded but not converted to RGB."""
+        return _rgb(self._decoded(gop, packets, t), t)
+
+    def _decoded(self, gop: Hashable, packets: Sequence[bytes], upto: int) -> list:
+        """The GOP's frames so far, at least to ``upto``: VideoFrames until asked for, RGB once converted."""
         if not 0 <= upto < len(packets):
             raise ValueError(f"{upto=} should be within 0..{len(packets) - 1}, the packets given")
         if gop != self._gop and upto < len(self._older.get(gop, ())):
             self._older.move_to_end(gop)
-            return self._older[gop][:upto + 1]
+            return self._older[gop]
         if gop != self._gop or (self._drained and upto >= len(self._frames)):
             self._restart(gop)
         if upto >= len(self._frames):
             self._feed(packets, upto)
-        return self._frames[:upto + 1]
-
-    def frame(self, gop: Hashable, packets: Sequence[bytes], t: int) -> np.ndarray | None:
-        """Frame ``t`` of the GOP (see `frames`)."""
-        return self.frames(gop, packets, t)[t]
+        return self._frames
 
     def _restart(self, gop: Hashable) -> None:
         if self._fed:
@@ -117,7 +124,7 @@ class PacketDecoder:
             elif f.is_corrupt or (self.size is not None and (f.height, f.width) != tuple(self.size)):
                 self._mark_bad(f.pts)
             else:
-                self._pending[f.pts] = _rgb_chw(f)
+                self._pending[f.pts] = f
 
     def _mark_bad(self, i: int) -> None:
         self._bad = i if self._bad is None else min(self._bad, i)
@@ -135,6 +142,16 @@ class PacketDecoder:
             self._frames.append(None if self._bad is not None and j >= self._bad else frame)
 
 
-def _rgb_chw(frame: av.VideoFrame) -> np.ndarray:
-    """The pipes' layout: uint8 RGB ``[3, H, W]``, one contiguous array."""
-    return np.ascontiguousarray(frame.to_ndarray(format="rgb24").transpose(2, 0, 1))
+def _rgb(frames: list, j: int) -> np.ndarray | None:
+    """Frame ``j`` as uint8 RGB ``[3, H, W]``, converted once and kept converted.
+
+    rgb24 is what a plain PyAV decode gives (``to_ndarray(format="rgb24")``), so frames equal a direct decode
+    of the source; `cv2.split` moves it to planes several times faster than a numpy transpose copy.
+    """
+    f = frames[j]
+    if isinstance(f, av.VideoFrame):
+        rgb = f.to_ndarray(format="rgb24")
+        f = np.empty((3, *rgb.shape[:2]), np.uint8)
+        cv2.split(rgb, [f[0], f[1], f[2]])
+        frames[j] = f
+    return f
