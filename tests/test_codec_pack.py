@@ -5,8 +5,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from episodepipes.codec import gop_chunks, pack, pack_arrays, tar_framing, unpack, unpack_arrays
-from episodepipes.codec.pack import entry_ranges
+from episodepipes.codec import Packets, gop_chunks, pack, pack_arrays, tar_framing, unpack, unpack_arrays
+from episodepipes.codec.pack import entry_ranges, pack_packets
 
 
 def test_pack_round_trips_and_its_ranges_point_at_each_blob():
@@ -75,3 +75,13 @@ def test_tar_framing_matches_what_tarfile_writes():
 ])
 def test_chunks_hold_whole_gops(key, frames, want):
     assert gop_chunks(np.array(key, np.int64), frames) == want
+
+
+def test_a_streams_packets_pack_into_chunks_of_whole_gops_with_their_ranges():
+    data = [bytes([i]) * (10 + i) for i in range(7)]
+    p = Packets("h264", b"", 16, 16, data, np.array([0, 0, 2, 2, 4, 4, 6]), lead=1)
+    chunks = pack_packets(p, 3)
+    assert [(c.first, len(c.ranges)) for c in chunks] == [(0, 4), (4, 3)]
+    for c in chunks:
+        assert [c.member[o:o + n] for o, n in c.ranges] == data[c.first:c.first + len(c.ranges)]
+        assert [bytes(b) for b in unpack(c.member)] == data[c.first:c.first + len(c.ranges)]

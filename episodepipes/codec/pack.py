@@ -12,9 +12,11 @@ import io
 import json
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from episodepipes.codec.stream import Packets
 from episodepipes.format import npy_load
 
 MAGIC = b"EPK1"
@@ -102,4 +104,22 @@ def gop_chunks(key: np.ndarray, frames: int) -> list[tuple[int, int]]:
             a = s
     if len(key):
         out.append((a, len(key)))
+    return out
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One member of a camera's packets: packets ``first .. first + len(ranges)`` of its `Packets`."""
+
+    member: bytes
+    first: int
+    ranges: list[tuple[int, int]]  # (offset within the member, size) per packet, for the index
+
+
+def pack_packets(p: Packets, frames: int) -> list[Chunk]:
+    """A camera's packets as members of whole GOPs, each at least ``frames`` packets (leading ones included)."""
+    out = []
+    for a, b in gop_chunks(p.key, frames):
+        blobs = p.data[a:b]
+        out.append(Chunk(pack(blobs), a, entry_ranges([len(x) for x in blobs])))
     return out
