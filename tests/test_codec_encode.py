@@ -68,6 +68,14 @@ def test_encoding_is_deterministic(codec):
     assert a.data == b.data and a.extradata == b.extradata
 
 
+def test_fast_decode_drops_cabac():
+    # x264's fastdecode tune swaps CABAC for CAVLC; x264 writes its settings into the first keyframe's SEI
+    frames = _frames(n=2, h=64, w=96)
+    plain, fast = (encode_frames(frames, CodecOptions(codec="h264", fast_decode=f)) for f in (False, True))
+    assert plain.data != fast.data and b"cabac=1" in plain.data[0] and b"cabac=0" in fast.data[0]
+    assert all(f is not None for f in _decode_all(fast))
+
+
 def test_lower_crf_gives_more_bytes():
     frames = _frames(n=4, h=64, w=96)
     sizes = [sum(map(len, encode_frames(frames, CodecOptions(codec="h264", crf=c)).data)) for c in (12, 30)]
@@ -94,7 +102,8 @@ def test_bad_frames_are_refused_by_name(frames, match):
 
 
 @pytest.mark.parametrize(("kw", "match"), [({"codec": "mpeg2"}, "codec="), ({"gop": 0}, "gop="),
-                                           ({"codec": "h264", "crf": 52}, "crf=")])
+                                           ({"codec": "h264", "crf": 52}, "crf="),
+                                           ({"codec": "av1", "fast_decode": True}, "fast_decode=")])
 def test_bad_options_are_refused_by_name(kw, match):
     with pytest.raises(ValueError, match=match):
         CodecOptions(**kw)
