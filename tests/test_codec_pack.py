@@ -85,3 +85,4 @@ def test_a_streams_packets_pack_into_chunks_of_whole_gops_with_their_ranges():
     for c in chunks:
         assert [c.member[o:o + n] for o, n in c.ranges] == data[c.first:c.first + len(c.ranges)]
         assert [bytes(b) for b in unpack(c.member)] == data[c.first:c.first + len(c.ranges)]
+

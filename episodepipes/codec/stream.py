@@ -15,6 +15,7 @@ import numpy as np
 # codec name (as FFmpeg names the bitstream) -> the PyAV decoder used for it; FFmpeg's own "av1" decoder
 # needs a hardware device, libdav1d is the software one
 DECODERS = {"h264": "h264", "hevc": "hevc", "av1": "libdav1d", "vp9": "vp9"}
+MAX_SIDE = 8192  # 8K; a larger side read from a file is a damaged or hostile header, not a camera
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Packets:
     def __post_init__(self) -> None:
         if self.codec not in DECODERS:
             raise ValueError(f"codec={self.codec!r} should be one of {sorted(DECODERS)}")
+        if not (0 < self.height <= MAX_SIDE and 0 < self.width <= MAX_SIDE):
+            raise ValueError(f"{self.height}x{self.width} should be within 1..{MAX_SIDE} on each side")
         n = len(self.data)
         key = np.asarray(self.key)
         if key.shape != (n,) or not 0 <= self.lead <= n:
