@@ -100,3 +100,11 @@ def test_bad_arguments_are_refused_by_name(stream):
             PacketDecoder("h264", **kw)
     with pytest.raises(ValueError, match="upto="):
         PacketDecoder(stream.codec).frames(0, stream.data[:4], 4)
+
+
+def test_packets_after_a_damaged_one_are_not_decoded(stream):
+    d = PacketDecoder(stream.codec, stream.extradata, size=(64, 96))
+    data = _damaged(stream, 5, "truncated")
+    d.frames(0, data[:4], 3)
+    assert d.frames(4, data[4:8], 3)[1:] == [None] * 3
+    assert d.decoded == 4 + 2  # the keyframe and the damaged packet; nothing that depends on it

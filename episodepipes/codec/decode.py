@@ -3,8 +3,8 @@
 No container is opened: packets go straight to the decoder. Frame ``t`` is decoded from its GOP's keyframe;
 the decoder keeps the frames of the last ``keep`` GOPs it decoded and where it stopped in the newest, so
 consecutive frames (a whole episode, a history window that straddles GOPs, several sparse frames of one GOP)
-never decode a packet twice. Each packet gets its position in
-the GOP as its pts, and frames are matched back by pts, so a decoder that holds frames back cannot shift them.
+never decode a packet twice. Each packet gets its position in the GOP as its pts, and frames are matched back
+by pts, so a decoder that holds frames back cannot shift them.
 
 A damaged packet gives None for its frame and every later frame of its GOP (they reference it): FFmpeg raises
 on bytes it cannot parse (libdav1d does for most damage), or flags the frame corrupt (the h264 decoder conceals
@@ -96,6 +96,10 @@ class PacketDecoder:
 
     def _feed(self, packets: Sequence[bytes], upto: int) -> None:
         for i in range(self._fed, upto + 1):
+            if self._bad is not None and i >= self._bad:  # depends on a damaged frame: not worth decoding
+                self._fed = i + 1
+                self._collect()
+                continue
             pkt = av.Packet(bytes(packets[i]))
             pkt.pts = pkt.dts = i
             self._decode(pkt, i)
