@@ -90,3 +90,15 @@ def test_an_unknown_extension_or_an_empty_range_is_refused(tmp_path):
         copy_packets(path.rename(tmp_path / "ok.m3u8"))
     with pytest.raises(ValueError, match="no frame lies within"):
         copy_packets(_write(tmp_path / "ok.mp4", options={"g": "4", "bf": "0"}), start=5.0, end=6.0)
+
+
+@pytest.mark.parametrize(("encoder", "options"), [
+    ("libx265", {"x265-params": "bframes=0:keyint=4:min-keyint=4:scenecut=0:log-level=error"}),
+    ("libx264", {"g": "4", "bf": "0", "x264-params": "scenecut=0"}),
+])
+def test_a_range_that_starts_mid_gop_decodes_exactly(tmp_path, encoder, options):
+    path = _write(tmp_path / "v.mp4", encoder=encoder, options=options)
+    p = copy_packets(path, start=0.5, end=1.0)  # frames 5..9; keyframes at 0, 4, 8
+    assert (len(p), p.lead, p.key.tolist()) == (5, 1, [0, 0, 0, 0, 4, 4])
+    want = [f for t, f in _direct(path) if 0.45 <= t < 0.95]
+    assert all(np.array_equal(g, w) for g, w in zip(_decode(p), want, strict=True))
