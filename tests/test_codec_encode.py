@@ -76,6 +76,16 @@ def test_fast_decode_drops_cabac():
     assert all(f is not None for f in _decode_all(fast))
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_bgr_frames_encode_to_the_same_packets_as_their_rgb(codec):
+    frames = _frames(n=3, h=64, w=96)
+    rgb = encode_frames(frames, CodecOptions(codec=codec))
+    bgr = encode_frames([f[:, :, ::-1] for f in frames], CodecOptions(codec=codec), channel_order="bgr")
+    assert rgb.data == bgr.data
+    with pytest.raises(ValueError, match="channel_order="):
+        encode_frames(frames, channel_order="yuv")
+
+
 def test_lower_crf_gives_more_bytes():
     frames = _frames(n=4, h=64, w=96)
     sizes = [sum(map(len, encode_frames(frames, CodecOptions(codec="h264", crf=c)).data)) for c in (12, 30)]

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import av
+import cv2
 import numpy as np
 
 from episodepipes.codec.stream import Packets
@@ -74,7 +75,7 @@ def same_scheduling() -> Iterator[None]:
 
 def _check(frame: np.ndarray, shape: tuple[int, ...] | None, i: int) -> tuple[int, ...]:
     if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
-        raise ValueError(f"frame {i}: {frame.shape=} {frame.dtype=} should be (H, W, 3) uint8 RGB")
+        raise ValueError(f"frame {i}: {frame.shape=} {frame.dtype=} should be (H, W, 3) uint8")
     if shape is not None and frame.shape != shape:
         raise ValueError(f"frame {i}: {frame.shape=} differs from the first frame's {shape}; resize the camera")
     h, w = frame.shape[:2]
@@ -83,13 +84,20 @@ def _check(frame: np.ndarray, shape: tuple[int, ...] | None, i: int) -> tuple[in
     return frame.shape
 
 
-def encode_frames(frames: Iterable[np.ndarray], options: CodecOptions = CodecOptions()) -> Packets:
-    """Encode (H, W, 3) uint8 RGB frames as yuv420p packets; one packet per frame, in frame order."""
+def encode_frames(frames: Iterable[np.ndarray], options: CodecOptions = CodecOptions(), *,
+                  channel_order: str = "rgb") -> Packets:
+    """Encode (H, W, 3) uint8 frames as yuv420p packets; one packet per frame, in frame order.
+
+    ``channel_order``: "rgb", or "bgr" for readers that decode with OpenCV (`EpisodeData.channel_order`).
+    BGR goes to RGB first (swscale rounds the two differently), so the packets never depend on the reader.
+    """
+    if channel_order not in ("rgb", "bgr"):
+        raise ValueError(f"channel_order={channel_order!r} should be 'rgb' or 'bgr'")
     with same_scheduling():
-        return _encode(frames, options)
+        return _encode(frames, options, channel_order == "bgr")
 
 
-def _encode(frames: Iterable[np.ndarray], options: CodecOptions) -> Packets:
+def _encode(frames: Iterable[np.ndarray], options: CodecOptions, bgr: bool) -> Packets:
     ctx, shape, out = None, None, []
     for i, frame in enumerate(frames):
         shape = _check(frame, shape, i)
@@ -98,7 +106,8 @@ def _encode(frames: Iterable[np.ndarray], options: CodecOptions) -> Packets:
             ctx.height, ctx.width = shape[:2]
             ctx.pix_fmt, ctx.time_base, ctx.framerate = "yuv420p", fractions.Fraction(1, 30), 30
             ctx.options = options.encoder_options()
-        vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24").reformat(format="yuv420p")
+        rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB) if bgr else np.ascontiguousarray(frame)
+        vf = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
         vf.pts = i
         out += ctx.encode(vf)
     if ctx is None:
