@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from episodepipes.format import BLOCK, npy_bytes, npy_header, safe_episode_id, safe_field, tar_header, tar_headers
+from episodepipes.format import BLOCK, npy_header, safe_episode_id, safe_field, tar_header, tar_headers
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
 
 
