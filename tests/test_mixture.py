@@ -92,6 +92,28 @@ def test_a_cycled_source_restarts_in_a_new_order_and_each_pass_covers_it_once():
     assert seen[(1, 0)] != seen[(1, 1)]
 
 
+@given(ws=weights, sizes=st.lists(st.integers(1, 40), min_size=7, max_size=7), seed=st.integers(0, 99),
+       stop=st.sampled_from(["cycle", "first_exhausted"]))
+@settings(deadline=None)
+def test_an_epoch_of_samples_covers_each_source_pass_once_and_is_a_pure_function(ws, sizes, seed, stop):
+    m = _mix(ws, sizes[: len(ws)], stop)
+    g = np.arange(len(m))
+    src, ids = m.samples(g, seed=seed, epoch=2)
+    for s, n in enumerate(m.sizes):
+        got = ids[src == s]
+        full, rest = divmod(len(got), n)
+        for p in range(full):  # every full pass is a permutation of the source
+            assert sorted(got[p * n:(p + 1) * n].tolist()) == list(range(n))
+        assert len(set(got[full * n:].tolist())) == rest
+        if stop == "cycle":
+            assert full >= 1
+        else:
+            assert full <= 1
+    part = np.array([len(m) - 1, 0, len(m) // 2])  # any positions, in any order, give the same answer
+    assert [a.tolist() for a in m.samples(part, seed=seed, epoch=2)] == [src[part].tolist(), ids[part].tolist()]
+    assert not np.array_equal(m.samples(g, seed=seed, epoch=3)[1], ids) or max(m.sizes) < 10
+
+
 @given(ws=weights, world=st.integers(1, 4), batch=st.integers(1, 8))
 @settings(deadline=None)
 def test_every_rank_gets_the_same_batches_and_a_global_step_holds_the_shares(ws, world, batch):

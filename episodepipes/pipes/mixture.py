@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from episodepipes.pipes.permute import IndexShuffle
+
 STOPS = ("cycle", "first_exhausted")
 
 
@@ -183,3 +185,16 @@ class Mixture:
         ``IndexShuffle.of(size, seed=seed, epoch=epoch, stream=(source, pass))``."""
         s, k = self.locate(g)
         return s, k // self.sizes[s], k % self.sizes[s]
+
+    def samples(self, g: np.ndarray, *, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(source ids, sample ids within each source)`` of global positions ``g`` in ``epoch``: `draw`,
+        then each source pass's own `IndexShuffle` (stream ``(source, pass)``). A pure function of its
+        arguments, so a resumed run or any rank computes the same samples without replaying."""
+        src, k = self.locate_many(g)
+        ids = np.empty_like(k)
+        sizes = np.asarray(self.sizes, np.int64)[src]
+        passes, index = k // sizes, k % sizes
+        for s, p in sorted(set(zip(src.ravel().tolist(), passes.ravel().tolist()))):
+            at = (src == s) & (passes == p)
+            ids[at] = IndexShuffle.of(self.sizes[s], seed=seed, epoch=epoch, stream=(s, p))(index[at])
+        return src, ids
