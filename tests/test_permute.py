@@ -13,6 +13,7 @@ from episodepipes.pipes.permute import (
     rank_positions,
     rank_samples,
     resume_point,
+    shuffle_many,
     steps_per_epoch,
 )
 
@@ -66,6 +67,7 @@ def test_positions_outside_the_domain_are_refused():
 
 
 @given(world=st.integers(1, 6), batch=st.integers(1, 6), step=st.integers(0, 50))
+@settings(deadline=None)
 def test_the_ranks_of_a_step_take_exactly_its_global_block(world, batch, step):
     g = world * batch
     parts = [rank_positions(step, rank=r, world_size=world, batch_size=batch) for r in range(world)]
@@ -76,6 +78,7 @@ def test_the_ranks_of_a_step_take_exactly_its_global_block(world, batch, step):
 
 
 @given(n=st.integers(0, 400), world=st.integers(1, 6), batch=st.integers(1, 8), seed=st.integers(0, 99))
+@settings(deadline=None)
 def test_drop_last_keeps_every_rank_even_and_drops_less_than_a_global_batch(n, world, batch, seed):
     steps = steps_per_epoch(n, world_size=world, batch_size=batch)
     if n == 0:
@@ -178,3 +181,22 @@ def test_resume_refuses_another_seed_dataset_or_policy(change, match):
 def test_a_hostile_resume_state_is_refused_by_name(state, match):
     with pytest.raises(ValueError, match=match):
         resume_point(state, world_size=2, batch_size=4, n=100, seed=1)
+
+
+@given(ns=st.lists(st.integers(1, 5000), min_size=1, max_size=6), seed=st.integers(0, 99),
+       picks=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), max_size=200))
+@settings(deadline=None)
+def test_shuffle_many_is_each_positions_own_shuffle(ns, seed, picks):
+    shuffles = [IndexShuffle.of(n, seed=seed, epoch=1, stream=(i,)) for i, n in enumerate(ns)]
+    which = np.array([w % len(ns) for w, _ in picks], np.int64)
+    pos = np.array([p % ns[w] for w, p in zip(which, (p for _, p in picks))], np.int64)
+    got = shuffle_many(shuffles, which, pos)
+    assert got.tolist() == [shuffles[w](int(p)) for w, p in zip(which, pos)]
+
+
+def test_shuffle_many_refuses_positions_outside_their_own_domain():
+    shuffles = [IndexShuffle.of(5, seed=0, epoch=0), IndexShuffle.of(50, seed=0, epoch=0)]
+    with pytest.raises(IndexError, match="each one's shuffle"):
+        shuffle_many(shuffles, np.array([1, 0]), np.array([7, 7]))
+    with pytest.raises(ValueError, match="an index into the 2 shuffles"):
+        shuffle_many(shuffles, np.array([2]), np.array([0]))

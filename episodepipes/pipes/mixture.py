@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from episodepipes.pipes.permute import IndexShuffle
+from episodepipes.pipes.permute import IndexShuffle, shuffle_many
 
 STOPS = ("cycle", "first_exhausted")
 
@@ -135,11 +135,25 @@ class Mixture:
         return node, k
 
     def locate_many(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`locate` over an array of positions: (source ids, k), int64 arrays of its shape."""
+        """`locate` over an array of positions, vectorised per tree node: (source ids, k), int64 arrays."""
         g = np.asarray(g)
-        flat = [self.locate(int(x)) for x in g.ravel()]
-        src = np.fromiter((s for s, _ in flat), np.int64, len(flat)).reshape(g.shape)
-        return src, np.fromiter((k for _, k in flat), np.int64, len(flat)).reshape(g.shape)
+        flat = g.ravel().astype(np.int64)
+        if flat.size and int(flat.min()) < 0:
+            raise ValueError(f"positions should be non-negative; got {int(flat.min())}")
+        src, ks = np.empty(flat.size, np.int64), np.empty(flat.size, np.int64)
+        todo: list[tuple[_Node | int, np.ndarray, np.ndarray]] = [(self._root, np.arange(flat.size), flat)]
+        while todo:
+            node, at, k = todo.pop()
+            if isinstance(node, int):
+                src[at], ks[at] = node, k
+                continue
+            if k.size and (int(k.max()) + 1) * node.p + node.q >= 2**62:
+                k = k.astype(object)  # exact Python ints where int64 could overflow
+            c = (k * node.p + node.q // 2) // node.q
+            left = ((k + 1) * node.p + node.q // 2) // node.q > c
+            todo += [(node.left, at[left], c[left].astype(np.int64)),
+                     (node.right, at[~left], (k - c)[~left].astype(np.int64))]
+        return src.reshape(g.shape), ks.reshape(g.shape)
 
     def position(self, source: int, k: int) -> int:
         """The global position of the ``k``-th sample of ``source`` (the inverse of `locate`)."""
@@ -191,10 +205,10 @@ class Mixture:
         then each source pass's own `IndexShuffle` (stream ``(source, pass)``). A pure function of its
         arguments, so a resumed run or any rank computes the same samples without replaying."""
         src, k = self.locate_many(g)
-        ids = np.empty_like(k)
         sizes = np.asarray(self.sizes, np.int64)[src]
-        passes, index = k // sizes, k % sizes
-        for s, p in sorted(set(zip(src.ravel().tolist(), passes.ravel().tolist()))):
-            at = (src == s) & (passes == p)
-            ids[at] = IndexShuffle.of(self.sizes[s], seed=seed, epoch=epoch, stream=(s, p))(index[at])
-        return src, ids
+        passes = k // sizes
+        ns = len(self.names)
+        groups, which = np.unique((passes * ns + src).ravel(), return_inverse=True)  # one per (source, pass)
+        shuffles = [IndexShuffle.of(self.sizes[g % ns], seed=seed, epoch=epoch, stream=(g % ns, g // ns))
+                    for g in groups.tolist()]
+        return src, shuffle_many(shuffles, which.ravel(), (k % sizes).ravel()).reshape(src.shape)

@@ -16,8 +16,9 @@ Drop-last: an epoch has ``n // G`` steps, the same on every rank.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,13 @@ def _mix_int(x: int) -> int:
     return x ^ (x >> 31)
 
 
+@lru_cache(maxsize=4096)
+def _round_keys(seed: int, spawn_key: tuple[int, ...]) -> tuple[int, ...]:
+    """Cached: a mixture batch asks for the same few (source, pass) keys again and again."""
+    state = np.random.SeedSequence(seed, spawn_key=spawn_key).generate_state(ROUNDS, dtype=np.uint64)
+    return tuple(int(k) for k in state)
+
+
 def _count(name: str, value: Any, *, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
         raise ValueError(f"{name}={value!r} should be an int >= {low}")
@@ -82,9 +90,7 @@ class IndexShuffle:
         _count("n", n)
         for name, v in (("seed", seed), ("epoch", epoch), *((f"stream[{i}]", s) for i, s in enumerate(stream))):
             _count(name, v)
-        state = np.random.SeedSequence(int(seed), spawn_key=(int(epoch), *map(int, stream))).generate_state(
-            ROUNDS, dtype=np.uint64)
-        return cls(int(n), tuple(int(k) for k in state))
+        return cls(int(n), _round_keys(int(seed), (int(epoch), *map(int, stream))))
 
     @property
     def bits(self) -> int:
@@ -95,60 +101,102 @@ class IndexShuffle:
 
     def __call__(self, positions: int | np.ndarray) -> Any:
         """``perm(positions)`` as int64 (an int for an int): vectorised over any array of positions."""
-        return self._walk(positions, self._forward)
+        return self._apply(positions, forward=True)
 
     def inverse(self, values: int | np.ndarray) -> Any:
         """The positions that ``self`` maps to ``values``: ``self.inverse(self(p)) == p``."""
-        return self._walk(values, self._backward)
+        return self._apply(values, forward=False)
 
-    def _walk(self, positions: int | np.ndarray, step: Any) -> Any:
-        scalar = np.ndim(positions) == 0
-        if scalar and isinstance(positions, int | np.integer) and not isinstance(positions, bool):
+    def _apply(self, positions: int | np.ndarray, *, forward: bool) -> Any:
+        if isinstance(positions, int | np.integer) and not isinstance(positions, bool):
             if not 0 <= positions < self.n:
                 raise IndexError(f"position {positions} should be in [0, {self.n})")
-            y = step(int(positions))
-            while y >= self.n:
-                y = step(y)
+            w = _widths(self.bits)
+            y = _net(int(positions), self.keys, w, forward)
+            while y >= self.n:  # cycle-walking: the cycle through any x < n comes back below n
+                y = _net(y, self.keys, w, forward)
             return y
-        x = np.atleast_1d(np.asarray(positions))
-        if x.dtype.kind not in "iu":
-            raise TypeError(f"positions of dtype {x.dtype} should be integers")
-        if x.size and (int(x.min()) < 0 or int(x.max()) >= self.n):
-            raise IndexError(f"positions should be in [0, {self.n}); got [{int(x.min())}, {int(x.max())}]")
-        y = step(x.astype(np.uint64))
-        out = np.flatnonzero(y >= self.n)
-        while out.size:  # cycle-walking: the cycle through any x < n comes back below n
-            y[out] = step(y[out])
-            out = out[y[out] >= self.n]
-        y = y.astype(np.int64)
-        return int(y[0]) if scalar else y.reshape(np.shape(positions))
+        x = _positions(positions, self.n)
+        w = tuple(np.uint64(v) for v in _widths(self.bits))
+        y = _walk(x.astype(np.uint64), np.uint64(self.n), [np.uint64(k) for k in self.keys], w, forward)  # type: ignore
+        return y.astype(np.int64).reshape(np.shape(positions))
 
-    def _forward(self, x: Any) -> Any:
-        """One pass of the network over an int or a uint64 array (the same arithmetic either way)."""
-        py = isinstance(x, int)
-        lw, rw = (self.bits + 1) // 2, self.bits // 2  # left/right widths; an odd width gives an unbalanced net
-        for k in self.keys:
-            left, right = x >> _u(rw, py), x & _u((1 << rw) - 1, py)
-            f = (_mix_int(right ^ k) if py else _mix(right ^ np.uint64(k))) & _u((1 << lw) - 1, py)
-            x = (right << _u(lw, py)) | (left ^ f)
-            lw, rw = rw, lw
+
+def _positions(positions: Any, n: Any) -> np.ndarray:
+    x = np.asarray(positions).ravel()
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"positions of dtype {x.dtype} should be integers")
+    if x.size and (int(x.min()) < 0 or (x >= n).any()):
+        top = n if np.ndim(n) == 0 else "the n of each one's shuffle"
+        raise IndexError(f"positions should be in [0, {top}); got [{int(x.min())}, {int(x.max())}]")
+    return x
+
+
+def _net(x: Any, keys: Any, w: tuple[Any, Any, Any, Any], forward: bool) -> Any:
+    """The Feistel network on an int, or on uint64 arrays; ``w`` = (left width, right width, their masks),
+    ints, uint64 scalars or per-element arrays (precomputed: numpy scalar arithmetic is slow)."""
+    lw, rw, lm, rm = w
+    mix = _mix_int if isinstance(x, int) else _mix
+    if forward:
+        for k in keys:
+            left, right = x >> rw, x & rm
+            x = (right << lw) | (left ^ (mix(right ^ k) & lm))
+            lw, rw, lm, rm = rw, lw, rm, lm
         return x
-
-    def _backward(self, y: Any) -> Any:
-        py = isinstance(y, int)
-        lw, rw = (self.bits + 1) // 2, self.bits // 2
-        if ROUNDS % 2 == 0:  # the widths the last round started with
-            lw, rw = rw, lw
-        for k in reversed(self.keys):  # undo one round: y = (right << lw) | (left ^ f(right))
-            right, lf = y >> _u(lw, py), y & _u((1 << lw) - 1, py)
-            left = lf ^ ((_mix_int(right ^ k) if py else _mix(right ^ np.uint64(k))) & _u((1 << lw) - 1, py))
-            y = (left << _u(rw, py)) | right
-            lw, rw = rw, lw
-        return y
+    if ROUNDS % 2 == 0:  # the widths the last round started with
+        lw, rw, lm, rm = rw, lw, rm, lm
+    for k in reversed(keys):  # undo one round: x = (right << lw) | (left ^ f(right))
+        right, lf = x >> lw, x & lm
+        x = ((lf ^ (mix(right ^ k) & lm)) << rw) | right
+        lw, rw, lm, rm = rw, lw, rm, lm
+    return x
 
 
-def _u(v: int, py: bool) -> Any:
-    return v if py else np.uint64(v)
+def _widths(bits: Any) -> tuple[Any, Any, Any, Any]:
+    """Left and right widths of a ``bits``-wide network (an odd width gives an unbalanced one), and masks."""
+    if isinstance(bits, int):
+        lw, rw = (bits + 1) // 2, bits // 2
+        return lw, rw, (1 << lw) - 1, (1 << rw) - 1
+    one = np.uint64(1)
+    lw, rw = (bits + one) >> one, bits >> one
+    return lw, rw, (one << lw) - one, (one << rw) - one
+
+
+def _walk(x: np.ndarray, n: Any, keys: list[Any], w: tuple[Any, Any, Any, Any], forward: bool) -> np.ndarray:
+    """Cycle-walk uint64 ``x`` through the network until every value is below its ``n``."""
+    def at(v: Any, i: np.ndarray) -> Any:
+        return v if np.ndim(v) == 0 else v[i]
+
+    y = _net(x, keys, w, forward)
+    out = np.flatnonzero(y >= n)
+    while out.size:
+        y[out] = _net(y[out], [at(k, out) for k in keys], tuple(at(v, out) for v in w), forward)  # type: ignore
+        out = out[y[out] >= at(n, out)]
+    return y
+
+
+def shuffle_many(shuffles: Sequence[IndexShuffle], which: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``shuffles[which[i]](positions[i])`` for every ``i`` in one vectorised pass (int64, of the shape of
+    ``positions``): a mixture batch draws from several sources' orders at the cost of one.
+
+    Args:
+        shuffles: the permutations.
+        which: for each position, the index of its permutation in ``shuffles``.
+        positions: the positions, each in the domain of its permutation.
+    """
+    which = np.asarray(which, np.int64).ravel()
+    if which.shape != np.shape(np.asarray(positions).ravel()) or (which.size and not
+                                                                  0 <= which.min() <= which.max() < len(shuffles)):
+        raise ValueError(f"which should give, for each of the {np.size(positions)} positions, an index into the "
+                         f"{len(shuffles)} shuffles")
+    if not which.size:
+        return np.zeros(np.shape(positions), np.int64)
+    ns = np.array([s.n for s in shuffles], np.int64)[which]
+    x = _positions(positions, ns)
+    bits = np.array([s.bits for s in shuffles], np.uint64)[which]
+    keys = np.array([s.keys for s in shuffles], np.uint64)[which].T
+    y = _walk(x.astype(np.uint64), ns.astype(np.uint64), list(keys), _widths(bits), True)
+    return y.astype(np.int64).reshape(np.shape(positions))
 
 
 def steps_per_epoch(n: int, *, world_size: int, batch_size: int) -> int:
