@@ -1,8 +1,10 @@
 """A keyed bijective index shuffle over ``[0, n)`` in O(1) memory, and the elastic global order built on it.
 
-`IndexShuffle` is a 4-round Feistel network over the smallest power-of-two domain holding ``n`` (at least
-4), with cycle-walking: a value that lands outside ``[0, n)`` is permuted again until it falls inside,
-which keeps a bijection of ``[0, n)``. Keys come from ``SeedSequence(seed, spawn_key=(epoch, *stream))``,
+`IndexShuffle` is a 4-round Feistel network over the smallest power-of-two domain holding ``n``, with
+cycle-walking: a value that lands outside ``[0, n)`` is permuted again until it falls inside, which keeps
+a bijection of ``[0, n)``. Up to ``SMALL`` elements a Feistel net on a few bits is measurably biased
+(halves of one or two bits), so there the order is numpy's exact permutation drawn from the same keys
+(at most ``SMALL`` entries, kept). Keys come from ``SeedSequence(seed, spawn_key=(epoch, *stream))``,
 so an epoch's order is a pure function of ``(seed, epoch)``, and nothing proportional to ``n`` is stored.
 
 The elastic order: epoch ``e``'s global stream is ``perm_e(0), perm_e(1), ...``. Global step ``s`` at
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 ROUNDS = 4  # Luby-Rackoff: four rounds of a pseudo-random function give a pseudo-random permutation
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+SMALL = 128
 MISMATCH = ("refuse", "next_step", "next_epoch")
 
 
@@ -50,6 +53,15 @@ def _mix_int(x: int) -> int:
     x ^= x >> 27
     x = (x * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
+
+
+@lru_cache(maxsize=1024)
+def _small_table(n: int, keys: tuple[int, ...], forward: bool) -> np.ndarray:
+    """The order of a domain of at most SMALL elements (or its inverse), read-only."""
+    perm = np.random.default_rng(list(keys)).permutation(n)
+    out = perm if forward else np.argsort(perm)
+    out.flags.writeable = False
+    return out
 
 
 @lru_cache(maxsize=4096)
@@ -108,15 +120,20 @@ class IndexShuffle:
         return self._apply(values, forward=False)
 
     def _apply(self, positions: int | np.ndarray, *, forward: bool) -> Any:
+        small = _small_table(self.n, self.keys, forward) if self.n <= SMALL else None
         if isinstance(positions, int | np.integer) and not isinstance(positions, bool):
             if not 0 <= positions < self.n:
                 raise IndexError(f"position {positions} should be in [0, {self.n})")
+            if small is not None:
+                return int(small[positions])
             w = _widths(self.bits)
             y = _net(int(positions), self.keys, w, forward)
             while y >= self.n:  # cycle-walking: the cycle through any x < n comes back below n
                 y = _net(y, self.keys, w, forward)
             return y
         x = _positions(positions, self.n)
+        if small is not None:
+            return small[x].astype(np.int64).reshape(np.shape(positions))
         w = tuple(np.uint64(v) for v in _widths(self.bits))
         y = _walk(x.astype(np.uint64), np.uint64(self.n), [np.uint64(k) for k in self.keys], w, forward)  # type: ignore
         return y.astype(np.int64).reshape(np.shape(positions))
@@ -193,10 +210,17 @@ def shuffle_many(shuffles: Sequence[IndexShuffle], which: np.ndarray, positions:
         return np.zeros(np.shape(positions), np.int64)
     ns = np.array([s.n for s in shuffles], np.int64)[which]
     x = _positions(positions, ns)
-    bits = np.array([s.bits for s in shuffles], np.uint64)[which]
-    keys = np.array([s.keys for s in shuffles], np.uint64)[which].T
-    y = _walk(x.astype(np.uint64), ns.astype(np.uint64), list(keys), _widths(bits), True)
-    return y.astype(np.int64).reshape(np.shape(positions))
+    y = np.empty(x.shape, np.int64)
+    big = ns > SMALL
+    for i in np.unique(which[~big]).tolist():  # small domains: their tables
+        at = which == i
+        y[at] = shuffles[i](x[at])
+    if big.any():
+        wb = which[big]
+        bits = np.array([s.bits for s in shuffles], np.uint64)[wb]
+        keys = np.array([s.keys for s in shuffles], np.uint64)[wb].T
+        y[big] = _walk(x[big].astype(np.uint64), ns[big].astype(np.uint64), list(keys), _widths(bits), True)
+    return y.reshape(np.shape(positions))
 
 
 def steps_per_epoch(n: int, *, world_size: int, batch_size: int) -> int:
