@@ -93,6 +93,8 @@ def test_per_source_statistics_pick_each_rows_own_source():
     np.testing.assert_allclose(per.inverse({"action": yb}, source="aloha")["action"], b[:4], rtol=1e-5, atol=1e-4)
     with pytest.raises(KeyError, match="source 'rt1' has no statistics"):
         per({"action": a[:1], "source": "rt1"})
+    with pytest.raises(KeyError, match="no 'source' field naming its source"):
+        per({"action": a[:1]})
 
 
 @pytest.fixture(scope="module")

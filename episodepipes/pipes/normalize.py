@@ -148,7 +148,10 @@ class PerSource:
         return cls({src: Normalize.from_stats(s, mode=mode, keys=keys, eps=eps) for src, s in stats.items()})
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
-        return self._of(sample.get(self.field))(sample)
+        """``by_source[sample[field]](sample)``."""
+        if self.field not in sample:
+            raise KeyError(f"the sample has no {self.field!r} field naming its source; it has {sorted(sample)}")
+        return self._of(sample[self.field])(sample)
 
     def inverse(self, batch: Mapping[str, Any], *, source: str | Sequence[str] | None = None) -> dict[str, Any]:
         """Map a batch back with each row's own source (``source``, default ``batch[field]``, one per row)."""
