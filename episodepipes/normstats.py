@@ -103,7 +103,7 @@ class ArrayStats:
                              f"(steps, {', '.join(map(str, self.shape))})")
         if arr.dtype.kind in "iu" and arr.size and max(abs(int(arr.min())), abs(int(arr.max()))) > 2**53:
             raise ValueError(f"{where}: integers beyond 2**53 are not exact as float64; store them as float64")
-        x = arr.reshape(len(arr), -1).astype(np.float64)
+        x = arr.reshape(len(arr), -1).astype(np.float64) + 0.0  # -0.0 -> 0.0: min/max then ignore merge order
         if not np.isfinite(x).all():
             raise ValueError(f"{where}: has NaN or infinite values; fix or drop them before writing")
         if not len(x):

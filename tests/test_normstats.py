@@ -79,6 +79,12 @@ def test_merged_parts_are_bit_identical_to_one_pass_in_any_order(x, cuts, seed):
     assert json.dumps(parts[0].to_json(), sort_keys=True) == json.dumps(whole.to_json(), sort_keys=True)
 
 
+def test_signed_zeros_do_not_make_min_and_max_depend_on_merge_order():
+    a, b = _stats(np.array([[-0.0], [1.0]])), _stats(np.array([[0.0], [2.0]]))
+    assert a.merge(b) == b.merge(a) == _stats(np.array([[0.0], [-0.0], [1.0], [2.0]]))
+    assert json.dumps(a.merge(b).to_json()) == json.dumps(b.merge(a).to_json())
+
+
 def test_json_round_trips_exactly_and_is_plain_json():
     rng = np.random.default_rng(2)
     s = _stats(rng.normal(0.1, 3, (500, 3)))
