@@ -187,7 +187,7 @@ class ArrayStats:
                 or math.prod(shape) > MAX_DIMS):
             raise ValueError(f"{where}: shape={shape!r} should be a list of at most 8 positive ints, "
                              f"at most {MAX_DIMS} elements")
-        if not _is_int(count) or not 0 <= count < 2**62 or obj["sub_bits"] != SUB_BITS:
+        if not _is_int(count) or not 0 <= count < 2**62 or not _is_int(obj["sub_bits"]) or obj["sub_bits"] != SUB_BITS:
             raise ValueError(f"{where}: count={count!r} should be a non-negative int and sub_bits="
                              f"{obj['sub_bits']!r} should be {SUB_BITS}")
         out = cls(tuple(shape))

@@ -123,6 +123,7 @@ def _mutate(path, value):
     (_mutate(["count"], -1), "count=-1"),
     (_mutate(["count"], 3.0), "count=3.0"),
     (_mutate(["sub_bits"], 6), "sub_bits=6 should be 7"),
+    (_mutate(["sub_bits"], 7.0), "sub_bits=7.0 should be 7"),
     (_mutate(["sum"], ["0x1"]), "sum should be a list of 2 hex strings"),
     (_mutate(["sum", 0], "12"), "sum should be a list of 2 hex strings"),
     (_mutate(["sumsq", 0], "0x" + "f" * 701), "sumsq should be a list of 2 hex strings"),
