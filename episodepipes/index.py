@@ -18,11 +18,16 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
+
+if TYPE_CHECKING:
+    from episodepipes.remote import RemoteOptions
 
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
@@ -116,7 +121,12 @@ class Episode:
 
 
 class EpisodeIndex:
-    """A shard folder's index. Use `EpisodeIndex.open(path)`."""
+    """A shard folder's index. Use `EpisodeIndex.open(path)` (a folder, or an ``s3://``/``gs://``/``http(s)://`` root).
+
+    Attributes:
+        root: the shard folder (a `Path`), or the remote root URL (a `str`, without a trailing slash).
+        source: the byte source every shard of this index is read through (the pipes use it).
+    """
 
     def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
         """``data`` is checked field by field (`check_index`) before any of it is used.
@@ -128,9 +138,10 @@ class EpisodeIndex:
         """
         self._load(Path(root), data, fingerprint, Path(root) / INDEX_NAME)
 
-    def _load(self, root: Path, data: dict, fingerprint: str, file: Path) -> None:
+    def _load(self, root: Path | str, data: dict, fingerprint: str, file: Path | str) -> None:
         _validate(data, file)  # ``file`` is what the messages name
         self.root = root
+        self._source: ByteSource | None = None
         self.data = data
         self.fingerprint = fingerprint  # sha256 of the index file's bytes: resume state checks it is the same index
         self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
@@ -139,26 +150,66 @@ class EpisodeIndex:
         self._by_shard: dict[int, list[tuple[Episode, Segment]]] | None = None
 
     @classmethod
-    def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EpisodeIndex:
-        """Read and validate ``<path>/index.json`` (``path`` may also be the json file itself)."""
-        p = Path(path)
+    def open(cls, path: str | os.PathLike, *, verify: bool = False,
+             options: RemoteOptions | None = None) -> EpisodeIndex:
+        """Read and validate ``<path>/index.json`` (``path`` may also be the json file itself).
+
+        Args:
+            path: a shard folder, or a remote root (``s3://bucket/prefix``, ``gs://...``, ``https://host/prefix``)
+                whose ``index.json`` is read through its byte source and validated exactly as a local one.
+            verify: check every shard's size, sha256 and frame checksums now (a remote root downloads them).
+            options: how a remote root is read (`episodepipes.remote.RemoteOptions`); a local folder ignores them.
+        """
+        if is_url(path):
+            return cls._open_remote(str(path), verify=verify, options=options)
+        p = Path(str(path).removeprefix("file://"))
         root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
         if not file.exists():
             hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
                     else "the folder does not exist; check the path")
             raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
         raw = file.read_bytes()
-        try:
-            data = json.loads(raw)
-        except RecursionError:
-            raise IndexFormatError(f"{file}: nested too deeply to be an index; re-shard with --overwrite") from None
-        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
-            raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from None
         index = cls.__new__(cls)
-        index._load(root, data, hashlib.sha256(raw).hexdigest(), file)
+        index._load(root, _parse(raw, file), hashlib.sha256(raw).hexdigest(), file)
         if verify:
             index.verify()
         return index
+
+    @classmethod
+    def _open_remote(cls, url: str, *, verify: bool, options: RemoteOptions | None) -> EpisodeIndex:
+        source = open_source(url, options=options)  # refuses a root with credentials without echoing it
+        file = f"{source.root}/{INDEX_NAME}"
+        try:
+            raw = source.read_file(INDEX_NAME)
+        except ShardMissingError:
+            raise FileNotFoundError(f"no {INDEX_NAME} at {source.root}: an unfinished upload or write, or the "
+                                    "wrong prefix; check the URL") from None
+        index = cls.__new__(cls)
+        index._load(source.root, _parse(raw, file), hashlib.sha256(raw).hexdigest(), file)
+        index._source = source
+        if verify:
+            index.verify()
+        return index
+
+    @property
+    def remote(self) -> bool:
+        """Whether the shards live under a remote root (read through `source`, never as local files)."""
+        return isinstance(self.root, str)
+
+    @property
+    def source(self) -> ByteSource:
+        """The byte source of this index's root, opened on first use (opening connects to nothing)."""
+        if self._source is None:
+            self._source = open_source(self.root)
+        return self._source
+
+    def location(self, name: str) -> str:
+        """Where the file ``name`` of this dataset is, for messages (a path, or the object's URL).
+
+        Args:
+            name: a file name inside the root (a shard's, or ``index.json``).
+        """
+        return f"{self.root}/{name}" if self.remote else str(Path(self.root) / name)
 
     def episode(self, episode_id: str) -> Episode:
         try:
@@ -168,14 +219,18 @@ class EpisodeIndex:
 
             close = difflib.get_close_matches(str(episode_id), list(self._by_id), n=5, cutoff=0.5)
             raise KeyError(
-                f"episode {episode_id!r} is not in {self.root / INDEX_NAME}; close matches: {close or 'none'}"
+                f"episode {episode_id!r} is not in {self.location(INDEX_NAME)}; close matches: {close or 'none'}"
             ) from None
 
     def split(self, split: str) -> list[Episode]:
         return [e for e in self.episodes if e.split == split]
 
     def shard_path(self, shard: int) -> Path:
-        return self.root / self.shards[shard].name
+        """The local file of a shard; a remote index has none (read it through `source`)."""
+        if self.remote:
+            raise ValueError(f"{self.root} is a remote root: its shards have no local path; read them through "
+                             "index.source")
+        return Path(self.root) / self.shards[shard].name
 
     def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]:
         """Every (episode, segment) whose frames are in ``shard``, in index order.
@@ -208,13 +263,13 @@ class EpisodeIndex:
         """Check existence, size, sha256 and every frame's crc32 of the given shards (all by default),
         naming the first bad shard, and its first damaged frame where the index has checksums."""
         for i in range(len(self.shards)) if shards is None else sorted(set(shards)):
-            s, p = self.shards[i], self.shard_path(i)
-            if not p.exists():
+            s, p = self.shards[i], self.location(self.shards[i].name)
+            size = self.shard_size(i)
+            if size is None:
                 raise FileNotFoundError(f"shard {p} is missing; restore it or re-shard")
-            size = p.stat().st_size
             if size != s.bytes:
                 raise IndexFormatError(f"shard {p} has {size} bytes, index says {s.bytes}: truncated? re-shard it")
-            with mapped(p) as view:
+            with self.shard_bytes(i) as view:
                 sha, bad = hashlib.sha256(view).hexdigest(), self.bad_frames(i, view)
             where = f" ({len(bad)} damaged frames, the first episode {bad[0][0]!r} frame {bad[0][1]})" if bad else ""
             if sha != s.sha256:
@@ -222,6 +277,35 @@ class EpisodeIndex:
                                        "re-shard it")
             if bad:
                 raise IndexFormatError(f"shard {p}: crc32 mismatch{where}; restore the shard or re-shard")
+
+    def shard_size(self, shard: int) -> int | None:
+        """A shard file's size in bytes, or None if it is missing.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
+        if not self.remote:
+            p = self.shard_path(shard)
+            return p.stat().st_size if p.exists() else None
+        try:
+            return self.source.size(self.shards[shard].name)
+        except ShardMissingError:
+            return None
+
+    @contextlib.contextmanager
+    def shard_bytes(self, shard: int) -> Iterator[memoryview]:
+        """A shard's whole bytes: memory-mapped from a local folder, downloaded (one GET) from a remote root.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
+        if not self.remote:
+            with mapped(self.shard_path(shard)) as view:
+                yield view
+            return
+        name = self.shards[shard].name
+        with memoryview(self.source.read(name, 0, self.shard_size(shard) or 0)) as view:
+            yield view
 
 
 @contextlib.contextmanager
@@ -254,7 +338,17 @@ def _episode(e: dict) -> Episode:
     return Episode(e["id"], e["split"], e["length"], float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
 
 
-def _validate(data: object, file: Path) -> None:
+def _parse(raw: bytes, file: Path | str) -> object:
+    """The JSON in an index file's bytes; an `IndexFormatError` naming ``file`` if it is not JSON."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise IndexFormatError(f"{file}: nested too deeply to be an index; re-shard with --overwrite") from None
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from None
+
+
+def _validate(data: object, file: Path | str) -> None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")

@@ -25,6 +25,10 @@ class ShardIOError(OSError):
     """A file of the dataset is missing, shorter than the index says, or could not be read; names the file."""
 
 
+class ShardMissingError(ShardIOError, FileNotFoundError):
+    """The file is not there (also a `FileNotFoundError`, as the readers raised before the byte source)."""
+
+
 def check_name(name: str) -> str:
     """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
@@ -79,7 +83,7 @@ class LocalSource:
                     try:
                         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     except FileNotFoundError:
-                        raise ShardIOError(f"{path} is missing; restore it or re-shard {self.root}") from None
+                        raise ShardMissingError(f"{path} is missing; restore it or re-shard {self.root}") from None
                     self._fds[name] = fd
         return fd
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from ..shardio import ShardIOError, check_name
+from ..shardio import ShardIOError, ShardMissingError, check_name
 from . import retry
 from .cache import RangeCache
 from .plan import Request, check_ranges, coalesce
@@ -236,7 +236,7 @@ class RemoteSource:
         try:
             return retry.call(fn, where=where, attempts=o.attempts, backoff=o.backoff, max_backoff=o.max_backoff)
         except retry.Missing:
-            raise ShardIOError(f"{self.root}/{name} is missing; upload it or re-shard {self.root}") from None
+            raise ShardMissingError(f"{self.root}/{name} is missing; upload it or re-shard {self.root}") from None
         except retry.NotSatisfiable:
             raise self._short(name, *span) from None  # type: ignore[misc]
 
