@@ -3,7 +3,9 @@
 Local shards are read one contiguous byte range (`Run`) at a time, so a pinned episode costs its own
 bytes only; the index's frame offsets split a run into samples, each frame's bytes are checked
 against the index's CRC32 (where it has one), and a small header parser (with webdataset's tar
-iterator as fallback) splits a sample into members. Any other URL (``pipe:``, ``http://``...) is
+iterator as fallback) splits a sample into members. An index on a remote root (``s3://``...) is
+read through its byte source, which fetches a batch of runs as coalesced, concurrent ranged GETs in
+this process (never in a decode worker). Any other URL (``pipe:``, ``http://``...) is
 streamed through webdataset's ``gopen``, ``tar_file_iterator`` and ``group_by_keys``, skipping
 forward to the wanted samples and stopping after the last one. A streamed frame has no CRC check:
 webdataset hands over member payloads, not the frame's tar bytes (headers included) the CRC covers.
@@ -25,7 +27,7 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes.plan import Item, read_runs
+from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.stats import Stats
 from episodepipes.tarmembers import frame_fields
 
@@ -59,16 +61,18 @@ class ShardReader(BaseNode[RawSample]):
         index: the shard index.
         items: the plan (see `episodepipes.pipes.plan`).
         stats: counters to add ``bytes_read`` and ``frames_read`` to.
-        url: maps a shard number to what webdataset's ``gopen`` opens; local paths by default.
+        url: maps a shard number to what webdataset's ``gopen`` opens; local paths by default, and for an index
+            on a remote root its byte source (``index.source``).
     """
 
     POS_KEY = "pos"
+    BATCH_BYTES = 32 << 20  # runs fetched per request batch from a remote root
 
     def __init__(self, index: EpisodeIndex, items: Sequence[Item], *, stats: Stats | None = None,
                  url: Callable[[int], str] | None = None) -> None:
         super().__init__()
         self.index, self.items, self.stats = index, items, stats if stats is not None else Stats()
-        self.url = url or (lambda i: str(index.shard_path(i)))
+        self.url = url if url is not None or index.remote else (lambda i: str(index.shard_path(i)))
         self._it: Iterator[RawSample] | None = None
         self._files: dict[int, BinaryIO] = {}
         self._pos = 0
@@ -105,6 +109,9 @@ class ShardReader(BaseNode[RawSample]):
     def _samples(self, items: Sequence[Item]) -> Iterator[RawSample]:
         runs = read_runs(self.index, items)
         for shard, group in itertools.groupby(runs, key=lambda r: r.shard):
+            if self.url is None:  # the index's byte source (a remote root)
+                yield from self._read_source(shard, list(group))
+                continue
             url = self.url(shard)
             if is_local(url):
                 for run in group:
@@ -130,7 +137,31 @@ class ShardReader(BaseNode[RawSample]):
         if len(data) != run.end - run.start:
             raise ValueError(f"shard {url} ends at byte {run.start + len(data)}, the index expects {run.end}: "
                              "truncated? re-shard it or check with verify=True")
-        name = os.path.basename(url)
+        yield from self._split(run, data, os.path.basename(url), url)
+
+    def _read_source(self, shard: int, runs: list[Run]) -> Iterator[RawSample]:
+        """The runs of one shard through the index's byte source, ``BATCH_BYTES`` of runs per `read_ranges` call.
+
+        A batch's ranges are fetched together (coalesced and in flight at once), so per-request latency is
+        paid once per batch rather than once per run; the batch bound keeps a long pass's memory bounded.
+        """
+        name = self.index.shards[shard].name
+        where = self.index.location(name)
+        batch: list[Run] = []
+        size = 0
+        for k, run in enumerate(runs):
+            batch.append(run)
+            size += run.end - run.start
+            if size < self.BATCH_BYTES and k + 1 < len(runs):
+                continue
+            datas = self.index.source.read_ranges(name, [(r.start, r.end - r.start) for r in batch])
+            for r, data in zip(batch, datas):
+                self.stats.add("bytes_read", len(data))
+                yield from self._split(r, data, name, where)
+            batch, size = [], 0
+
+    def _split(self, run: Run, data: bytes, name: str, url: str) -> Iterator[RawSample]:
+        """The samples of one run from its bytes, each frame checked against the index's crc32."""
 
         def pread(size: int, offset: int) -> bytes:  # the run is in memory: frames are slices of it
             return data[offset - run.start:offset - run.start + size]

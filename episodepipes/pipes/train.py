@@ -144,8 +144,9 @@ class TrainReader(BaseNode[RawSample]):
         e, t = self.table.locate(flat)
         ep = self.episodes[e]
         read: dict[int, dict[str, bytes]] = {}
-        damaged = [why for s, want in ((t, None), *fields_by_step(t, ep.length, self.windows).items())
-                   if (why := self._read(ep, s, want, read)) is not None]
+        steps = ((t, None), *fields_by_step(t, ep.length, self.windows).items())
+        got = self._fetch(ep, [s for s, _ in steps]) if self.index.remote else {}
+        damaged = [why for s, want in steps if (why := self._read(ep, s, want, read, got.get(s))) is not None]
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
         shard = self.index.shards[ep.frame_range(t)[0]].name
@@ -154,13 +155,35 @@ class TrainReader(BaseNode[RawSample]):
             return RawSample(item, shard, members, damaged=damaged[0])
         return RawSample(item, shard, window_members(item, ep.length, ep.prompt, self.windows, read))
 
-    def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]]) -> str | None:
+    def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
+        """The whole bytes of each step's frame through the index's byte source (a remote root).
+
+        One `read_ranges` per shard: a window's frames are adjacent, so they come as one ranged GET instead
+        of a request per tar header. Array-only steps are fetched whole too (their JPEGs included): bytes
+        are cheaper than round trips.
+        """
+        by_shard: dict[int, list[tuple[int, int, int]]] = {}
+        for s in steps:
+            shard, start, end = ep.frame_range(s)
+            by_shard.setdefault(shard, []).append((s, start, end))
+        out: dict[int, bytes] = {}
+        for shard, frames in by_shard.items():
+            datas = self.index.source.read_ranges(self.index.shards[shard].name, [(a, b - a) for _, a, b in frames])
+            out.update((s, data) for (s, _, _), data in zip(frames, datas))
+        return out
+
+    def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]],
+              fetched: bytes | None = None) -> str | None:
         """Read ``step``'s fields into ``into[step]``; why its bytes are damaged, or None.
 
         A frame read whole (the current step, and window steps of a camera) is checked against its crc32 in
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
+        ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root).
         """
         shard, start, end = ep.frame_range(step)
+        if fetched is not None:
+            return self._parse(ep, step, want, into, start, end, self.index.location(self.index.shards[shard].name),
+                               lambda size, offset: fetched[offset - start:offset - start + size])
         if shard not in self._fds:
             path = str(self.index.shard_path(shard))
             try:
@@ -168,11 +191,15 @@ class TrainReader(BaseNode[RawSample]):
             except FileNotFoundError:
                 raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
         fd, path = self._fds[shard]
+        return self._parse(ep, step, want, into, start, end, path, lambda size, offset: os.pread(fd, size, offset))
+
+    def _parse(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]], start: int,
+               end: int, path: str, read: Callable[[int, int], bytes]) -> str | None:
         crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
         reads: list[bytes] = []
 
         def pread(size: int, offset: int) -> bytes:
-            reads.append(os.pread(fd, size, offset))
+            reads.append(read(size, offset))
             return reads[-1]
 
         try:
