@@ -41,6 +41,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.plan import parse_resize, parse_size
 from episodepipes.sharding.write import DiskFullError, WriteResult
+from episodepipes.shardio import ShardIOError, is_url
 
 PROG = "episodepipes-shard"
 
@@ -82,11 +83,17 @@ def _parser() -> argparse.ArgumentParser:
                         "the episode is refused; finite, > 0 (default 1e-4, LeRobot's)")
     for name, text in (("info", "print a summary table"), ("verify", "check sha256 and frame offsets")):
         c = sub.add_parser(name, help=text)
-        c.add_argument("out", type=Path, metavar="OUT")
+        c.add_argument("out", type=_root, metavar="OUT", help="a shard folder, or a remote root (s3://bucket/prefix, "
+                       "gs://..., https://...) read with the standard environment (AWS_ENDPOINT_URL, ...)")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
     m.add_argument("out", type=Path, metavar="OUT")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
     return p
+
+
+def _root(text: str) -> Path | str:
+    """A remote root stays a URL (a `Path` would fold its ``//``); anything else is a folder."""
+    return text if is_url(text) else Path(text)
 
 
 def _check_write_args(a: argparse.Namespace) -> None:
@@ -176,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(a)
     except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:
+        _error(str(e))
+    except ShardIOError as e:  # a remote object missing or unreadable after retries: the message names it
         _error(str(e))
     except OSError as e:  # e.g. OUT under a file: the message names the path
         _error(f"{e}; check that OUT is a writable folder with free space")

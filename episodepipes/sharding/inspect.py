@@ -6,7 +6,7 @@ import hashlib
 from collections import Counter
 from pathlib import Path
 
-from episodepipes.index import EpisodeIndex, Segment, mapped
+from episodepipes.index import EpisodeIndex, Segment
 from episodepipes.tarmembers import frame_fields
 
 
@@ -42,19 +42,18 @@ def verify(out: str | Path) -> list[str]:
     the tar header at every indexed frame offset and checks that the members up to the frame's end belong
     to that episode and frame. Only the index's own shard names are opened (`EpisodeIndex` checks them).
     """
-    index = EpisodeIndex.open(out)
+    index = EpisodeIndex.open(out)  # a local folder, or a remote root read through its byte source
     problems: list[str] = []
     for i, s in enumerate(index.shards):
-        p = index.shard_path(i)
         eps = ", ".join(dict.fromkeys(e.id for e, _ in index.segments_in(i))) or "none"
-        if not p.exists():
+        size = index.shard_size(i)
+        if size is None:
             problems.append(f"shard {s.name} is missing (episodes {eps}); restore it or re-shard")
             continue
-        size = p.stat().st_size
         if size != s.bytes:
             problems.append(f"shard {s.name} has {size} bytes, index says {s.bytes} (episodes {eps}); truncated? "
                             "re-shard")
-        with mapped(p) as view:
+        with index.shard_bytes(i) as view:
             if size == s.bytes and hashlib.sha256(view).hexdigest() != s.sha256:
                 problems.append(f"shard {s.name}: sha256 mismatch (episodes {eps}); the file changed, re-shard")
             problems += [f"shard {s.name}: episode {eid!r} frame {frame}: crc32 mismatch, its bytes changed; "
