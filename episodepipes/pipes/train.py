@@ -37,6 +37,7 @@ from episodepipes.pipes.window import (
     plan_windows,
     window_members,
 )
+from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class TrainReader(BaseNode[RawSample]):
         self._epoch = self._pos = 0
         self._stop: int | None = None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
-        self._fds: dict[int, tuple[int, str]] = {}  # shard -> (fd, path)
+        self.source = open_source(index.root)  # its descriptors are closed in close(), reopened on demand
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -130,9 +131,7 @@ class TrainReader(BaseNode[RawSample]):
 
     def close(self) -> None:
         """Close shard files; they are reopened on demand."""
-        for fd, _ in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self.source.close()
 
     def _order_of(self, epoch: int) -> np.ndarray:
         if self._order is None or self._order[0] != epoch:
@@ -161,24 +160,19 @@ class TrainReader(BaseNode[RawSample]):
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
         """
         shard, start, end = ep.frame_range(step)
-        if shard not in self._fds:
-            path = str(self.index.shard_path(shard))
-            try:
-                self._fds[shard] = (os.open(path, os.O_RDONLY), path)  # closed in close()
-            except FileNotFoundError:
-                raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
-        fd, path = self._fds[shard]
+        name = self.index.shards[shard].name
+        path = os.path.join(str(self.source.root), name)
         crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
         reads: list[bytes] = []
 
         def pread(size: int, offset: int) -> bytes:
-            reads.append(os.pread(fd, size, offset))
+            reads.append(self.source.read(name, offset, size))
             return reads[-1]
 
         try:
             fields, n = frame_fields(pread, start, end, ep.id, step, want if crc is None else None, where=path)
         except ValueError:  # a tar header the damage hit; a frame cut short stays an error
-            if crc is None or len(reads[0]) != end - start or zlib.crc32(reads[0]) == crc:
+            if crc is None or not reads or len(reads[0]) != end - start or zlib.crc32(reads[0]) == crc:
                 raise
             fields, n = {}, len(reads[0])
         self.stats.add("bytes_read", n)
