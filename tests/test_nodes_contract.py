@@ -10,7 +10,7 @@ import torch
 from helpers import make_shards
 from nodes_contract import run_test_save_load_state
 
-from episodepipes.pipes import Collator, Decoder, EpisodeIndex, Gate, ShardReader, train_pipe
+from episodepipes.pipes import BatchStacker, Decoder, EpisodeIndex, Gate, ShardReader, train_pipe
 from episodepipes.pipes.plan import Item
 
 ITEMS = [Item(e, f) for e in ("ep0002", "ep0000") for f in range(7)] + [Item("ep0001", 3, False)]
@@ -53,8 +53,8 @@ NODES = {
     "reader": lambda index: ShardReader(index, ITEMS),
     "decoder-threads": lambda index: _decoder(index, "thread"),
     "decoder-processes": lambda index: _decoder(index, "process"),
-    "collator": lambda index: Collator(_decoder(index, "thread"), batch_size=4),
-    "open-gate": lambda index: Gate(lambda: Collator(_decoder(index, "thread"), batch_size=4)),
+    "stacker": lambda index: BatchStacker(_decoder(index, "thread"), batch_size=4),
+    "open-gate": lambda index: Gate(lambda: BatchStacker(_decoder(index, "thread"), batch_size=4)),
 }
 
 

@@ -50,3 +50,17 @@ def test_buffers_are_reused_when_the_consumer_lets_batches_go(shards):
     assert len(ptrs) == 15 and len(set(ptrs)) < 8
     kept = list(pipe)
     assert len({b["front"].data_ptr() for b in kept}) == 15
+
+
+# torchdata.nodes' public names on its main branch (meta-pytorch/data), a superset of the pinned release's
+TORCHDATA_NODES = {"BaseNode", "Batcher", "Collator", "Compose", "Cycler", "Filter", "Header", "IterableWrapper",
+                   "Loader", "MapStyleWrapper", "Mapper", "MultiNodeWeightedSampler", "ParallelMapper", "PinMemory",
+                   "Prefetcher", "SamplerWrapper", "Shuffler", "Stateful", "StopCriteria", "T", "Unbatcher"}
+
+
+def test_no_public_pipes_name_is_also_a_torchdata_node():
+    import torchdata.nodes
+
+    import episodepipes.pipes
+
+    assert set(episodepipes.pipes.__all__).isdisjoint(TORCHDATA_NODES | set(torchdata.nodes.__all__))

@@ -1,7 +1,7 @@
 import pytest
 from helpers import make_shards
 
-from episodepipes.pipes import Collator, Decoder, EpisodeIndex, Gate, ShardReader, video_pipe
+from episodepipes.pipes import BatchStacker, Decoder, EpisodeIndex, Gate, ShardReader, video_pipe
 from episodepipes.pipes.plan import Item
 
 
@@ -52,9 +52,9 @@ def test_decoder_state_with_frames_in_flight(index, method):
                              [0, 2, 11, 19])
 
 
-def test_gate_and_collator_state(index):
+def test_gate_and_stacker_state(index):
     def make():
-        return Gate(lambda: Collator(Decoder(ShardReader(index, ITEMS), index), batch_size=4))
+        return Gate(lambda: BatchStacker(Decoder(ShardReader(index, ITEMS), index), batch_size=4))
 
     run_test_save_load_state(make, [0, 1, 3, 5])
 

@@ -1,7 +1,7 @@
 """`train_pipe`: shuffled training frames with history/horizon windows, even over ranks, exactly resumable.
 
 Graph: `TrainReader` (planned permutation, read by seeking through the byte-range index) -> `Decoder`
-(with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `Collator`.
+(with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `BatchStacker`.
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
 of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop}`` and
 the settings it is valid under, which ``load_state_dict`` checks (`TrainReader`).
@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torchdata.nodes import BaseNode, Loader
+from torchdata.nodes import BaseNode
 from torchdata.nodes.loader import LoaderIterator
 
 from episodepipes.index import Episode, EpisodeIndex
-from episodepipes.pipes.batch import Collator
+from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.pipe import Pipe
@@ -220,11 +220,11 @@ class TrainPipe(Pipe):
     next ``iter()``; a state saved at the end of a pass makes that ``iter()`` the next pass.
     """
 
-    def __init__(self, root: Collator, *, length: int | None, index: EpisodeIndex, stats: Stats,
+    def __init__(self, root: BatchStacker, *, length: int | None, index: EpisodeIndex, stats: Stats,
                  reader: TrainReader, rank_world: tuple[int, int] | None = None) -> None:
-        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world)
         # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
-        self._loader = Loader(root, restart_on_stop_iteration=True)
+        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world,
+                         restart=True)
         self.infinite = length is None
         self.reader = reader
 
@@ -236,7 +236,7 @@ class TrainPipe(Pipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
-            saved = state[LoaderIterator.ROOT_KEY][Collator.SOURCE_KEY][Decoder.SOURCE_KEY]
+            saved = state[LoaderIterator.ROOT_KEY][BatchStacker.SOURCE_KEY][Decoder.SOURCE_KEY]
         except (KeyError, TypeError, IndexError):
             raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
                              "one the pipe (or the Lightning checkpoint) saved") from None
@@ -303,6 +303,6 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
-    return TrainPipe(Collator(dec, batch_size=batch_size, stats=stats),
+    return TrainPipe(BatchStacker(dec, batch_size=batch_size, stats=stats),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
                      rank_world=(rank, world_size) if inferred else None)
