@@ -92,7 +92,8 @@ class LocalSource:
         return os.fstat(self._fd(name)).st_size
 
     def read(self, name: str, offset: int, size: int) -> bytes:
-        data = os.pread(self._fd(name), size, offset)
+        fd = self._fds.get(name)  # the common case, without a call: readers ask for every header of a frame
+        data = os.pread(self._fd(name) if fd is None else fd, size, offset)
         if len(data) != size:
             raise ShardTruncatedError(f"{self._path(name)} ends at byte {offset + len(data)}, the index expects "
                                f"{offset + size}: truncated? re-shard it or check with verify=True")

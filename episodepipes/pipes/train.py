@@ -79,6 +79,8 @@ class TrainReader(BaseNode[RawSample]):
         self._stop: int | None = None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
         self.source = open_source(index.root)  # its descriptors are closed in close(), reopened on demand
+        self._names = [s.name for s in index.shards]
+        self._where = [os.path.join(str(self.source.root), n) for n in self._names]  # for messages
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -160,13 +162,12 @@ class TrainReader(BaseNode[RawSample]):
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
         """
         shard, start, end = ep.frame_range(step)
-        name = self.index.shards[shard].name
-        path = os.path.join(str(self.source.root), name)
+        name, path, read = self._names[shard], self._where[shard], self.source.read
         crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
         reads: list[bytes] = []
 
         def pread(size: int, offset: int) -> bytes:
-            reads.append(self.source.read(name, offset, size))
+            reads.append(read(name, offset, size))
             return reads[-1]
 
         try:
