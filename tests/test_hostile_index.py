@@ -1,4 +1,6 @@
-"""Crafted index.json files: every field is checked at open, named in one line, and nothing escapes the folder."""
+"""Crafted v1 index.json files: every field is checked at open, named in one line, and nothing escapes the folder.
+
+(v2 indexes and their columns: tests/test_index_v2.py.)"""
 
 import contextlib
 import json
@@ -9,15 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_shards
+from helpers import as_v1, make_shards
 
 from episodepipes.index import EpisodeIndex, IndexFormatError
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("good") / "s", num_episodes=3, length=6, height=16, width=24,
-                       shard_size=20_000)
+    return as_v1(make_shards(tmp_path_factory.mktemp("good") / "s", num_episodes=3, length=6, height=16, width=24,
+                             shard_size=20_000))
 
 
 def _ep(d, k=0):
