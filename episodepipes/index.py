@@ -102,6 +102,12 @@ class Episode:
                  "_segs")
 
     def __init__(self, index: EpisodeIndex, number: int) -> None:
+        """Made by `EpisodeIndex.episodes`, not by hand.
+
+        Args:
+            index: the index whose tables describe the episode.
+            number: its position in ``index.episodes``.
+        """
         first, length, _, schema, split, prompt, fps = index._ep[number].tolist()
         self.id: str = index.ids[number]
         self.split: str = index._splits[split]
@@ -122,6 +128,7 @@ class Episode:
 
     @property
     def rows(self) -> range:
+        """The episode's frame rows in the index's per-frame columns (frame ``t`` is row ``rows[t]``)."""
         return range(self._row, self._row + self.length)
 
     def _segment(self, frame: int) -> tuple[int, int, int]:
@@ -297,10 +304,12 @@ class EpisodeIndex:
 
     @property
     def frames(self) -> int:
+        """Frames in the index, over every episode."""
         return int(self.meta["frames"])
 
     @property
     def has_crc(self) -> bool:
+        """Whether every frame has a crc32 (False for v1 indexes written before them, upgraded without --crc)."""
         return self._crc is not None
 
     @property
@@ -320,7 +329,11 @@ class EpisodeIndex:
             ) from None
 
     def split_numbers(self, split: str) -> np.ndarray:
-        """The numbers (positions in `episodes`) of the episodes of ``split``, in index order."""
+        """The numbers (positions in `episodes`) of the episodes of ``split``, in index order.
+
+        Args:
+            split: a split name, e.g. ``"train"``; an unknown one gives no episodes.
+        """
         if split not in self._splits:
             return np.zeros(0, np.int64)
         return np.flatnonzero(self._ep[:, SPLIT] == self._splits.index(split))
@@ -332,7 +345,11 @@ class EpisodeIndex:
         return self.root / self.shards[shard].name
 
     def frame_ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(shard, start byte, end byte) of many frame rows (`Episode.rows`) at once."""
+        """(shard, start byte, end byte) of many frame rows at once, as three arrays.
+
+        Args:
+            rows: frame rows (`Episode.rows`), any order.
+        """
         rows = np.asarray(rows, np.int64)
         seg = np.searchsorted(self._seg[:, ROW], rows, side="right") - 1
         self._check_segments(np.unique(seg).tolist())
@@ -340,7 +357,11 @@ class EpisodeIndex:
         return self._seg[seg, SHARD], start, start + self._size[rows]
 
     def frame_crcs(self, rows: np.ndarray) -> np.ndarray | None:
-        """The crc32 of many frame rows, or None when the index has no checksums."""
+        """The crc32 of many frame rows, or None when the index has no checksums.
+
+        Args:
+            rows: frame rows (`Episode.rows`), any order.
+        """
         return None if self._crc is None else self._crc[np.asarray(rows, np.int64)]
 
     def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]:
@@ -380,6 +401,10 @@ class EpisodeIndex:
         Checks the v2 columns' sha256 and every frame's offsets, then each given shard (all by default):
         existence, size, sha256 and every frame's crc32 where the index has them; ``members`` also parses the
         tar headers at every frame (what the ``verify`` command does).
+
+        Args:
+            shards: shard numbers to check (all by default); the index's own checks always run.
+            members: also parse every frame's tar members.
         """
         from episodepipes.indexverify import problems
 
@@ -387,7 +412,11 @@ class EpisodeIndex:
 
     def verify(self, shards: Iterable[int] | None = None) -> None:
         """Raise for the first problem `problems` finds (FileNotFoundError for a missing shard, else
-        `IndexFormatError`), naming the shard and, for a crc32 mismatch, the first damaged frame."""
+        `IndexFormatError`), naming the shard and, for a crc32 mismatch, the first damaged frame.
+
+        Args:
+            shards: shard numbers to check (all by default).
+        """
         from episodepipes.indexverify import problems
 
         for kind, why in problems(self, shards):

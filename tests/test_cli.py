@@ -11,7 +11,6 @@ import pytest
 from helpers import as_v1, write_raw
 
 from episodepipes.index import EpisodeIndex
-
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.readers import FORMATS, Format

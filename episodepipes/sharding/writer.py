@@ -72,6 +72,18 @@ class ShardWriter:
                  shards: list[dict] | None = None, episodes: list[dict] | None = None,
                  extra: dict | None = None, on_shard: Callable[[ShardWriter], None] | None = None,
                  version: int = FORMAT_VERSION) -> None:
+        """Nothing is opened until the first frame is added.
+
+        Args:
+            out: the output folder (created if missing).
+            shard_size: bytes after which a shard is closed (the frame reaching it ends the shard).
+            options: the write options, recorded in the index.
+            shards: finished shards of a resumed run.
+            episodes: index entries of the episodes those shards complete.
+            extra: top-level index fields (``skipped``, ``job``).
+            on_shard: called with the writer after each finished shard.
+            version: the index format `close` writes: 2, or 1 as older episodepipes wrote it.
+        """
         self.out = Path(out)
         self.shard_size = int(shard_size)
         self.options = options
