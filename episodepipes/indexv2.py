@@ -223,8 +223,9 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
         if len(lengths) and (not (lengths >= 1).all() or not (ends[1:] > ends[:-1]).all()
                              or not (firsts == ends - lengths).all() or int(ends[-1]) != frames):
             k = int(np.flatnonzero(~((lengths >= 1) & (firsts == ends - lengths)))[:1].sum())
-            raise w.fail(f"{what} {k}", f"its first frame row and count should follow the previous one's, "
-                                        f"and all of them should hold the index's {frames} frames")
+            name = f"episode {data['ids'][k]!r}" if what == "episode" else f"segment {k}"
+            raise w.fail(name, "its first frame row and count should follow the previous one's, and all of "
+                               f"them should hold the index's {frames} frames")
     if n == 0 or ns == 0:
         if n or ns or frames:
             raise w.fail("the index", f"{n} episodes, {ns} segments and {frames} frames do not go together")
