@@ -292,6 +292,12 @@ class EpisodeIndex:
             index.verify()
         return index
 
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        # a spawned worker maps the columns again (shared pages) instead of receiving a copy of them
+        if self.version == 2:
+            return EpisodeIndex.open, (str(self.file),)
+        return super().__reduce_ex__(protocol)
+
     @property
     def data(self) -> dict:
         """The index in the v1 layout (every episode entry with its segments and offsets), for tools such as

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from array import array
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ SHARD, ROW, COUNT = range(3)  # columns of the segments table
 EPISODE_KEYS = ("id", "split", "length", "fps", "prompt", "cameras", "arrays", "segments")  # v1 entry fields
 V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "columns")
 _MAX_FRAMES = 2**40
+_NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -157,10 +159,17 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
     for x in w.seq(data, "fps", "the index"):
         check_fps(w, x, "the index's fps list")
     ids = w.seq(data, "ids", "the index")
-    for k, eid in enumerate(ids):
-        if type(eid) is not str:
-            raise w.fail(f"episode {k}", f"id={eid!r} should be a string")
-        check_id(w, eid, f"episode {eid!r}")
+    try:  # one C-level pass over every id; the loop below only runs to name a bad one
+        text = "\n" + "\n".join(ids) + "\n"  # no id may be empty, or start or end with a dot
+        ok = not ids or (_NOT_ID.search(text) is None and "\n\n" not in text and "\n." not in text
+                         and ".\n" not in text)
+    except TypeError:
+        ok = False
+    if not ok:
+        for k, eid in enumerate(ids):
+            if type(eid) is not str:
+                raise w.fail(f"episode {k}", f"id={eid!r} should be a string")
+            check_id(w, eid, f"episode {eid!r}")
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))

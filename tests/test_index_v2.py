@@ -254,3 +254,13 @@ def test_as_v1_and_back_round_trips(pair, tmp_path):
     assert json.loads((copy / "index.json").read_text()) == json.loads((pair[0] / "index.json").read_text())
     upgrade(copy)
     assert _files(copy) == _files(pair[1])
+
+
+def test_a_pickled_v2_index_maps_its_columns_again(pair):
+    import pickle
+
+    index = EpisodeIndex.open(pair[1])
+    blob = pickle.dumps(index.episodes[2])
+    assert len(blob) < 4000  # the index travels as its path, not as its columns
+    again = pickle.loads(blob)
+    assert again == index.episodes[2] and again.frame_range(3) == index.episodes[2].frame_range(3)
