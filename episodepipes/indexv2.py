@@ -190,6 +190,8 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
     for name in sorted(want):
         c, dtype, width = cols[name], COLUMNS[name][1], COLUMNS[name][2]
         at = f"column {name!r}"
+        if type(c) is not dict or set(c) != {"dtype", "shape", "sha256"}:  # no file name: it is fixed, never data
+            raise w.fail(at, f"should hold exactly dtype, shape and sha256 (its file is always {COLUMNS[name][0]})")
         if not _SHA256.fullmatch(str(w.get(c, "sha256", at))) or w.get(c, "dtype", at) != dtype:
             raise w.fail(at, f"should have a sha256 of 64 hex digits and dtype {dtype!r}")
         shape = w.seq(c, "shape", at)
