@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_shards
+from helpers import as_v1, make_shards
 from s3server import CREDENTIALS, FaultProxy, MotoS3, s3_env
 
+from episodepipes.format import COLUMNS
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.pipes.plan import metric_items, read_runs
@@ -68,15 +69,19 @@ def test_the_index_opens_from_s3_as_it_does_locally(shards, proxy):
     local, remote = EpisodeIndex.open(shards), EpisodeIndex.open(URL + "/")
     assert remote.remote and not local.remote and remote.root == URL
     assert remote.data == local.data and remote.fingerprint == local.fingerprint
-    assert [r[1] for r in proxy.gets()] == [f"/{BUCKET}/v1/index.json"]
+    assert remote.version == 2  # the index.json, then each of its columns: one GET each, nothing else
+    assert [r[1] for r in proxy.gets()] == [f"/{BUCKET}/v1/{n}" for n in
+                                            ["index.json", *(COLUMNS[c][0] for c in remote.meta["columns"])]]
+    assert all(rng is None for _, _, rng in proxy.gets())
     assert remote.source is remote.source and remote.source.root == URL
     with pytest.raises(KeyError, match=rf"not in {URL}/index.json"):
         remote.episode("nope")
     with pytest.raises(ValueError, match="remote root"):
         remote.shard_path(0)
     proxy.reset()
-    remote.verify()  # size, sha256 and every frame's crc32, through the source
-    assert proxy.body_bytes == sum(s.bytes for s in local.shards)
+    remote.verify()  # the columns' sha256, each shard's size, sha256 and every frame's crc32, through the source
+    columns = sum((shards / COLUMNS[c][0]).stat().st_size for c in local.meta["columns"])
+    assert proxy.body_bytes == sum(s.bytes for s in local.shards) + columns
 
 
 def test_a_missing_or_hostile_remote_index_is_refused_by_name(moto, shards, proxy, caplog):
@@ -91,7 +96,28 @@ def test_a_missing_or_hostile_remote_index_is_refused_by_name(moto, shards, prox
     c.put_object(Bucket=BUCKET, Key="hostile/index.json", Body=hostile.encode())
     with pytest.raises(IndexFormatError, match=rf"s3://{BUCKET}/hostile/index.json") as e3:
         EpisodeIndex.open(f"s3://{BUCKET}/hostile")
-    _secrets_absent(caplog.text, *(str(e.value) for e in (e1, e2, e3)), repr(EpisodeIndex.open(URL).source))
+    moto.upload_dir(shards, BUCKET, "nocol")
+    c.delete_object(Bucket=BUCKET, Key="nocol/index.offset.npy")
+    with pytest.raises(IndexFormatError, match=rf"s3://{BUCKET}/nocol/index.offset.npy is missing") as e4:
+        EpisodeIndex.open(f"s3://{BUCKET}/nocol")
+    c.put_object(Bucket=BUCKET, Key="nocol/index.offset.npy", Body=(shards / "index.size.npy").read_bytes())
+    with pytest.raises(IndexFormatError, match=rf"s3://{BUCKET}/nocol/index.offset.npy holds <u4") as e5:
+        EpisodeIndex.open(f"s3://{BUCKET}/nocol")
+    c.put_object(Bucket=BUCKET, Key="nocol/index.offset.npy",
+                 Body=(shards / "index.offset.npy").read_bytes() + b"\0" * 8)  # a column with bytes after its data
+    with pytest.raises(IndexFormatError, match=rf"s3://{BUCKET}/nocol/index.offset.npy holds"):
+        EpisodeIndex.open(f"s3://{BUCKET}/nocol")
+    errors = (e1, e2, e3, e4, e5)
+    _secrets_absent(caplog.text, *(str(e.value) for e in errors), repr(EpisodeIndex.open(URL).source))
+
+
+def test_a_version_1_index_opens_from_s3_too(moto, shards, proxy, tmp_path):
+    v1 = as_v1(make_shards(tmp_path / "v1", shard_size=20_000, **SHAPE))
+    moto.upload_dir(v1, BUCKET, "old")
+    remote = EpisodeIndex.open(f"s3://{BUCKET}/old")
+    assert remote.version == 1 and remote.data == EpisodeIndex.open(v1).data
+    kw = dict(episodes=["ep0000", "ep0004"], batch_size=4, max_batches=10)
+    assert _plain(video_pipe(remote, **kw)) == _plain(video_pipe(v1, **kw))
 
 
 @pytest.mark.parametrize("method", ["thread", "process"])
@@ -158,7 +184,7 @@ def test_a_missing_shard_object_is_named(moto, shards, proxy):
         list(video_pipe(index, episodes=["ep0000"], batch_size=4, max_batches=10))
     with pytest.raises(FileNotFoundError, match=rf"s3://{BUCKET}/gone/{shard} is missing"):
         list(train_pipe(index, batch_size=4, seed=0, rank=0, world_size=1))
-    with pytest.raises(FileNotFoundError, match=rf"shard s3://{BUCKET}/gone/{shard} is missing"):
+    with pytest.raises(FileNotFoundError, match=rf"s3://{BUCKET}/gone: shard {shard} is missing"):
         index.verify()
 
 
