@@ -94,19 +94,16 @@ def test_array_windows_read_only_their_npy_members(tmp_path):
 
 
 def test_camera_history_decodes_each_returned_frame_once(index, monkeypatch):
-    import episodepipes.pipes.decode as decode_mod
-    import episodepipes.pipes.window as window_mod
+    from episodepipes.pipes.frames import JpegFrames
 
     calls = {"front": 0, "wrist": 0}
+    real = JpegFrames.decode
 
-    def counting(real, cam):
-        def f(*a, **kw):
-            calls[cam] += 1
-            return real(*a, **kw)
-        return f
+    def counting(self, camera, *a, **kw):
+        calls[camera] += 1
+        return real(self, camera, *a, **kw)
 
-    monkeypatch.setattr(window_mod, "decode_jpeg", counting(window_mod.decode_jpeg, "front"))
-    monkeypatch.setattr(decode_mod, "decode_jpeg", counting(decode_mod.decode_jpeg, "wrist"))
+    monkeypatch.setattr(JpegFrames, "decode", counting)
     batches = list(train_pipe(index, batch_size=13, seed=0, rank=0, world_size=1, history={"front": 3}))
     frames = [(e, t) for b in batches for e, t in zip(b["episode"], b["frame"].tolist())]
     assert calls["wrist"] == len(frames) == 39  # no window: the current frame only

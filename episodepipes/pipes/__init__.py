@@ -3,7 +3,8 @@
 from episodepipes.index import ArraySpec, Camera, Episode, EpisodeIndex, Segment, Shard
 from episodepipes.pipes.batch import Collator, collate
 from episodepipes.pipes.builders import metric_pipe, video_pipe
-from episodepipes.pipes.decode import Decoder, decode_jpeg
+from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.frames import decode_jpeg
 from episodepipes.pipes.gate import Gate
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item

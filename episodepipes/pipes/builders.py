@@ -10,8 +10,9 @@ import numpy as np
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._slabs import Slabs
 from episodepipes.pipes.batch import Collator
-from episodepipes.pipes.decode import Decoder, check_options
+from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.gate import Gate
+from episodepipes.pipes.options import DecodeOptions, ReadOptions
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
 from episodepipes.pipes.read import ShardReader
@@ -81,21 +82,18 @@ def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None)
         raise ValueError(f"camera or array names {clash} clash with batch keys {RESERVED}; rename them when sharding")
 
 
-def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int, num_workers: int,
-                  method: str, resize: tuple[int, int] | None, on_corrupt: str, verify: bool,
-                  url: Callable[[int], str] | None = None) -> Callable[[], Collator]:
+def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int,
+                  decode: DecodeOptions, read: ReadOptions) -> Callable[[], Collator]:
     """A zero-argument builder of reader -> decoder -> collator over ``items`` (what a `Gate` holds)."""
-    check_options(method=method, on_corrupt=on_corrupt, num_workers=num_workers)
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
 
     def build() -> Collator:
-        if verify and not verified:  # once, before the first byte of the first open pass
+        if read.verify and not verified:  # once, before the first byte of the first open pass
             index.verify(shards=shards_of(index, items))
             verified.append(True)
-        reader = ShardReader(index, items, stats=stats, url=url)
-        dec = Decoder(reader, index, num_workers=num_workers, method=method, resize=resize,
-                      on_corrupt=on_corrupt, stats=stats, slab=slabs)
+        reader = ShardReader(index, items, stats=stats, url=read.url)
+        dec = Decoder(reader, index, decode, stats=stats, slab=slabs)
         return Collator(dec, batch_size=batch_size, stats=stats)
 
     return build
@@ -117,6 +115,8 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     Padding samples repeat a real frame with ``valid=False``; the valid samples over all ranks are the
     chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
     """
+    decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
+    read = ReadOptions(verify=verify, url=url)
     idx = open_index(index)
     inferred = rank is None or world_size is None
     rank, world_size = dist_rank_world(rank, world_size)
@@ -128,8 +128,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     chosen = metric_items(episodes, frames_per_episode, sampling=sampling, seed=seed)
     items = split_even(chosen, rank=rank, world_size=world_size)
     stats = Stats()
-    build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
-                          resize=resize, on_corrupt=on_corrupt, verify=verify, url=url)
+    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read)
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
     return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False,
                 rank_world=(rank, world_size) if inferred else None)
@@ -151,6 +150,8 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
             f"max_batches={max_batches!r}: a video pipe needs a positive int cap. Under DDP, rank 0 renders "
             "while the other ranks wait in the next collective; an uncapped render can outlast the process-group "
             "timeout and kill the run. Pick max_batches so one render pass takes well under that timeout.")
+    decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
+    read = ReadOptions(verify=verify, url=url)
     idx = open_index(index)
     if isinstance(episodes, str) or not episodes:
         raise ValueError(f"episodes={episodes!r} should be a non-empty list of episode ids")
@@ -158,7 +159,6 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
     check_batchable(eps, resize)
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()
-    build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
-                          resize=resize, on_corrupt=on_corrupt, verify=verify, url=url)
+    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read)
     length = num_batches(len(items), batch_size, max_batches)
     return Pipe(Gate(build, gate, stats=stats), length=length, index=idx, stats=stats, gated=True)

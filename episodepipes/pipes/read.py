@@ -16,7 +16,6 @@ import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from torchdata.nodes import BaseNode
@@ -26,26 +25,9 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.plan import Item, read_runs
+from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.tarmembers import frame_fields
-
-
-@dataclass
-class RawSample:
-    """One planned item's undecoded members, as a reader hands them to `Decoder`.
-
-    Attributes:
-        item: the planned item (episode, frame, valid).
-        shard: the shard file's name, for messages.
-        members: field (``"front.jpg"``, ``"state.npy"``, ``"json"``) -> bytes.
-        damaged: why the frame's bytes are not the ones written (``"crc32 mismatch"``), or None. A damaged
-            sample is corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
-    """
-
-    item: Item
-    shard: str
-    members: dict[str, bytes]
-    damaged: str | None = None
 
 
 def is_local(url: str) -> bool:

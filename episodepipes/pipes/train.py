@@ -1,7 +1,7 @@
 """`train_pipe`: shuffled training frames with history/horizon windows, even over ranks, exactly resumable.
 
 Graph: `TrainReader` (planned permutation, read by seeking through the byte-range index) -> `Decoder`
-(with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `Collator`.
+(its `SampleDecode` runs the transform in the workers too) -> `Collator`.
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
 of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop}`` and
 the settings it is valid under, which ``load_state_dict`` checks (`TrainReader`).
@@ -24,19 +24,13 @@ from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.batch import Collator
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.read import RawSample
+from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, rank_order
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.window import (
-    Window,
-    WindowDecode,
-    damaged_members,
-    fields_by_step,
-    plan_windows,
-    window_members,
-)
+from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
@@ -149,10 +143,9 @@ class TrainReader(BaseNode[RawSample]):
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
         shard = self.index.shards[ep.frame_range(t)[0]].name
-        if damaged:  # nothing of it is decoded: WindowDecode gives zeros, the Decoder counts it corrupt
-            members = damaged_members(item, ep.length, ep.prompt, self.windows, damaged[0])
-            return RawSample(item, shard, members, damaged=damaged[0])
-        return RawSample(item, shard, window_members(item, ep.length, ep.prompt, self.windows, read))
+        if damaged:  # nothing of it is decoded: the Decoder gives zeros and counts it corrupt
+            return damaged_sample(item, shard, ep.length, self.windows, damaged[0])
+        return window_sample(item, shard, ep.length, self.windows, read)
 
     def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]]) -> str | None:
         """Read ``step``'s fields into ``into[step]``; why its bytes are damaged, or None.
@@ -279,6 +272,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     refuses a state saved under others, saying what differs (another rank's state is accepted: every rank
     is at the same position).
     """
+    options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     idx = open_index(index)
     inferred = rank is None or world_size is None  # then iter() checks them against torch.distributed's
     rank, world_size = dist_rank_world(rank, world_size)
@@ -297,15 +291,13 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     stats = Stats()
     reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
                          batch_size=batch_size, epochs=epochs, stats=stats)
-    fn = WindowDecode(windows, transform, arrays={k: (a.dtype, a.shape) for k, a in episodes[0].arrays.items()})
-    if method == "process":
+    if method == "process" and transform is not None:
         try:
-            pickle.dumps(fn)
+            pickle.dumps(transform)
         except Exception as e:
             raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
                             "module-level function or a picklable callable object, or method='thread'") from None
-    dec = Decoder(reader, idx, num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt,
-                  stats=stats, fn=fn)
+    dec = Decoder(reader, idx, options, stats=stats, transform=transform)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
