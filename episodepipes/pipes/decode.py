@@ -42,8 +42,7 @@ class Decoder(BaseNode[dict]):
     Args:
         source: the node yielding `RawSample`s (a `ShardReader`, or train_pipe's reader).
         index: the `EpisodeIndex` the samples come from.
-        options: `DecodeOptions`; flat keywords (``num_workers=2``, ``method=``, ``resize=``,
-            ``on_corrupt=``) replace its fields.
+        options: `DecodeOptions` (workers, method, resize, corrupt-data policy); the defaults when None.
         transform: ``sample -> sample`` run per sample in the workers (see `SampleDecode`).
         frames: the `FrameDecoder` of camera members (JPEG).
         prefetch: samples in flight; by default 4 per worker, or two chunks per worker where frames come
@@ -53,6 +52,8 @@ class Decoder(BaseNode[dict]):
             passes (a pipe gives one to every pass's decoder). Not used with a ``transform``.
         chunk: samples per task for processes whose frames come back pickled (a ``transform``, no
             ``slab``, or no fork); every other case sends one sample per task.
+        flat: `DecodeOptions` fields as keywords (``num_workers=2``, ``method="process"``...), replacing
+            those of ``options``; each is checked where `DecodeOptions` defines it.
 
     Corrupt data (a JPEG that does not decode at the index's size, an .npy member that is not the index's
     dtype and shape, or a sample whose bytes fail the index's CRC32: ``RawSample.damaged``, every camera
