@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or: make PY=python3 ...)"; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# Pin the CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	# torch first, pinned: the pin picks a version, not a build; the CPU build comes only from a configured CPU wheel or index (README: Which PyTorch build you get).
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)

@@ -13,7 +13,10 @@ import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .remote import RemoteOptions
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 
@@ -112,9 +115,20 @@ def is_url(root: str | os.PathLike) -> bool:
     return "://" in s and not s.startswith("file://")
 
 
-def open_source(root: str | os.PathLike) -> ByteSource:
-    """The byte source for a dataset root given by the caller: a local folder (or ``file://`` path) for now."""
+def open_source(root: str | os.PathLike, *, options: RemoteOptions | None = None) -> ByteSource:
+    """The byte source for a dataset root given by the caller.
+
+    A local folder (or ``file://`` path) gives a `LocalSource`; an ``s3://``, ``gs://`` or ``http(s)://`` root
+    gives a `RemoteSource` (``pip install 'episodepipes[remote]'``), read with ``options``, which a local
+    root ignores. Opening connects to nothing: the first read does.
+    """
     s = str(root)
     if is_url(s):
-        raise ValueError(f"root {s!r} is a URL; remote roots are not supported yet, use a local folder")
+        import importlib.util
+
+        from .remote import RemoteSource
+
+        if importlib.util.find_spec("obstore") is None:
+            raise ValueError(f"root {s!r} is remote and needs obstore: pip install 'episodepipes[remote]'")
+        return RemoteSource(s, options)
     return LocalSource(Path(s.removeprefix("file://")))

@@ -2,11 +2,13 @@
 every builder argument in the table; the Lightning snippet is the checked file."""
 
 import inspect
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 
@@ -125,3 +127,64 @@ def test_lightning_snippet_is_the_private_api_checked_example_file():
     example = (ROOT / "docs" / "lightning_example.py").read_text()
     body = example.split("\n", 1)[1].strip()  # the file's first line is a comment heading
     assert any(b.strip() == body for b in _blocks()), "README snippet != docs/lightning_example.py"
+
+
+def _cli_synopsis() -> str:
+    section = README.split("## CLI\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```\n", 2)[1]
+
+
+def test_cli_synopsis_lists_every_write_option_and_no_other():
+    from episodepipes.sharding import cli
+
+    write = next(a for a in cli._parser()._subparsers._group_actions[0].choices.items() if a[0] == "write")[1]
+    flags = {s for a in write._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+    synopsis = _cli_synopsis().split("episodepipes-shard info", 1)[0]
+    assert set(re.findall(r"--[a-z][a-z-]*", synopsis)) == flags
+
+
+def _digits_as_n(text: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "N", text)
+
+
+def test_readme_summary_and_progress_line_have_the_cli_s_shape(tmp_path, capsys):
+    from episodepipes.sharding import cli
+    from episodepipes.sharding.meter import Meter
+
+    src = tmp_path / "src"
+    for i in range(4):  # the README's run: 4 raw episodes of 5 frames, one with "split" in meta.json
+        d = src / f"ep{i}" / "front"
+        d.mkdir(parents=True)
+        for k in range(5):
+            cv2.imwrite(str(d / f"{k:06d}.png"), np.full((32, 48, 3), 40 * k, np.uint8))
+        np.savez(d.parent / "arrays.npz", state=np.zeros((5, 3), np.float32))
+        (d.parent / "meta.json").write_text(json.dumps({"fps": 10, **({"split": "val"} if i == 0 else {})}))
+    assert cli.main(["write", str(src), str(tmp_path / "out"), "--val-fraction", "0.5", "--workers", "1"]) == 0
+    out = capsys.readouterr().out.replace(str(tmp_path / "out"), "out").splitlines()
+    section = README.split("## CLI\n", 1)[1].split("\n## ", 1)[0]
+    (summary,) = re.findall(r"  ```\n(  wrote .*?)  ```", section, flags=re.S)
+    assert [_digits_as_n(x.strip()) for x in summary.splitlines()] == [_digits_as_n(x) for x in out]
+    assert out[1] == summary.splitlines()[1].strip()  # the split origins, exactly: metadata wins over the option
+    line = re.search(r"such as `(episodes .*?)`", section).group(1)
+    meter = Meter(16, 0, enabled=False)
+    for _ in range(5):
+        meter.update(24)
+    assert _digits_as_n(line) == _digits_as_n(meter.line())
+
+
+def test_format_module_factory_runs_the_readme_reader_from_the_command_line(tmp_path, monkeypatch):
+    from episodepipes.sharding import cli
+
+    monkeypatch.setattr(readers, "FORMATS", dict(readers.FORMATS))
+    code = _block("register_format(").split("\n\nregister_format(", 1)[0]  # imports and the NpyReader class
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "reader.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "src").mkdir()
+    np.save(tmp_path / "src" / "a.npy", np.zeros((3, 16, 16, 3), np.uint8))
+    assert "--format mypkg.reader:NpyReader" in README
+    assert cli.main(["write", str(tmp_path / "src"), str(tmp_path / "out"), "--format", "mypkg.reader:NpyReader",
+                     "--workers", "1"]) == 0
+    assert [(e.id, e.length) for e in EpisodeIndex.open(tmp_path / "out").episodes] == [("a", 3)]
+    assert f'[project.entry-points."{readers.ENTRY_POINTS}"]' in README

@@ -44,6 +44,10 @@ def test_threads_share_one_descriptor_and_close_releases_it(tmp_path):
 
 
 def test_a_url_root_is_not_taken_for_a_folder(tmp_path):
-    with pytest.raises(ValueError, match="is a URL"):
-        open_source("s3://bucket/prefix")
+    from episodepipes.remote import RemoteSource
+
+    for root in ("s3://bucket/prefix", "gs://bucket/prefix", "https://host/prefix", "http://127.0.0.1:9/x"):
+        assert type(open_source(root)) is RemoteSource and open_source(root).root == root
+    with pytest.raises(ValueError, match="expected s3://bucket/prefix"):
+        open_source("pipe://cat")
     assert open_source(f"file://{tmp_path}").root == str(tmp_path)

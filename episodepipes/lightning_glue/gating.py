@@ -28,7 +28,18 @@ log = logging.getLogger(__name__)
 
 def is_render_pass(*, global_rank: int, fn: str | None, sanity_checking: bool, fit_pass: int, every_n_passes: int,
                    render_sanity_check: bool = False) -> bool:
-    """The gate rule: rank 0 only; ``validate()`` always; in a fit, passes N, 2N, ... (1-based, sanity excluded)."""
+    """The gate rule: rank 0 only; ``validate()`` always; in a fit, passes N, 2N, ... (1-based, sanity excluded).
+
+    A pure function of the trainer's state, so the schedule is testable without a trainer.
+
+    Args:
+        global_rank: the rank asking; only rank 0 renders.
+        fn: ``trainer.state.fn`` ("fit", "validate", ...); any other stage renders nothing.
+        sanity_checking: ``trainer.sanity_checking``.
+        fit_pass: 1-based count of this fit's validation passes, sanity check excluded.
+        every_n_passes: N, the render period in validation passes of a fit.
+        render_sanity_check: whether the sanity check renders too.
+    """
     if global_rank != 0:
         return False
     if sanity_checking:
@@ -50,6 +61,12 @@ class RenderGate(pl.Callback):
     each render pass logs its duration and warns past half of ``pg_timeout`` (the DDP process-group
     timeout: Lightning exposes no public getter for it, so pass the one you gave ``DDPStrategy``;
     under DDP without it, torch's default of 30 minutes is assumed).
+
+    Args:
+        every_n_passes: N: render on validation passes N, 2N, ... of a fit (a positive int; 1 renders every pass).
+            Set here and nowhere else; the count is saved in checkpoints, so a resumed fit keeps the schedule.
+        render_sanity_check: render in the sanity check too (default False: it would cost a render before training).
+        pg_timeout: the ``timeout`` given to ``DDPStrategy``, against which render durations are checked.
     """
 
     def __init__(self, *, every_n_passes: int = 10, render_sanity_check: bool = False,
@@ -136,7 +153,12 @@ class RenderGate(pl.Callback):
         self._trainer = self._loaders = self._checked = None
 
     def end_render_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Called on rank 0 at the end of each render pass, inside the timed span; subclasses write here."""
+        """Called on rank 0 at the end of each render pass, inside the timed span; subclasses write here.
+
+        Args:
+            trainer: the trainer.
+            pl_module: the module being validated.
+        """
 
     # -- resume: the schedule continues where the checkpoint left it ------------------------------------------
     def state_dict(self) -> dict[str, Any]:

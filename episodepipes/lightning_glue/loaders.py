@@ -77,22 +77,38 @@ class ValLoaders:
         return [*(self.metrics or {}).values(), *(self.videos or {}).values()]
 
     def name(self, dataloader_idx: int) -> str:
-        """The name of loader ``dataloader_idx``."""
+        """The name of loader ``dataloader_idx``.
+
+        Args:
+            dataloader_idx: the index Lightning passes to ``validation_step``.
+        """
         names = self.names
         if not 0 <= dataloader_idx < len(names):
             raise IndexError(f"dataloader_idx={dataloader_idx} is outside the {len(names)} loaders {names}")
         return names[dataloader_idx]
 
     def is_video(self, dataloader_idx: int) -> bool:
-        """True when loader ``dataloader_idx`` is a (gated, rank-0-only) video pipe: log nothing from it."""
+        """True when loader ``dataloader_idx`` is a (gated, rank-0-only) video pipe: log nothing from it.
+
+        Args:
+            dataloader_idx: the index Lightning passes to ``validation_step``.
+        """
         return self.name(dataloader_idx) in (self.videos or {})
 
     def pipe(self, dataloader_idx: int) -> Pipe:
-        """The pipe behind loader ``dataloader_idx``."""
+        """The pipe behind loader ``dataloader_idx``.
+
+        Args:
+            dataloader_idx: the index Lightning passes to ``validation_step``.
+        """
         return self.pipes[self.names.index(self.name(dataloader_idx))]
 
     def index_of(self, name: str) -> int:
-        """The ``dataloader_idx`` of the loader called ``name``."""
+        """The ``dataloader_idx`` of the loader called ``name``.
+
+        Args:
+            name: a key of ``metrics`` or ``videos``.
+        """
         if name not in self.names:
             raise KeyError(f"no loader named {name!r}; loaders: {self.names}")
         return self.names.index(name)

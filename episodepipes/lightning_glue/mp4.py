@@ -133,7 +133,11 @@ class AtomicMp4:
         self._writer: _PyAV | _OpenCV | None = None
 
     def write(self, rgb: np.ndarray) -> None:
-        """Append one frame; the first frame fixes the size."""
+        """Append one frame; the first frame fixes the size, and a later frame of another size is refused.
+
+        Args:
+            rgb: one uint8 RGB ``[H, W, 3]`` frame.
+        """
         if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
             raise ValueError(f"frame of shape {rgb.shape} and dtype {rgb.dtype}: expected uint8 [H, W, 3] RGB")
         h, w = rgb.shape[:2]

@@ -73,7 +73,16 @@ class OverlayVideoWriter(RenderGate):
         self._loggers: list[Logger] = []
 
     def render(self, frames: np.ndarray, batch: dict[str, Any], outputs: Any) -> np.ndarray:
-        """Draw on uint8 RGB ``[B, H, W, 3]`` frames and return them (same shape). Default: `draw_overlay`."""
+        """Draw on uint8 RGB ``[B, H, W, 3]`` frames and return them (same shape). Default: `draw_overlay`.
+
+        Override it to draw your own overlay; it runs on rank 0 only, inside the render pass the other ranks
+        wait for, so keep it fast.
+
+        Args:
+            frames: a copy of the batch's frames (the ``cameras`` tiled left to right), yours to draw on.
+            batch: the video batch, as the pipe yields it (``episode``, ``frame``, arrays...).
+            outputs: what ``validation_step`` returned for this batch.
+        """
         return draw_overlay(frames, batch, outputs, gt_key=self.gt_key)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -90,7 +99,15 @@ class OverlayVideoWriter(RenderGate):
                 self.check_pipe(name, pipe.index)
 
     def check_pipe(self, name: str, index: EpisodeIndex) -> None:
-        """Raise if ``cameras`` or ``gt_key`` is missing from the video pipe ``name``'s index, naming what is there."""
+        """Raise if ``cameras`` or ``gt_key`` is missing from the video pipe ``name``'s index, naming what is there.
+
+        Run on every rank when validation starts, so a typo fails everywhere at once instead of on rank 0 at
+        its first render pass (which would leave the other ranks waiting on a dead peer).
+
+        Args:
+            name: the video loader's name in the `ValLoaders`, for the message.
+            index: that pipe's `EpisodeIndex`.
+        """
         cams = sorted({c for e in index.episodes for c in e.cameras})
         for c in self.cameras or ():
             if c not in cams:
@@ -132,6 +149,12 @@ class OverlayVideoWriter(RenderGate):
             f.write(frame)
 
     def end_render_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Publish this pass's videos (one atomic rename each) and hand them to the loggers' upload thread.
+
+        Args:
+            trainer: the trainer; its ``global_step`` is the step the loggers record.
+            pl_module: the module being validated (unused).
+        """
         files, self._files = self._files, {}
         for (name, episode), f in files.items():
             path = f.close()

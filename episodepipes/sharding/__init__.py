@@ -2,9 +2,10 @@
 
 A *reader* (`EpisodeReader`: ``episode_ids()`` and ``read(id) -> EpisodeData``) turns one dataset
 layout into episodes; the registry (`open_reader`, `register_format`) picks it by name or by
-detection. `write_shards` encodes episodes in worker processes and appends them with one
-`ShardWriter`, resumably and byte-reproducibly; `merge_jobs` joins multi-job outputs. The CLI
-(`episodepipes.sharding.cli`, ``episodepipes-shard``) is a thin layer over these.
+detection, and finds custom readers through ``module:factory`` names and the ``episodepipes.formats``
+entry points (`episodepipes.sharding.readers`). `write_shards` encodes episodes in worker processes
+and appends them with one `ShardWriter`, resumably and byte-reproducibly; `merge_jobs` joins multi-job
+outputs. The CLI (`episodepipes.sharding.cli`, ``episodepipes-shard``) is a thin layer over these.
 """
 
 from episodepipes.sharding.encode import EncodeOptions, encode_episode

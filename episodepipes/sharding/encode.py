@@ -20,6 +20,15 @@ from episodepipes.sharding.episode import EpisodeData, EpisodeError
 
 @dataclass(frozen=True, kw_only=True)
 class EncodeOptions:
+    """How `encode_episode` encodes frames: the part of `WriteOptions` an encoder process needs.
+
+    Attributes:
+        jpeg_quality: JPEG quality 1-100 of every camera frame.
+        resize: ``(H, W)`` every frame is resized to before encoding, or None to keep the source size. The
+            size before resizing is kept in the index (``source_height``/``source_width``), so pixel labels
+            can be rescaled.
+    """
+
     jpeg_quality: int = 90
     resize: tuple[int, int] | None = None  # (H, W)
 
@@ -72,7 +81,17 @@ def _timestamp(t: float) -> bytes:
 
 
 def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str = "train") -> EncodedEpisode:
-    """Encode every frame; check that cameras and arrays agree on the number of steps."""
+    """Encode every frame of ``ep`` into its tar members, and its index entry.
+
+    Checks what the index will promise: a camera's frames share one size (unless ``opts.resize``), every
+    camera has the same frame count (not 0) and every array that many steps; arrays ``.npy`` cannot hold
+    exactly without pickle are refused. Each refusal is an `EpisodeError` naming the episode, camera or array.
+
+    Args:
+        ep: the episode, as a reader returns it; its frames are consumed once.
+        opts: JPEG quality and resize.
+        default_split: the split recorded when ``ep.split`` is None.
+    """
     eid = safe_episode_id(ep.id)
     if ep.channel_order not in ("rgb", "bgr"):
         raise EpisodeError(f"episode {ep.id!r}: channel_order={ep.channel_order!r}; the reader must say 'rgb' or 'bgr'")

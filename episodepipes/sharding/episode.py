@@ -125,6 +125,28 @@ def resolve_inside(path: Path, root: Path, where: object) -> Path:
 
 @dataclass
 class EpisodeData:
+    """One episode as a reader returns it; checked on construction, so every reader gets the same checks.
+
+    Names must stay distinct once made tar-safe (``wrist.left`` and ``wrist_left`` would share a member name),
+    arrays hold numbers or booleans, ``fps`` is a finite positive number, ``prompt`` and ``split`` are text and
+    ``extra`` holds JSON scalars; anything else is an `EpisodeError` naming the episode.
+
+    Attributes:
+        id: the episode id (any text; shard member names use a tar-safe form of it).
+        cameras: camera name -> iterable of ``H x W x 3`` uint8 frames, in ``channel_order``. Iterated once,
+            by the encoder, so it may be a lazy decoder.
+        arrays: array name -> per-step array whose first dimension is the number of frames.
+        fps: frames per second of the source; the rate overlay videos are written at.
+        prompt: the language instruction ("" for none).
+        split: "train", "val" or None to let the write options (or the default, train) decide.
+        sources: camera/array name -> its name in the source dataset, when it had to be made tar-safe;
+            recorded in the index as ``source``.
+        files: camera name -> the file its frames come from, for error messages.
+        channel_order: "rgb" or "bgr", of every camera's frames; a BGR decoder (OpenCV, PyAV) saves a
+            conversion by saying "bgr".
+        extra: further metadata of the source (raw ``meta.json`` keys, zarr attrs), JSON scalars only.
+    """
+
     id: str
     cameras: dict[str, Iterable[np.ndarray]]
     arrays: dict[str, np.ndarray]

@@ -82,7 +82,11 @@ class ImageFrames:
 
 @dataclass(frozen=True)
 class RawReader:
-    """`EpisodeReader` over ``root/<episode_id>/`` folders."""
+    """`EpisodeReader` over ``root/<episode_id>/`` folders (the layout is in this module's docstring).
+
+    Attributes:
+        root: the source folder; nothing outside it is read (links leaving it are refused by name).
+    """
 
     root: Path
 

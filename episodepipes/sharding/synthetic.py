@@ -28,7 +28,21 @@ def _texture(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SyntheticReader:
-    """`EpisodeReader` over generated episodes, deterministic from ``seed``."""
+    """`EpisodeReader` over generated episodes, deterministic from ``seed``: data without source files.
+
+    Episodes are ``ep0000``, ``ep0001``, ...; every third one (``ep0002``, ``ep0005``, ...) is in "val".
+    Each has arrays ``state`` and ``action`` (7 floats per step) and ``keypoints`` (one ``(x, y)`` point
+    per step, in pixels of every camera), and a prompt.
+
+    Attributes:
+        num_episodes: how many episodes.
+        length: frames per episode, unless ``lengths`` is given.
+        height, width: frame size of every camera.
+        cameras: camera names.
+        fps: frame rate recorded for every episode.
+        seed: seed of the scenes and trajectories; the same seed gives the same episodes.
+        lengths: per-episode frame counts (one per episode), overriding ``length``.
+    """
 
     num_episodes: int = 6
     length: int = 40

@@ -1,9 +1,14 @@
 """`write_shards`: a reader's episodes to a finished, resumable, deterministic shard folder.
 
-Episodes are encoded in ``workers`` processes (an ordered ``imap``, so output order never
-depends on timing) and appended by one writer in the parent, which is what makes the bytes
+Episodes are encoded in ``workers`` processes (results taken in task order, so output order never
+depends on timing, with at most ``2 * workers`` episodes in flight, so a fast encoder cannot fill the
+disk with spooled episodes) and appended by one writer in the parent, which is what makes the bytes
 independent of ``workers``. With ``num_jobs > 1`` this job writes its contiguous block of the
 sorted episode list into ``out/_jobs/job-NNNN/``; `episodepipes.sharding.merge` joins them.
+
+Splits: an option's split (``val_episodes``) replaces the episode's own, ``val_fraction`` only fills in
+episodes without one; `WriteResult.split_origins` counts where each came from. One writer per folder
+(`episodepipes.sharding.lock`); a full disk is a `DiskFullError` that keeps every finished shard.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class WriteOptions:
     skip_bad: bool = False
 
     def to_dict(self) -> dict:
+        """The options as the index's ``options`` record them (JSON lists, ``skip_bad`` left out)."""
         d = asdict(self)
         del d["skip_bad"]
         d["resize"] = list(self.resize) if self.resize else None

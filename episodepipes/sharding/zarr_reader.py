@@ -80,7 +80,11 @@ def _check_links(store: Path, root: Path, where: str) -> None:
 
 @dataclass(frozen=True)
 class ZarrReader:
-    """`EpisodeReader` over ``root/<episode_id>.zarr`` groups."""
+    """`EpisodeReader` over ``root/<episode_id>.zarr`` groups (the layout is in this module's docstring).
+
+    Attributes:
+        root: the source folder; a store linking outside it is refused before zarr opens it.
+    """
 
     root: Path
 

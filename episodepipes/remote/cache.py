@@ -1,0 +1,154 @@
+"""A bounded local cache of fetched ranges or whole objects, shared by the processes (ranks) of one machine.
+
+Each entry is one file named by a hash of (root, file name, offset, size), or (root, file name) for a
+whole object (a shard, for training that reads it over many epochs). Entries are written to a
+temporary file and moved into place with `os.replace`, so a reader sees a whole entry or none, and two
+processes filling the same entry both succeed (the last rename wins, with identical bytes). Eviction is
+least-recently-used by size: a hit refreshes the entry's mtime, and when this process's view of the total
+passes the bound it rescans the folder and deletes the oldest entries. The bound is approximate across
+processes (each sees the others' writes at its next scan). Objects under a root are assumed immutable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+_SUFFIX = ".bin"
+_TMP = ".tmp-"
+
+
+class _TooBig(Exception):
+    pass
+
+
+class RangeCache:
+    """Range and whole-object entries in ``folder``, at most about ``max_bytes`` in total."""
+
+    def __init__(self, folder: str | os.PathLike, max_bytes: int) -> None:
+        if type(max_bytes) is not int or max_bytes <= 0:
+            raise ValueError(f"cache_bytes={max_bytes!r} should be a positive int (bytes)")
+        self.folder = Path(folder)
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._total: int | None = None  # this process's view: last scan plus its own writes since
+        self._since_scan = 0
+
+    def _path(self, root: str, name: str, offset: int, size: int) -> Path:
+        key = hashlib.sha256(f"{root}\n{name}\n{offset}\n{size}".encode()).hexdigest()[:40]
+        return self.folder / f"{key}{_SUFFIX}"
+
+    def get(self, root: str, name: str, offset: int, size: int) -> bytes | None:
+        """The cached bytes, or None on a miss (or an entry of the wrong size, which is dropped)."""
+        path = self._path(root, name, offset, size)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(data) != size:
+            log.warning("dropping cache entry %s: %d bytes, expected %d", path, len(data), size)
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            os.utime(path)  # LRU: a hit makes the entry young again
+        except FileNotFoundError:
+            pass  # evicted by another process meanwhile; the bytes read are whole all the same
+        return data
+
+    def put(self, root: str, name: str, offset: int, size: int, data: bytes) -> None:
+        """Store ``data`` atomically, then evict if over the bound. Failures to cache are logged, not raised."""
+        if len(data) == size <= self.max_bytes:
+            self._commit(self._path(root, name, offset, size), [data], name)
+
+    def read_whole(self, root: str, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
+        """``ranges`` of the cached whole object, or None if it is not cached. A short piece is left short."""
+        path = self._path(root, name, -1, -1)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            out = [os.pread(fd, n, off) for off, n in ranges]
+        finally:
+            os.close(fd)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            pass
+        return out
+
+    def put_whole(self, root: str, name: str, chunks: Iterable[bytes]) -> bool:
+        """Store a whole object streamed as ``chunks``; False if it could not be (too big, disk error)."""
+        return self._commit(self._path(root, name, -1, -1), chunks, name)
+
+    def _commit(self, path: Path, chunks: Iterable[bytes], name: str) -> bool:
+        size = 0
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=_TMP, dir=self.folder)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    for c in chunks:
+                        size += len(c)
+                        if size > self.max_bytes:
+                            raise _TooBig
+                        f.write(c)
+                os.replace(tmp, path)  # readers see the whole entry or none; the last of two writers wins
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except _TooBig:
+            log.warning("%s is larger than cache_bytes=%d; not cached", name, self.max_bytes)
+            return False
+        except OSError as e:
+            log.warning("could not cache %s in %s: %s", name, self.folder, e)
+            return False
+        with self._lock:
+            if self._total is None:
+                self._total = self._scan_total()
+            else:
+                self._total += size
+            self._since_scan += size
+            if self._total > self.max_bytes or self._since_scan > self.max_bytes // 8:
+                self._evict()
+        return True
+
+    def _entries(self) -> list[tuple[float, int, Path]]:
+        out = []
+        for p in self.folder.glob(f"*{_SUFFIX}"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            out.append((st.st_mtime, st.st_size, p))
+        return out
+
+    def _scan_total(self) -> int:
+        return sum(n for _, n, _ in self._entries())
+
+    def _evict(self) -> None:
+        stale = time.time() - 3600
+        for p in self.folder.glob(f"{_TMP}*"):  # left by a process killed mid-write
+            try:
+                if p.stat().st_mtime < stale:
+                    p.unlink()
+            except FileNotFoundError:
+                pass
+        entries = sorted(self._entries(), key=lambda e: (e[0], e[2].name))
+        total = sum(n for _, n, _ in entries)
+        for _, n, p in entries:
+            if total <= self.max_bytes:
+                break
+            p.unlink(missing_ok=True)
+            total -= n
+        self._total, self._since_scan = total, 0
+
+    def __repr__(self) -> str:
+        return f"RangeCache({str(self.folder)!r}, max_bytes={self.max_bytes})"
