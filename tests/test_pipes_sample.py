@@ -1,7 +1,6 @@
 """Typed samples: a training reader hands windows over as `StepWindow` fields, not as magic member keys."""
 
 import pytest
-from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
 from episodepipes.pipes.sample import RawSample, StepWindow
