@@ -29,6 +29,7 @@ import episodepipes.pipes.train as train_mod
 from benchmarks import bench_decode as bd
 from benchmarks import bench_train as bt
 from episodepipes.pipes import Collator, ShardReader, _pool
+from episodepipes.pipes._lifecycle import shutdown_node
 from episodepipes.pipes._sinks import decode_into
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.plan import Item
@@ -121,7 +122,7 @@ class PMDecoder(Decoder):
             self._live = False
             self._sink.end()
             self._started = False
-        self.source.shutdown()
+        shutdown_node(self.source)
 
 
 def with_decoder(cls: type, make: Any) -> Any:
