@@ -2,6 +2,12 @@
 
 Consecutive calls may share one task (``chunk``): for processes whose results come back pickled, a task
 costs the parent two messages and wake-ups of the pool's threads, CPU that 2-core machines lack.
+
+Why not torchdata's `ParallelMapper` (``benchmarks/executor_probe.py`` runs both side by side): on
+threads it is as fast, but its workers start at ``reset`` (the gate contract wants the first ``next()``),
+and it has no ``shutdown()``: workers stop when its iterator is garbage-collected. On processes its first
+batch and its shutdown are several times slower, and its workers outlive the shutdown while they drain
+their queue, so a pass would not release them. One executor for both methods keeps one lifecycle.
 """
 
 from __future__ import annotations
