@@ -28,7 +28,7 @@ import episodepipes.pipes.builders as builders_mod
 import episodepipes.pipes.train as train_mod
 from benchmarks import bench_decode as bd
 from benchmarks import bench_train as bt
-from episodepipes.pipes import Collator, ShardReader, _pool
+from episodepipes.pipes import BatchStacker, ShardReader, _pool
 from episodepipes.pipes._lifecycle import shutdown_node
 from episodepipes.pipes._sinks import decode_into
 from episodepipes.pipes.decode import Decoder
@@ -156,7 +156,7 @@ def lifecycle(index: Any) -> list[str]:
     for cls in (Decoder, PMDecoder):
         for m in ("thread", "process"):
             before = set(threading.enumerate())
-            c = Collator(cls(ShardReader(index, items), index, method=m, slab=16), batch_size=16)
+            c = BatchStacker(cls(ShardReader(index, items), index, method=m, slab=16), batch_size=16)
             c.reset()
             t0 = time.perf_counter()
             next(c)

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.plan import parse_resize, parse_size
 from episodepipes.sharding.write import DiskFullError, WriteResult
+from episodepipes.sharding.write_plan import parse_resize, parse_size
 
 PROG = "episodepipes-shard"
 

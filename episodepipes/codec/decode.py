@@ -1,0 +1,161 @@
+"""`PacketDecoder`: frames out of packets through one PyAV codec context that lives for a pass.
+
+No container is opened: packets go straight to the decoder. Frame ``t`` is decoded from its GOP's keyframe;
+the decoder keeps the frames of the last ``keep`` GOPs it decoded and where it stopped in the newest, so
+consecutive frames (a whole episode, a history window that straddles GOPs, several sparse frames of one GOP)
+never decode a packet twice. Each packet gets its position in the GOP as its pts, and frames are matched back
+by pts, so a decoder that holds frames back cannot shift them.
+
+A damaged packet gives None for its frame and every later frame of its GOP (they reference it): FFmpeg raises
+on bytes it cannot parse (libdav1d does for most damage), or flags the frame corrupt (the h264 decoder conceals
+errors and sets the flag). Damage that still parses as valid syntax decodes to a wrong frame without notice;
+the index's per-frame CRC32 is what catches that.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+import av
+import cv2
+import numpy as np
+
+from episodepipes.codec.stream import DECODERS
+
+log = logging.getLogger(__name__)
+
+
+class PacketDecoder:
+    """Decode GOPs of one camera stream (one codec and extradata) into uint8 RGB ``[3, H, W]`` frames.
+
+    ``size``: the (height, width) every frame must have; a frame of another size counts as corrupt.
+    ``threads``: FFmpeg threads per context; 1 suits a pool with one decoder per worker.
+    ``keep``: GOPs whose frames are kept; a history window of W frames over GOPs of G needs ``ceil(W / G) + 1``.
+    Returned arrays are the kept ones: copy a frame before writing into it.
+    """
+
+    def __init__(self, codec: str, extradata: bytes = b"", *, size: tuple[int, int] | None = None,
+                 threads: int = 1, keep: int = 2) -> None:
+        if codec not in DECODERS:
+            raise ValueError(f"codec={codec!r} should be one of {sorted(DECODERS)}")
+        if threads < 1 or keep < 1:
+            raise ValueError(f"{threads=} and {keep=} should be >= 1")
+        self.codec, self.size, self.keep = codec, size, keep
+        self._older: OrderedDict[Hashable, list] = OrderedDict()  # earlier GOPs, oldest first
+        self._ctx = av.CodecContext.create(DECODERS[codec], "r")
+        if extradata:
+            self._ctx.extradata = extradata
+        self._ctx.thread_count = threads
+        self._ctx.thread_type = "SLICE" if threads > 1 else "NONE"
+        self._gop: Hashable = None
+        self._frames: list[av.VideoFrame | np.ndarray | None] = []  # decoded so far, by position in the GOP
+        self._pending: dict[int, av.VideoFrame] = {}  # frames that came out early (a decoder that holds some back)
+        self._fed = 0  # packets of the current GOP sent to the decoder
+        self._drained = False  # sent EOF: the context must be reset before it takes more packets
+        self._bad: int | None = None  # the first damaged frame of this GOP: it and all after it are refused
+        self.decoded = 0  # packets sent to the decoder, over this object's life (for tests and stats)
+
+    def frames(self, gop: Hashable, packets: Sequence[bytes], upto: int) -> list[np.ndarray | None]:
+        """Frames 0..``upto`` of the GOP whose packets start at its keyframe (``packets[0]``).
+
+        ``gop`` names the GOP (say, its keyframe's shard and byte offset); asking again for the same one
+        continues from where the last call stopped. None marks a frame that did not decode.
+        """
+        got = self._decoded(gop, packets, upto)
+        return [_rgb(got, j) for j in range(upto + 1)]
+
+    def frame(self, gop: Hashable, packets: Sequence[bytes], t: int) -> np.ndarray | None:
+        """Frame ``t`` of the GOP (see `frames`); the frames before it are decoded but not converted to RGB."""
+        return _rgb(self._decoded(gop, packets, t), t)
+
+    def _decoded(self, gop: Hashable, packets: Sequence[bytes], upto: int) -> list:
+        """The GOP's frames so far, at least to ``upto``: VideoFrames until asked for, RGB once converted."""
+        if not 0 <= upto < len(packets):
+            raise ValueError(f"{upto=} should be within 0..{len(packets) - 1}, the packets given")
+        if gop != self._gop and upto < len(self._older.get(gop, ())):
+            self._older.move_to_end(gop)
+            return self._older[gop]
+        if gop != self._gop or (self._drained and upto >= len(self._frames)):
+            self._restart(gop)
+        if upto >= len(self._frames):
+            self._feed(packets, upto)
+        return self._frames
+
+    def _restart(self, gop: Hashable) -> None:
+        if self._fed:
+            self._ctx.flush_buffers()
+        if self._frames and gop != self._gop:
+            self._older[self._gop] = self._frames
+        self._older.pop(gop, None)
+        while len(self._older) >= self.keep:
+            self._older.popitem(last=False)
+        self._gop, self._frames, self._pending = gop, [], {}
+        self._fed, self._drained, self._bad = 0, False, None
+
+    def _feed(self, packets: Sequence[bytes], upto: int) -> None:
+        for i in range(self._fed, upto + 1):
+            if self._bad is not None and i >= self._bad:  # depends on a damaged frame: not worth decoding
+                self._fed = i + 1
+                self._collect()
+                continue
+            pkt = av.Packet(bytes(packets[i]))
+            pkt.pts = pkt.dts = i
+            self._decode(pkt, i)
+            self._fed = i + 1
+            self._collect()
+        if len(self._frames) <= upto:  # the decoder holds frames back: drain it (it must be reset to go on)
+            self._decode(None, upto)
+            self._drained = True
+            self._collect()
+            if len(self._frames) <= upto:  # packets that gave no frame even at EOF
+                self._mark_bad(len(self._frames))
+                self._collect()
+
+    def _decode(self, pkt: av.Packet | None, i: int) -> None:
+        try:
+            out = self._ctx.decode(pkt)
+        except av.FFmpegError as e:
+            log.debug("%s packet %d of GOP %r does not decode: %s", self.codec, i, self._gop, e)
+            self._mark_bad(i)
+            return
+        finally:
+            self.decoded += pkt is not None
+        for f in out:
+            if f.pts is None or not 0 <= f.pts <= i or f.pts in self._pending:
+                self._mark_bad(i)  # a frame the packets do not account for: trust nothing after it
+            elif f.is_corrupt or (self.size is not None and (f.height, f.width) != tuple(self.size)):
+                self._mark_bad(f.pts)
+            else:
+                self._pending[f.pts] = f
+
+    def _mark_bad(self, i: int) -> None:
+        self._bad = i if self._bad is None else min(self._bad, i)
+
+    def _collect(self) -> None:
+        """Move decoded frames into GOP order; a frame the decoder skipped (a later one came out) is damaged."""
+        while True:
+            j = len(self._frames)
+            frame = self._pending.pop(j, None)
+            if frame is None:
+                if j >= self._fed or not (self._bad is not None and j >= self._bad or
+                                          any(k > j for k in self._pending)):
+                    return
+                self._mark_bad(j)
+            self._frames.append(None if self._bad is not None and j >= self._bad else frame)
+
+
+def _rgb(frames: list, j: int) -> np.ndarray | None:
+    """Frame ``j`` as uint8 RGB ``[3, H, W]``, converted once and kept converted.
+
+    rgb24 is what a plain PyAV decode gives (``to_ndarray(format="rgb24")``), so frames equal a direct decode
+    of the source; `cv2.split` moves it to planes several times faster than a numpy transpose copy.
+    """
+    f = frames[j]
+    if isinstance(f, av.VideoFrame):
+        rgb = f.to_ndarray(format="rgb24")
+        f = np.empty((3, *rgb.shape[:2]), np.uint8)
+        cv2.split(rgb, [f[0], f[1], f[2]])
+        frames[j] = f
+    return f

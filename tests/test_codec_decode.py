@@ -1,0 +1,110 @@
+import av
+import numpy as np
+import pytest
+
+from episodepipes.codec import CodecOptions, PacketDecoder, encode_frames
+from episodepipes.sharding.synthetic import SyntheticReader
+
+CODECS = ("h264", "av1")
+
+
+@pytest.fixture(scope="module", params=CODECS)
+def stream(request):
+    frames = list(SyntheticReader(num_episodes=1, length=12, height=64, width=96, cameras=("front",))
+                  .read("ep0000").cameras["front"])
+    return encode_frames(frames, CodecOptions(codec=request.param, gop=4))
+
+
+def _sequential(p):
+    """Every frame from one decoder fed the whole stream, never reset: the reference random access must match."""
+    ctx = av.CodecContext.create({"h264": "h264", "av1": "libdav1d"}[p.codec], "r")
+    out = [f for q in p.data for f in ctx.decode(av.Packet(q))] + list(ctx.decode(None))
+    return [f.to_ndarray(format="rgb24").transpose(2, 0, 1) for f in out]
+
+
+def _gop(p, t):
+    k = p.keyframe_of(t)
+    return k, p.data[k:p.lead + t + 1], p.lead + t - k
+
+
+def test_random_access_is_bit_exact_against_a_sequential_decode(stream):
+    seq = _sequential(stream)
+    assert len(seq) == 12
+    for t in [7, 0, 11, 4, 5, 3]:  # out of order, each from its own keyframe, through one reused decoder
+        d = PacketDecoder(stream.codec, stream.extradata)
+        k, packets, i = _gop(stream, t)
+        got = d.frame(k, packets, i)
+        assert got.dtype == np.uint8 and got.shape == (3, 64, 96) and got.flags.c_contiguous
+        assert np.array_equal(got, seq[t]), t
+    d = PacketDecoder(stream.codec, stream.extradata)
+    assert all(np.array_equal(d.frame(*_gop(stream, t)), seq[t]) for t in [9, 2, 6, 10, 1])
+
+
+def test_consecutive_frames_never_decode_a_packet_twice(stream):
+    seq = _sequential(stream)
+    d = PacketDecoder(stream.codec, stream.extradata)
+    for t in range(12):  # a whole episode, one frame per call
+        assert np.array_equal(d.frame(*_gop(stream, t)), seq[t])
+    assert d.decoded == 12
+    d = PacketDecoder(stream.codec, stream.extradata)
+    for t in range(3, 12):  # a sliding history window of 4 frames ending at t
+        window = [d.frame(*_gop(stream, s)) for s in range(t - 3, t + 1)]
+        assert all(np.array_equal(w, seq[s]) for w, s in zip(window, range(t - 3, t + 1)))
+    assert d.decoded == 12
+    d.frames(*_gop(stream, 11))  # the GOP it holds: nothing more to decode
+    assert d.decoded == 12
+
+
+def test_only_the_last_keep_gops_are_kept(stream):
+    seq = _sequential(stream)
+    d = PacketDecoder(stream.codec, stream.extradata, keep=2)
+    d.frame(*_gop(stream, 1))
+    d.frame(*_gop(stream, 9))
+    assert np.array_equal(d.frame(*_gop(stream, 0)), seq[0]) and d.decoded == 2 + 2  # kept
+    assert np.array_equal(d.frame(*_gop(stream, 2)), seq[2]) and d.decoded == 2 + 2 + 3  # kept, but only 0..1
+    d.frame(*_gop(stream, 5))
+    assert np.array_equal(d.frame(*_gop(stream, 8)), seq[8]) and d.decoded == 2 + 2 + 3 + 2 + 1  # GOP 8 evicted
+
+
+def _damaged(p, which, how):
+    data = list(p.data[:8])
+    b = data[which]
+    data[which] = b[:len(b) // 2] if how == "truncated" else \
+        bytes(np.random.default_rng(0).integers(0, 256, len(b), dtype=np.uint8))
+    return data
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+@pytest.mark.parametrize("which", [4, 5])  # a keyframe, and the frame after it
+def test_a_damaged_packet_gives_none_for_it_and_the_rest_of_its_gop(stream, which, how):
+    seq = _sequential(stream)
+    d = PacketDecoder(stream.codec, stream.extradata, size=(64, 96))
+    data = _damaged(stream, which, how)
+    assert [np.array_equal(f, s) for f, s in zip(d.frames(0, data[:4], 3), seq)] == [True] * 4
+    got = d.frames(4, data[4:8], 3)
+    assert [g is None for g in got] == [i >= which - 4 for i in range(4)]
+    assert all(np.array_equal(g, s) for g, s in zip(got, seq[4:]) if g is not None)
+    assert np.array_equal(d.frame(8, stream.data[8:12], 3), seq[11])  # the decoder recovers at the next GOP
+
+
+def test_a_frame_of_the_wrong_size_is_refused(stream):
+    d = PacketDecoder(stream.codec, stream.extradata, size=(64, 98))
+    assert d.frames(0, stream.data[:4], 3) == [None] * 4
+
+
+def test_bad_arguments_are_refused_by_name(stream):
+    with pytest.raises(ValueError, match="codec="):
+        PacketDecoder("mjpeg")
+    for kw in ({"threads": 0}, {"keep": 0}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))}=0"):
+            PacketDecoder("h264", **kw)
+    with pytest.raises(ValueError, match="upto="):
+        PacketDecoder(stream.codec).frames(0, stream.data[:4], 4)
+
+
+def test_packets_after_a_damaged_one_are_not_decoded(stream):
+    d = PacketDecoder(stream.codec, stream.extradata, size=(64, 96))
+    data = _damaged(stream, 5, "truncated")
+    d.frames(0, data[:4], 3)
+    assert d.frames(4, data[4:8], 3)[1:] == [None] * 3
+    assert d.decoded == 4 + 2  # the keyframe and the damaged packet; nothing that depends on it
