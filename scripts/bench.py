@@ -1,13 +1,17 @@
 #!/usr/bin/env python
 """Run the benchmark sections side by side in one run and write docs/BENCHMARKS.md plus PNG plots.
 
-Every section measures episodepipes against the baseline a user would otherwise write, and
-against the hardware ceiling, in the same process run, and reports ratios: absolute times on a
-shared 2-core machine are noise, ratios measured together are not.
+Every section measures episodepipes against the baseline a competent user would otherwise write,
+and against the hardware ceiling, in the same run. Throughput is reported as ratios of runs made
+side by side (absolute rates on a shared 2-core machine move with other load); costs whose
+denominator is microseconds (a closed gate) are reported in absolute terms with their range instead.
+The `peers` section runs MosaicML Streaming, LitData and LeRobot in virtualenvs it creates once
+(see benchmarks/peers/venvs.py). Every table records the commit it was produced at.
 
     python scripts/bench.py                 # all sections
     python scripts/bench.py gate decode     # some sections
     python scripts/bench.py --quick         # smaller data, for a smoke run
+    python scripts/bench.py --note "..."    # a line under the title (e.g. "measured under load")
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small data; a smoke run, not figures to quote")
     ap.add_argument("--out", type=Path, default=ROOT / "docs", help="where BENCHMARKS.md and plots go")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    ap.add_argument("--note", default="", help="a line written under the title, e.g. how loaded the machine was")
     args = ap.parse_args(argv)
     sections = args.sections or SECTIONS
     command = "python scripts/bench.py" + ("" if not argv else " " + shlex.join(argv))
@@ -196,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     machine = _machine()
     plots = _plots(results, args.out)
-    md = ["# Benchmarks", "", f"Command: `{command}`{' (quick mode: smoke figures)' if args.quick else ''}", "",
+    md = ["# Benchmarks", "", *([f"**{args.note}**", ""] if args.note else []),
+          f"Command: `{command}`{' (quick mode: smoke figures)' if args.quick else ''}", "",
           f"Commit: `{commit}` (every table below was produced at it)", "",
           f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['platform']}", "",
           "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()), "",
