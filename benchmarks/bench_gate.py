@@ -13,7 +13,8 @@ Five ways to get there, each built once and iterated pass after pass as Lightnin
 
 Per closed pass: median and range of wall time over the repeats. Held between passes, i.e. during
 training: live worker processes, their RSS and PSS (PSS splits forked copy-on-write pages between
-the processes sharing them), and this process's thread count.
+the processes sharing them), the RSS of the whole process tree (this benchmark's own process, with
+torch and the index loaded, included), and the threads the loader added to this process.
 
 The throwaway ``iter()`` at setup: Lightning's ``_check_dataloader_iterable`` returns at once for a
 ``torch.utils.data.DataLoader`` instance and calls ``iter()`` only on other iterables, so it is
@@ -178,7 +179,8 @@ def run(workdir: Path, quick: bool) -> dict:
         med = statistics.median(ms)
         table.append([name, f"{med:.4g}", f"{min(ms):.4g}-{max(ms):.4g}", str(n), f"{decoded:g}",
                       str(h["processes"]), f"{h['children_rss_mb']:.0f}", f"{h['children_pss_mb']:.0f}",
-                      f"{h['threads'] - before['threads']:+d}"])
+                      f"{h['tree_rss_mb']:.0f}",
+                      f"{max(0, h['threads'] - before['threads'])}"])  # others' threads may end meanwhile
         series[name] = {"median_ms": med, "min_ms": min(ms), "max_ms": max(ms), "reps": n, "decoded": decoded, **h}
         del loader
         gc.collect()
@@ -215,7 +217,8 @@ def run(workdir: Path, quick: bool) -> dict:
             "tables": [
                 {"title": "Per closed pass, and what each holds between passes",
                  "columns": ["loader", "closed pass median (ms)", "range (ms)", "passes", "frames decoded per pass",
-                             "worker processes held", "workers' RSS (MB)", "workers' PSS (MB)", "threads held"],
+                             "worker processes held", "workers' RSS (MB)", "workers' PSS (MB)",
+                             "process tree RSS (MB)", "threads held"],
                  "rows": table},
                 {"title": "Throwaway iter() at setup (Lightning calls it on non-DataLoader iterables only)",
                  "columns": ["loader", "iter() + drop (ms)", "frames decoded in the 0.5 s after iter()"],

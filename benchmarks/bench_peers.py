@@ -19,8 +19,10 @@ seed). Train reps are paired: ours, then each peer, back to back; ratios are per
 
 MosaicML Streaming and LitData need torchvision, and PyPI's torchvision does not import beside
 the CPU torch this project pins, so they run in a virtualenv this benchmark creates (torch 2.14.1 +
-torchvision 0.29.1; Mosaic also caps numpy below 2.2). LeRobot 0.4.4 caps torch below 2.11, so it
-runs in a second one (torch 2.9.1 + torchvision 0.24.1). See `benchmarks/peers/venvs.py`.
+torchvision 0.29.1; Mosaic also caps numpy below 2.2). LeRobot 0.4.4 installs on Python 3.11 but
+requires torch below 2.11 and torchvision below 0.26, which the project's torch 2.13 cannot satisfy, so
+it runs in a second one (torch 2.9.1 + torchvision 0.24.1). Its dataset is local: nothing is fetched
+from a hub (``HF_HUB_OFFLINE=1``). See `benchmarks/peers/venvs.py`; versions are listed under the tables.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ PEERS_DIR = Path(__file__).resolve().parent / "peers"
 PEERS = {"episodepipes": ("peer_ours.py", None), "episodepipes, method='process'": ("peer_ours.py", None),
          "MosaicML Streaming": ("peer_mosaic.py", "stream"), "LitData": ("peer_litdata.py", "stream"),
          "WebDataset": ("peer_wds.py", None), "LeRobotDataset v3": ("peer_lerobot.py", "lerobot")}
+CONVERT_ONCE = {"LeRobotDataset v3"}  # its video encoding takes minutes at full size: one conversion, not three
 VARIANTS = {"episodepipes, method='process'": ("episodepipes", ["--method", "process"])}  # train-only reruns
 
 
@@ -118,7 +121,7 @@ def run(workdir: Path, quick: bool) -> dict:
         if peer in VARIANTS:
             continue
         out = workdir / peer.split()[0].lower()
-        for _ in range(conv_reps):
+        for _ in range(1 if peer in CONVERT_ONCE else conv_reps):
             c = _call(peer, "convert", data, out, log=log)
             if "error" in c:
                 res[peer]["error"] = c["error"]
