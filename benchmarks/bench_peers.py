@@ -5,8 +5,8 @@ Peers: MosaicML Streaming (``MDSWriter`` + ``StreamingDataset``/``StreamingDataL
 ``WebDataset(shardshuffle).shuffle(1000)`` + cv2 decode + ``DataLoader``) and LeRobotDataset v3 (its
 own writer, ``LeRobotDataset.create`` + ``add_frame`` + ``save_episode``, read with its PyAV backend).
 Every JPEG peer stores the same JPEG q90 bytes as ours (cv2-encoded from the same RGB frames; the
-digest column checks it) and decodes them with ``cv2.imdecode``; LeRobot stores AV1/H.264 video, as
-its format requires. Shards or chunks target 8 MB everywhere.
+digest column checks it) and decodes them with ``cv2.imdecode``; LeRobot stores AV1 video (libsvtav1,
+its writer's default), as its format requires. Shards or chunks target 8 MB everywhere.
 
 Each stage runs in a fresh process: ``convert`` (from frames already in memory, JPEG encoding
 included; ours and LitData with 2 worker processes, the others single-process as their writers

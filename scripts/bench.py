@@ -34,14 +34,15 @@ SECTIONS = ["shard", "gate", "decode", "len", "train", "lerobot", "peers"]
 
 
 def _commit() -> str:
-    """``git rev-parse --short HEAD``, plus ``-dirty`` when tracked files differ from it: the code measured."""
+    """``git rev-parse --short HEAD``, plus ``-dirty`` when the code differs from it: the code measured."""
     import subprocess
 
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        # untracked files count where the measured code lives (a new benchmark module), not elsewhere
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "episodepipes", "benchmarks", "scripts",
+                                "pyproject.toml"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
