@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ["shard", "gate", "decode", "len", "train", "lerobot", "peers"]
+SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "lerobot", "peers"]
 
 
 def _commit() -> str:
@@ -168,6 +168,11 @@ def _plots(results: dict[str, dict], out: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(out / "bench_len.png", dpi=110)
         made.append("bench_len.png")
+    if "index" in results:
+        from benchmarks.bench_index import plot
+
+        plot(results["index"], out / "bench_index.png")
+        made.append("bench_index.png")
     return made
 
 
