@@ -18,11 +18,15 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+from episodepipes.normstats import StatsTable
+from episodepipes.statsfields import check_counts, no_stats_hint
+from episodepipes.statsfields import load as load_stats
 
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
@@ -137,6 +141,8 @@ class EpisodeIndex:
         self.episodes: list[Episode] = [_episode(e) for e in data["episodes"]]
         self._by_id = {e.id: e for e in self.episodes}
         self._by_shard: dict[int, list[tuple[Episode, Segment]]] | None = None
+        self._stats, self._stats_missing = _load_stats(data, file)
+        self._file = file
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EpisodeIndex:
@@ -170,6 +176,23 @@ class EpisodeIndex:
             raise KeyError(
                 f"episode {episode_id!r} is not in {self.root / INDEX_NAME}; close matches: {close or 'none'}"
             ) from None
+
+    def stats(self, key: str, split: str = "train") -> dict[str, Any]:
+        """Normalization statistics of array ``key`` over ``split``: ``count`` and float64 arrays of the step
+        shape: ``mean``, ``std`` (ddof=0), ``min``, ``max``, ``q01``, ``q10``, ``q50``, ``q90``, ``q99``.
+
+        Computed by the writer over every episode of the split (exactly: merged jobs give the same numbers;
+        quantiles within `episodepipes.normstats.REL_ERROR`). Pass the result to `Normalize.from_stats`.
+        """
+        if self._stats is None:
+            raise KeyError(no_stats_hint(self._file))
+        if (split, key) in self._stats_missing:
+            raise KeyError(f"{self._file} has no statistics for {key!r} in split {split!r}: "
+                           f"{self._stats_missing[(split, key)]}")
+        if (split, key) not in self._stats.keys():
+            have = sorted(f"{s}/{k}" for s, k in self._stats.keys() if (s, k) not in self._stats_missing)
+            raise KeyError(f"{self._file} has no statistics for {key!r} in split {split!r}; it has {have}")
+        return self._stats.get(key, split=split).summary()
 
     def split(self, split: str) -> list[Episode]:
         return [e for e in self.episodes if e.split == split]
@@ -252,6 +275,17 @@ def _episode(e: dict) -> Episode:
     segs = tuple(Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
                          tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"])
     return Episode(e["id"], e["split"], e["length"], float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
+
+
+def _load_stats(data: dict, file: Path) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+    """The index's statistics, checked field by field and against its episodes' step counts."""
+    try:
+        table, missing = load_stats(data, where=str(file))
+        if table is not None:
+            check_counts(table, missing, data["episodes"], str(file))
+    except ValueError as e:
+        raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {file.parent} --recompute") from None
+    return table, missing
 
 
 def _validate(data: object, file: Path) -> None:

@@ -31,6 +31,7 @@ from episodepipes.sharding.meter import Meter
 from episodepipes.sharding.plan import assign_splits, job_block
 from episodepipes.sharding.pool import encoded, samples
 from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, Progress, start
+from episodepipes.sharding.recompute import resumed_stats
 from episodepipes.sharding.writer import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -206,13 +207,14 @@ class _Run:
         self.skipped = list(prog.skipped)
         self.origins = Counter(prog.splits)
         self.position = prog.position  # relative to the block; read by `save` when a shard finishes
+        self.stats = resumed_stats(target, prog)  # of the finished episodes, folded in output order
 
     def save(self, w: ShardWriter) -> None:
         # no episode in flight happens only at the final flush: every episode has been added
         pend = w.pending or {"segments": [], "frame": 0}
         Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
                  position=self.position if w.pending else len(self.block), frame=pend["frame"],
-                 segments=pend["segments"], splits=dict(self.origins)).save(self.target)
+                 segments=pend["segments"], splits=dict(self.origins), stats=self.stats.to_json()).save(self.target)
 
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
@@ -239,13 +241,15 @@ class _Run:
                     first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
                     with samples(res[2]) as (data, sizes):
                         writer.add_frames(res[1], data, sizes, start=first, segments=segs)
+                    self.stats.add(res[1]["split"], *res[4])  # after the episode: `save` sees finished ones only
                     self.origins[res[3]] += 1
                     meter.update(len(sizes) - first)
                 if self.block and len(self.skipped) == len(self.block):
                     raise ValueError(f"every episode of {'this job' if 'job' in self.extra else 'the source'} "
                                      f"is bad ({len(self.skipped)} skipped, first: {self.skipped[0]['error']}); "
                                      f"no index was written to {target}: fix the source and re-run")
-                writer.extra = dict(self.extra, **({"skipped": self.skipped} if self.skipped else {}))
+                writer.extra = dict(self.extra, **self.stats.to_json(),
+                                    **({"skipped": self.skipped} if self.skipped else {}))
         finally:
             shutil.rmtree(spool, ignore_errors=True)
         (target / PROGRESS_NAME).unlink(missing_ok=True)
