@@ -5,6 +5,7 @@ Commands::
     write SRC OUT    shard a dataset (raw folders, zarr, lerobot); re-running an interrupted write resumes it
     info OUT         summary table of a finished output
     verify OUT       check every shard's sha256 and that every indexed frame is where the index says
+    stats OUT        normalization statistics per split and array key (--recompute: for older indexes)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
 
 Multi-job runs: job I shards the I-th contiguous block of the sorted episode list into
@@ -83,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("info", "print a summary table"), ("verify", "check sha256 and frame offsets")):
         c = sub.add_parser(name, help=text)
         c.add_argument("out", type=Path, metavar="OUT")
+    st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
+    st.add_argument("out", type=Path, metavar="OUT")
+    st.add_argument("--recompute", action="store_true",
+                    help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
     m.add_argument("out", type=Path, metavar="OUT")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
@@ -150,6 +155,11 @@ def _run(a: argparse.Namespace) -> int:
         return _write(a)
     if a.command == "info":
         print(_table([("output", str(a.out)), *inspect.summarize(EpisodeIndex.open(a.out).data)]))
+        return 0
+    if a.command == "stats":
+        from episodepipes.sharding.stats_cli import run
+
+        print("\n".join(run(a.out, recompute=a.recompute)))
         return 0
     if a.command == "verify":
         problems = inspect.verify(a.out)
