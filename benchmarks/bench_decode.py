@@ -105,14 +105,14 @@ def _webdataset(index: EpisodeIndex) -> int:
 
 
 def _copying(index: EpisodeIndex) -> int:
-    """Our graph with decoding into per-frame arrays that the collator then copies (``slab=0``)."""
+    """Our graph with decoding into per-frame arrays that the stacker then copies (``slab=0``)."""
     from torchdata.nodes import Loader
 
-    from episodepipes.pipes import Collator, Decoder, Gate, Stats
+    from episodepipes.pipes import BatchStacker, Decoder, Gate, Stats
 
     stats = Stats()
     items = [Item(e.id, f) for e in index.episodes for f in range(e.length)]
-    root = Gate(lambda: Collator(Decoder(ShardReader(index, items, stats=stats), index, stats=stats, slab=0),
+    root = Gate(lambda: BatchStacker(Decoder(ShardReader(index, items, stats=stats), index, stats=stats, slab=0),
                                  batch_size=BATCH, stats=stats))
     for _ in Loader(root):
         pass

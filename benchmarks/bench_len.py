@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from episodepipes.format import FORMAT_NAME, FORMAT_VERSION
+from episodepipes.format import FORMAT_NAME
 from episodepipes.pipes import EpisodeIndex, metric_pipe, video_pipe
 from episodepipes.pipes.plan import metric_items, split_even
 
@@ -31,7 +31,7 @@ def synthetic_index(root: Path, episodes: int, *, length: int = 50, frame_bytes:
     for s in range(-(-episodes // per_shard)):
         shards.append({"name": f"shard-{s:06d}.tar", "bytes": per_shard * length * frame_bytes, "sha256": "0" * 64,
                        "samples": per_shard * length})
-    return EpisodeIndex(root, {"format": FORMAT_NAME, "version": FORMAT_VERSION, "options": {},
+    return EpisodeIndex(root, {"format": FORMAT_NAME, "version": 1, "options": {},
                                "shards": shards, "episodes": eps})
 
 

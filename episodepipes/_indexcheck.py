@@ -32,7 +32,7 @@ class IndexFormatError(ValueError):
     """An index that cannot be used; the message names the file, the field and the fix."""
 
 
-class _Where:
+class Where:
     """The file and the place in it, for error messages."""
 
     def __init__(self, file: Path) -> None:
@@ -115,9 +115,33 @@ class _Where:
                     raise self.fail(where, "crc32 should hold integers, not booleans")
 
 
-def check_index(data: Any, file: Path) -> None:
-    """Raise `IndexFormatError` for the first field of ``data`` that the readers could not use safely."""
-    w = _Where(file)
+def check_index(data: Any, file: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """Raise `IndexFormatError` for the first field of a v1 ``data`` that the readers could not use safely.
+
+    Returns every segment's offsets back to back (uint64), and their crc32 (uint32) when every segment has them.
+    """
+    w = Where(file)
+    sizes, samples = check_shards(w, data)
+    held = [0] * len(sizes)
+    ids: set[str] = set()
+    for k, e in enumerate(w.seq(data, "episodes", "the index")):
+        eid = _episode(w, e, k, sizes, held)
+        if eid in ids:
+            raise w.fail(f"episode {eid!r}", "this id appears twice; every episode needs its own id")
+        ids.add(eid)
+    w.increasing()
+    w.no_bool_crcs()
+    for i, (n, m) in enumerate(zip(held, samples)):
+        if n != m:
+            raise w.fail(f"shard {i}", f"samples={m} but the episodes' segments put {n} frames in it")
+    check_extras(w, data)
+    offsets = np.frombuffer(w._offsets, np.uint64)
+    crcs = np.frombuffer(w._crcs, np.uint32) if len(w._crcs) == len(offsets) else None
+    return offsets, crcs
+
+
+def check_shards(w: Where, data: Any) -> tuple[list[int], list[int]]:
+    """The shard list: plain file names, sizes, sample counts and sha256 digests; returns (sizes, samples)."""
     shards = w.seq(data, "shards", "the index")
     sizes, samples, names = [], [], set()
     for i, s in enumerate(shards):
@@ -134,19 +158,12 @@ def check_index(data: Any, file: Path) -> None:
         sha = w.text(s, "sha256", where)
         if not _SHA256.fullmatch(sha):
             raise w.fail(where, f"sha256={sha!r} should be 64 lowercase hex digits")
-    held = [0] * len(shards)
-    ids: set[str] = set()
-    for k, e in enumerate(w.seq(data, "episodes", "the index")):
-        eid = _episode(w, e, k, sizes, held)
-        if eid in ids:
-            raise w.fail(f"episode {eid!r}", "this id appears twice; every episode needs its own id")
-        ids.add(eid)
-    w.increasing()
-    w.no_bool_crcs()
-    for i, (n, m) in enumerate(zip(held, samples)):
-        if n != m:
-            raise w.fail(f"shard {i}", f"samples={m} but the episodes' segments put {n} frames in it")
-    for key, kind in (("options", dict), ("skipped", list)):  # "job" is merge's to check
+    return sizes, samples
+
+
+def check_extras(w: Where, data: dict) -> None:
+    """``options`` and ``skipped``, which both versions carry ("job" is merge's to check)."""
+    for key, kind in (("options", dict), ("skipped", list)):
         if key in data and type(data[key]) is not kind:
             raise w.fail("the index", f"{key} should be a {kind.__name__}, found {type(data[key]).__name__}")
     if "shard_size" in data.get("options", {}):  # merge re-cuts shards with it
@@ -156,19 +173,18 @@ def check_index(data: Any, file: Path) -> None:
         w.text(s, "error", f"skipped entry {i}")
 
 
-def _episode(w: _Where, e: Any, k: int, sizes: list[int], held: list[int]) -> str:
-    eid = w.text(e, "id", f"episode {k}")
-    where = f"episode {eid!r}"
+def check_id(w: Where, eid: str, where: str) -> None:
     if not _ID.fullmatch(eid) or eid[0] == "." or eid[-1] == ".":  # what `format.safe_episode_id` keeps
         raise w.fail(where, "the id is not a tar-safe episode id (letters, digits, '_', '-', '.')")
-    w.text(e, "split", where)
-    if "prompt" in e:
-        w.text(e, "prompt", where)
-    length = w.num(e, "length", where, low=1)
-    fps = w.get(e, "fps", where)
+
+
+def check_fps(w: Where, fps: Any, where: str) -> None:
     if type(fps) not in (int, float) or not math.isfinite(fps) or fps <= 0:
         raise w.fail(where, f"fps={fps!r} should be a positive finite number")
-    cameras = w.get(e, "cameras", where)
+
+
+def check_schema(w: Where, cameras: Any, arrays: Any, where: str) -> None:
+    """An episode's (v1) or a schema's (v2) cameras and arrays."""
     if type(cameras) is not dict or not cameras:
         raise w.fail(where, "cameras should be a non-empty object")
     for name, c in cameras.items():
@@ -181,21 +197,32 @@ def _episode(w: _Where, e: Any, k: int, sizes: list[int], held: list[int]) -> st
             w.num(c, "source_width", at, low=1)
         if "source" in c:
             w.text(c, "source", at)
-    arrays = w.get(e, "arrays", where)
     if type(arrays) is not dict:
         raise w.fail(where, "arrays should be an object")
     for name, a in arrays.items():
         _array(w, name, a, f"{where} array {name!r}")
+
+
+def _episode(w: Where, e: Any, k: int, sizes: list[int], held: list[int]) -> str:
+    eid = w.text(e, "id", f"episode {k}")
+    where = f"episode {eid!r}"
+    check_id(w, eid, where)
+    w.text(e, "split", where)
+    if "prompt" in e:
+        w.text(e, "prompt", where)
+    length = w.num(e, "length", where, low=1)
+    check_fps(w, w.get(e, "fps", where), where)
+    check_schema(w, w.get(e, "cameras", where), w.get(e, "arrays", where), where)
     _segments(w, w.seq(e, "segments", where), where, length, sizes, held)
     return eid
 
 
-def _field_name(w: _Where, name: str, where: str) -> None:
+def _field_name(w: Where, name: str, where: str) -> None:
     if not _FIELD.fullmatch(name):  # what `format.safe_field` keeps
         raise w.fail(where, "the name is not a tar-safe field name (letters, digits, '_', '-')")
 
 
-def _array(w: _Where, name: str, a: Any, where: str) -> None:
+def _array(w: Where, name: str, a: Any, where: str) -> None:
     _field_name(w, name, where)
     text = w.text(a, "dtype", where)
     dt = _dtype(text)
@@ -220,7 +247,7 @@ def _dtype(text: str) -> np.dtype | None:
         return None
 
 
-def _segments(w: _Where, segs: list, where: str, length: int, sizes: list[int], held: list[int]) -> None:
+def _segments(w: Where, segs: list, where: str, length: int, sizes: list[int], held: list[int]) -> None:
     if not segs:
         raise w.fail(where, "segments is empty")
     first, last_shard = 0, -1

@@ -1,4 +1,8 @@
-"""Shard format v1: names and byte layout shared by the writer and the readers.
+"""Shard format: names and byte layout shared by the writer and the readers.
+
+The tars are the same in both versions. Version 1 keeps every frame's byte offset in ``index.json``;
+version 2 keeps a small ``index.json`` (shards, schemas, per-episode attributes) and the per-frame and
+per-episode numbers in ``.npy`` columns beside it, memory-mapped at open (see `episodepipes.indexv2`).
 
 One sample is one frame of one episode. Its tar members are named
 ``<episode_id>/<frame:06d>.<field>`` so that webdataset's ``base_plus_ext`` groups them by
@@ -15,8 +19,19 @@ import tarfile
 import numpy as np
 
 FORMAT_NAME = "episodepipes-shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+VERSIONS = (1, 2)  # what this episodepipes reads; it writes FORMAT_VERSION
 INDEX_NAME = "index.json"
+# v2 columns: fixed file names beside index.json (never taken from the index's data), dtype, and number of
+# columns of a 2-D table (0 for a 1-D column). "crc32" is present only when the index says so.
+COLUMNS: dict[str, tuple[str, str, int]] = {
+    "episodes": ("index.episodes.npy", "<u8", 7),  # first frame row, length, first segment, schema, split, prompt, fps
+    "segments": ("index.segments.npy", "<u8", 3),  # shard, first frame row, frame count
+    "offset": ("index.offset.npy", "<u8", 0),  # a frame's first byte in its shard
+    "size": ("index.size.npy", "<u4", 0),  # its bytes (all its members, headers and padding included)
+    "crc32": ("index.crc32.npy", "<u4", 0),  # zlib.crc32 of those bytes
+}
+LAYOUTS = ("members",)  # v2: each frame is a run of whole tar members at [offset, offset + size)
 BLOCK = 512
 
 _SAFE = re.compile(r"[^A-Za-z0-9_\-]")

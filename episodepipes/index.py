@@ -1,32 +1,39 @@
-"""`EpisodeIndex`: the validated, read-only view of a shard folder's ``index.json``.
+"""`EpisodeIndex`: the validated, read-only view of a shard folder's index (format v1 or v2).
 
 Every length, plan and byte range in the pipes is computed from this object alone, so nothing
 here touches a shard unless asked to (``verify=True``). It imports no torch, so the sharding CLI
-(``info``, ``verify``, ``merge``) reads indexes through it too.
+(``info``, ``verify``, ``merge``) reads indexes through it too. Both versions are held as the v2
+tables (`episodepipes.indexv2`), and `Episode` objects are made on first use from them, so opening
+a v2 index costs nothing per frame.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import functools
 import hashlib
 import json
+import logging
 import mmap
 import os
 import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
+from episodepipes import indexv2
 from episodepipes._indexcheck import IndexFormatError, check_index
-from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME
+from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
+from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
 from episodepipes.normstats import StatsTable
 from episodepipes.statsfields import check_counts, no_stats_hint
 from episodepipes.statsfields import load as load_stats
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # v1 index files already told to upgrade in this process
 
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
@@ -85,68 +92,202 @@ class Shard:
     samples: int
 
 
-@dataclass(frozen=True)
 class Episode:
-    id: str
-    split: str
-    length: int
-    fps: float
-    prompt: str
-    cameras: dict[str, Camera]
-    arrays: dict[str, ArraySpec]
-    segments: tuple[Segment, ...] = field(repr=False)
+    """One episode: attributes, schema, and where each frame's bytes are.
+
+    Made by the index on first use (`EpisodeIndex.episodes`), from its tables: episodes of one schema share
+    their ``cameras`` and ``arrays`` dicts (treat them as read-only), and ``schema`` is that schema's number,
+    so code that compares many episodes can compare schema numbers. ``number`` is the episode's position in
+    the index, and ``rows`` its frame rows for the index's vectorised accessors (`EpisodeIndex.frame_ranges`).
+    """
+
+    __slots__ = ("id", "split", "length", "fps", "prompt", "cameras", "arrays", "schema", "number", "_ix", "_row",
+                 "_segs")
+
+    def __init__(self, index: EpisodeIndex, number: int) -> None:
+        """Made by `EpisodeIndex.episodes`, not by hand.
+
+        Args:
+            index: the index whose tables describe the episode.
+            number: its position in ``index.episodes``.
+        """
+        first, length, _, schema, split, prompt, fps = index._ep[number].tolist()
+        self.id: str = index.ids[number]
+        self.split: str = index._splits[split]
+        self.length: int = length
+        self.fps: float = index._fps[fps]
+        self.prompt: str = index._prompts[prompt]
+        self.cameras: dict[str, Camera]
+        self.arrays: dict[str, ArraySpec]
+        self.cameras, self.arrays = index._schemas[schema]
+        self.schema, self.number = schema, number
+        self._ix, self._row = index, first
+        self._segs: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Further attributes the episode's entry carried (e.g. ``robot_type``); empty for most."""
+        return dict(self._ix._episode_meta.get(self.number, {}))
+
+    @property
+    def rows(self) -> range:
+        """The episode's frame rows in the index's per-frame columns (frame ``t`` is row ``rows[t]``)."""
+        return range(self._row, self._row + self.length)
+
+    def _segment(self, frame: int) -> tuple[int, int, int]:
+        if not 0 <= frame < self.length:
+            raise IndexError(f"frame {frame} is outside episode {self.id!r} of length {self.length}")
+        if self._segs is None:
+            self._segs = self._ix._episode_segments(self.number)
+        for seg in self._segs:
+            if frame < seg[1] + seg[2]:
+                return seg
+        raise IndexError(f"frame {frame} is in no segment of episode {self.id!r}")  # the tables tile: unreachable
 
     def frame_range(self, frame: int) -> tuple[int, int, int]:
         """(shard index, start byte, end byte) of one frame's members."""
-        if not 0 <= frame < self.length:
-            raise IndexError(f"frame {frame} is outside episode {self.id!r} of length {self.length}")
-        firsts = [s.first for s in self.segments]
-        seg = self.segments[bisect.bisect_right(firsts, frame) - 1]
-        k = frame - seg.first
-        end = seg.offsets[k + 1] if k + 1 < seg.count else seg.end
-        return seg.shard, seg.offsets[k], end
+        shard = self._segment(frame)[0]
+        row, ix = self._row + frame, self._ix
+        a = int(ix._offset[row])
+        return shard, a, a + int(ix._size[row])
 
     def frame_crc(self, frame: int) -> int | None:
         """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums."""
-        if not 0 <= frame < self.length:
-            raise IndexError(f"frame {frame} is outside episode {self.id!r} of length {self.length}")
-        firsts = [s.first for s in self.segments]
-        seg = self.segments[bisect.bisect_right(firsts, frame) - 1]
-        return None if seg.crc32 is None else seg.crc32[frame - seg.first]
+        self._segment(frame)
+        return None if self._ix._crc is None else int(self._ix._crc[self._row + frame])
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The runs of frames in each shard, with every offset (built on each call: per-frame tuples)."""
+        self._segment(0)
+        ix, out = self._ix, []
+        for shard, first, count in self._segs or ():
+            r = self._row + first
+            offs = ix._offset[r:r + count]
+            crc = None if ix._crc is None else tuple(ix._crc[r:r + count].tolist())
+            end = int(offs[-1]) + int(ix._size[r + count - 1])
+            out.append(Segment(shard, first, count, tuple(offs.tolist()), end, crc))
+        return tuple(out)
 
     @property
     def nbytes(self) -> int:
-        return sum(s.end - s.start for s in self.segments)
+        self._segment(0)
+        return int(self._ix._size[self._row:self._row + self.length].sum(dtype=np.uint64))
+
+    def _key(self) -> tuple:
+        return (self.id, self.split, self.length, self.fps, self.prompt, self.cameras, self.arrays, self.segments,
+                self.meta)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Episode) and (other is self or self._key() == other._key())
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        return (f"Episode(id={self.id!r}, split={self.split!r}, length={self.length}, fps={self.fps}, "
+                f"prompt={self.prompt!r}, cameras={self.cameras!r}, arrays={self.arrays!r})")
+
+
+class _Episodes(Sequence):
+    """`EpisodeIndex.episodes`: a list-like view that makes each `Episode` on first access."""
+
+    def __init__(self, index: EpisodeIndex) -> None:
+        self._ix = index
+        self._made: list[Episode | None] = [None] * len(index.ids)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    @overload
+    def __getitem__(self, i: int) -> Episode: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Episode]: ...
+
+    def __getitem__(self, i: int | slice) -> Episode | list[Episode]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self._made)))]
+        e = self._made[i]
+        if e is None:
+            n = range(len(self._made))[i]  # IndexError and negative indexes as a list has them
+            e = self._made[n] = Episode(self._ix, n)
+        return e
+
+    def __iter__(self) -> Iterator[Episode]:
+        return (self[k] for k in range(len(self._made)))
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} episodes of {self._ix.root}>"
 
 
 class EpisodeIndex:
     """A shard folder's index. Use `EpisodeIndex.open(path)`."""
 
     def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
-        """``data`` is checked field by field (`check_index`) before any of it is used.
+        """``data`` is checked field by field before any of it is used.
 
         Args:
-            root: the shard folder; shard names in ``data`` are plain file names inside it.
+            root: the shard folder; shard names in ``data`` are plain file names inside it, and a v2 index's
+                columns are its fixed column files.
             data: the parsed ``index.json``.
             fingerprint: the sha256 of the index file's bytes (`open` gives it).
         """
         self._load(Path(root), data, fingerprint, Path(root) / INDEX_NAME)
 
-    def _load(self, root: Path, data: dict, fingerprint: str, file: Path) -> None:
-        _validate(data, file)  # ``file`` is what the messages name
-        self.root = root
-        self.data = data
-        self.fingerprint = fingerprint  # sha256 of the index file's bytes: resume state checks it is the same index
-        self.shards: list[Shard] = [Shard(**s) for s in data["shards"]]
-        self.episodes: list[Episode] = [_episode(e) for e in data["episodes"]]
-        self._by_id = {e.id: e for e in self.episodes}
-        self._by_shard: dict[int, list[tuple[Episode, Segment]]] | None = None
-        self._stats, self._stats_missing = _load_stats(data, file)
-        self._file = file
+    def _load(self, root: Path, data: Any, fingerprint: str, file: Path) -> None:
+        self.version = _version(data, file)  # ``file`` is what the messages name
+        self.root, self.file, self.fingerprint = root, file, fingerprint  # fingerprint: resume checks the index
+        if self.version == 1:
+            offsets, crcs = check_index(data, file)
+            rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
+            meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
+                                       offsets=offsets, crcs=crcs)
+            self._v1: dict | None = data
+            self._seg_ok = np.ones(len(cols["segments"]), bool)  # v1 checks every offset at open
+            _warn_v1(file, root)
+        else:
+            w, sizes, samples = indexv2.check_meta(data, file)
+            cols = indexv2.load_columns(root, data, file)
+            indexv2.check_tables(w, data, cols, sizes, samples)
+            meta, self._v1 = data, None
+            self._seg_ok = np.zeros(len(cols["segments"]), bool)
+        self.meta: dict = meta
+        self.options: dict = meta.get("options", {})
+        self.shards: list[Shard] = [Shard(s["name"], s["bytes"], s["sha256"], s["samples"]) for s in meta["shards"]]
+        self.ids: list[str] = meta["ids"]
+        self._ep, self._seg, self._offset, self._size = (cols[k] for k in ("episodes", "segments", "offset", "size"))
+        self._crc: np.ndarray | None = cols.get("crc32")
+        self._cols = cols
+        self._schemas = [({n: _camera(n, c) for n, c in sc["cameras"].items()},
+                          {n: ArraySpec(n, _dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
+                           for n, a in sc["arrays"].items()}) for sc in meta["schemas"]]
+        self._splits, self._prompts = meta["splits"], meta["prompts"]
+        self._fps = [float(x) for x in meta["fps"]]
+        self._episode_meta = {n: m for n, m in meta["episode_meta"]}
+        self._by_id = dict(zip(self.ids, range(len(self.ids))))
+        self.episodes: Sequence[Episode] = _Episodes(self)
+        self._by_shard: dict[int, list[int]] | None = None
+        self._data: dict | None = None
+        self._stats, self._stats_missing = self._load_stats()
+
+    def _load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+        """The JSON part's statistics, checked field by field and against the episodes' step counts."""
+        try:
+            table, missing = load_stats(self.meta, where=str(self.file))
+            if table is not None:
+                check_counts(table, missing, self._ep[:, LENGTH], self._ep[:, SCHEMA], self._ep[:, SPLIT],
+                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits, str(self.file))
+        except ValueError as e:
+            raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {self.root} --recompute") from None
+        return table, missing
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EpisodeIndex:
-        """Read and validate ``<path>/index.json`` (``path`` may also be the json file itself)."""
+        """Read and validate ``<path>/index.json`` (``path`` may also be the json file itself).
+
+        A v2 index maps its columns; a v1 index is parsed whole, and logs once per process that
+        ``episodepipes-shard upgrade`` rewrites it as v2.
+        """
         p = Path(path)
         root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
         if not file.exists():
@@ -166,10 +307,41 @@ class EpisodeIndex:
             index.verify()
         return index
 
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        # a spawned worker maps the columns again (shared pages) instead of receiving a copy of them
+        if self.version == 2:
+            return EpisodeIndex.open, (str(self.file),)
+        return super().__reduce_ex__(protocol)
+
+    @property
+    def data(self) -> dict:
+        """The index in the v1 layout (every episode entry with its segments and offsets), for tools such as
+        merge. A v1 index gives its parsed JSON; a v2 index builds it on first use, at a cost per frame."""
+        if self._v1 is not None:
+            return self._v1
+        if self._data is None:
+            self._data = _v1_layout(self)
+        return self._data
+
+    @property
+    def frames(self) -> int:
+        """Frames in the index, over every episode."""
+        return int(self.meta["frames"])
+
+    @property
+    def has_crc(self) -> bool:
+        """Whether every frame has a crc32 (False for v1 indexes written before them, upgraded without --crc)."""
+        return self._crc is not None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Every episode's length (uint64), in index order."""
+        return self._ep[:, LENGTH]
+
     def episode(self, episode_id: str) -> Episode:
         try:
-            return self._by_id[episode_id]
-        except KeyError:
+            return self.episodes[self._by_id[episode_id]]
+        except (KeyError, TypeError):
             import difflib
 
             close = difflib.get_close_matches(str(episode_id), list(self._by_id), n=5, cutoff=0.5)
@@ -183,22 +355,56 @@ class EpisodeIndex:
 
         Computed by the writer over every episode of the split (exactly: merged jobs give the same numbers;
         quantiles within `episodepipes.normstats.REL_ERROR`). Pass the result to `Normalize.from_stats`.
+
+        Args:
+            key: an array key, e.g. ``"action"``.
+            split: the split, ``"train"`` by default.
         """
         if self._stats is None:
-            raise KeyError(no_stats_hint(self._file))
+            raise KeyError(no_stats_hint(self.file))
         if (split, key) in self._stats_missing:
-            raise KeyError(f"{self._file} has no statistics for {key!r} in split {split!r}: "
+            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}: "
                            f"{self._stats_missing[(split, key)]}")
         if (split, key) not in self._stats.keys():
             have = sorted(f"{s}/{k}" for s, k in self._stats.keys() if (s, k) not in self._stats_missing)
-            raise KeyError(f"{self._file} has no statistics for {key!r} in split {split!r}; it has {have}")
+            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}; it has {have}")
         return self._stats.get(key, split=split).summary()
 
+    def split_numbers(self, split: str) -> np.ndarray:
+        """The numbers (positions in `episodes`) of the episodes of ``split``, in index order.
+
+        Args:
+            split: a split name, e.g. ``"train"``; an unknown one gives no episodes.
+        """
+        if split not in self._splits:
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(self._ep[:, SPLIT] == self._splits.index(split))
+
     def split(self, split: str) -> list[Episode]:
-        return [e for e in self.episodes if e.split == split]
+        return [self.episodes[n] for n in self.split_numbers(split).tolist()]
 
     def shard_path(self, shard: int) -> Path:
         return self.root / self.shards[shard].name
+
+    def frame_ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard, start byte, end byte) of many frame rows at once, as three arrays.
+
+        Args:
+            rows: frame rows (`Episode.rows`), any order.
+        """
+        rows = np.asarray(rows, np.int64)
+        seg = np.searchsorted(self._seg[:, ROW], rows, side="right") - 1
+        self._check_segments(np.unique(seg).tolist())
+        start = self._offset[rows]
+        return self._seg[seg, SHARD], start, start + self._size[rows]
+
+    def frame_crcs(self, rows: np.ndarray) -> np.ndarray | None:
+        """The crc32 of many frame rows, or None when the index has no checksums.
+
+        Args:
+            rows: frame rows (`Episode.rows`), any order.
+        """
+        return None if self._crc is None else self._crc[np.asarray(rows, np.int64)]
 
     def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]:
         """Every (episode, segment) whose frames are in ``shard``, in index order.
@@ -208,10 +414,14 @@ class EpisodeIndex:
         """
         if self._by_shard is None:
             self._by_shard = {}
-            for e in self.episodes:
-                for seg in e.segments:
-                    self._by_shard.setdefault(seg.shard, []).append((e, seg))
-        return self._by_shard.get(shard, [])
+            owners = np.searchsorted(self._ep[:, SEGMENT], np.arange(len(self._seg)), side="right") - 1
+            for s, n in zip(self._seg[:, SHARD].tolist(), owners.tolist()):
+                self._by_shard.setdefault(s, []).append(n)
+        out = []
+        for n in dict.fromkeys(self._by_shard.get(shard, [])):
+            e = self.episodes[n]
+            out += [(e, s) for s in e.segments if s.shard == shard]
+        return out
 
     def bad_frames(self, shard: int, data: bytes | memoryview) -> list[tuple[str, int]]:
         """(episode id, frame) of every frame of ``shard`` whose bytes in ``data`` fail the index's crc32.
@@ -227,24 +437,53 @@ class EpisodeIndex:
                     out.append((e.id, seg.first + k))
         return out
 
+    def problems(self, shards: Iterable[int] | None = None, *, members: bool = False) -> list[str]:
+        """Every problem found, one line each naming the file (and episode and frame); empty when intact.
+
+        Checks the v2 columns' sha256 and every frame's offsets, then each given shard (all by default):
+        existence, size, sha256 and every frame's crc32 where the index has them; ``members`` also parses the
+        tar headers at every frame (what the ``verify`` command does).
+
+        Args:
+            shards: shard numbers to check (all by default); the index's own checks always run.
+            members: also parse every frame's tar members.
+        """
+        from episodepipes.indexverify import problems
+
+        return [why for _, why in problems(self, shards, members=members)]
+
     def verify(self, shards: Iterable[int] | None = None) -> None:
-        """Check existence, size, sha256 and every frame's crc32 of the given shards (all by default),
-        naming the first bad shard, and its first damaged frame where the index has checksums."""
-        for i in range(len(self.shards)) if shards is None else sorted(set(shards)):
-            s, p = self.shards[i], self.shard_path(i)
-            if not p.exists():
-                raise FileNotFoundError(f"shard {p} is missing; restore it or re-shard")
-            size = p.stat().st_size
-            if size != s.bytes:
-                raise IndexFormatError(f"shard {p} has {size} bytes, index says {s.bytes}: truncated? re-shard it")
-            with mapped(p) as view:
-                sha, bad = hashlib.sha256(view).hexdigest(), self.bad_frames(i, view)
-            where = f" ({len(bad)} damaged frames, the first episode {bad[0][0]!r} frame {bad[0][1]})" if bad else ""
-            if sha != s.sha256:
-                raise IndexFormatError(f"shard {p}: sha256 mismatch with the index{where}; the file changed, "
-                                       "re-shard it")
-            if bad:
-                raise IndexFormatError(f"shard {p}: crc32 mismatch{where}; restore the shard or re-shard")
+        """Raise for the first problem `problems` finds (FileNotFoundError for a missing shard, else
+        `IndexFormatError`), naming the shard and, for a crc32 mismatch, the first damaged frame.
+
+        Args:
+            shards: shard numbers to check (all by default).
+        """
+        from episodepipes.indexverify import problems
+
+        for kind, why in problems(self, shards):
+            raise kind(f"{self.root}: {why}")
+
+    def _check_segments(self, js: Iterable[int]) -> None:
+        """Per-frame values of these segments (v2 checks them on first use; see `episodepipes.indexv2`)."""
+        for j in js:
+            if not self._seg_ok[j]:
+                shard = int(self._seg[j, SHARD])
+                why = indexv2.frame_problem(self._cols, int(j), self.shards[shard].bytes)
+                if why:
+                    n = int(np.searchsorted(self._ep[:, SEGMENT], j, side="right")) - 1
+                    raise IndexFormatError(f"{self.file} is damaged: episode {self.ids[n]!r} segment "
+                                           f"{int(j) - int(self._ep[n, SEGMENT])}: {why}; re-shard with "
+                                           "write --overwrite")
+                self._seg_ok[j] = True
+
+    def _episode_segments(self, n: int) -> tuple[tuple[int, int, int], ...]:
+        """(shard, first frame, count) of each of episode ``n``'s segments, its frames checked."""
+        j0 = int(self._ep[n, SEGMENT])
+        j1 = int(self._ep[n + 1, SEGMENT]) if n + 1 < len(self._ep) else len(self._seg)
+        self._check_segments(range(j0, j1))
+        first = int(self._ep[n, FIRST])
+        return tuple((s, r - first, c) for s, r, c in self._seg[j0:j1].tolist())
 
 
 @contextlib.contextmanager
@@ -268,34 +507,45 @@ def _dtype_str(text: str) -> str:
     return np.dtype(text).str
 
 
-def _episode(e: dict) -> Episode:
-    cams = {n: _camera(n, c) for n, c in e["cameras"].items()}
-    arrs = {n: ArraySpec(n, _dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
-            for n, a in e["arrays"].items()}
-    segs = tuple(Segment(s["shard"], s["first"], s["count"], tuple(s["offsets"]), s["end"],
-                         tuple(s["crc32"]) if "crc32" in s else None) for s in e["segments"])
-    return Episode(e["id"], e["split"], e["length"], float(e["fps"]), e.get("prompt", ""), cams, arrs, segs)
-
-
-def _load_stats(data: dict, file: Path) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
-    """The index's statistics, checked field by field and against its episodes' step counts."""
-    try:
-        table, missing = load_stats(data, where=str(file))
-        if table is not None:
-            check_counts(table, missing, data["episodes"], str(file))
-    except ValueError as e:
-        raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {file.parent} --recompute") from None
-    return table, missing
-
-
-def _validate(data: object, file: Path) -> None:
+def _version(data: object, file: Path) -> int:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")
     version = data.get("version")
-    if version != FORMAT_VERSION or type(version) is not int:
+    if version not in VERSIONS or type(version) is not int:
         raise IndexFormatError(
-            f"{file}: index version {version!r}, this episodepipes reads version {FORMAT_VERSION}; "
+            f"{file}: index version {version!r}, this episodepipes reads versions {list(VERSIONS)}; "
             "re-shard with this version's scripts/shard.py write --overwrite, or install the matching episodepipes"
         )
-    check_index(data, file)
+    return version
+
+
+def _warn_v1(file: Path, root: Path) -> None:
+    key = str(file.resolve())
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("%s is an index of format version 1, which costs time and memory per frame to open; "
+                    "rewrite it as version 2 with: episodepipes-shard upgrade %s", file, root)
+
+
+def _v1_layout(ix: EpisodeIndex) -> dict:
+    """A v2 index as the v1 JSON would hold it (what `ShardWriter` and merge take as episode entries)."""
+    m = ix.meta
+    seg, off, size, crc = ix._seg, ix._offset, ix._size, ix._crc
+    episodes = []
+    for n, (first, length, j0, schema, split, prompt, fps) in enumerate(ix._ep.tolist()):
+        j1 = int(ix._ep[n + 1, SEGMENT]) if n + 1 < len(ix._ep) else len(seg)
+        ix._check_segments(range(j0, j1))
+        segs = []
+        for shard, row, count in seg[j0:j1].tolist():
+            s = {"shard": shard, "first": row - first, "count": count, "offsets": off[row:row + count].tolist(),
+                 "end": int(off[row + count - 1]) + int(size[row + count - 1])}
+            if crc is not None:
+                s["crc32"] = crc[row:row + count].tolist()
+            segs.append(s)
+        sc = m["schemas"][schema]
+        episodes.append({"id": ix.ids[n], "split": m["splits"][split], "length": length, "fps": m["fps"][fps],
+                         "prompt": m["prompts"][prompt], "cameras": sc["cameras"], "arrays": sc["arrays"],
+                         **ix._episode_meta.get(n, {}), "segments": segs})
+    data = {k: v for k, v in m.items() if k not in indexv2.V2_KEYS}
+    return dict(data, version=1, episodes=episodes)

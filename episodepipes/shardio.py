@@ -25,6 +25,14 @@ class ShardIOError(OSError):
     """A file of the dataset is missing, shorter than the index says, or could not be read; names the file."""
 
 
+class ShardMissingError(ShardIOError, FileNotFoundError):
+    """The file is not there (also a `FileNotFoundError`, as the readers raised before the byte source)."""
+
+
+class ShardTruncatedError(ShardIOError, ValueError):
+    """The file ends before a range the index points at (also a `ValueError`: the data disagrees with its index)."""
+
+
 def check_name(name: str) -> str:
     """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
@@ -79,7 +87,7 @@ class LocalSource:
                     try:
                         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                     except FileNotFoundError:
-                        raise ShardIOError(f"{path} is missing; restore it or re-shard {self.root}") from None
+                        raise ShardMissingError(f"{path} is missing; restore it or re-shard {self.root}") from None
                     self._fds[name] = fd
         return fd
 
@@ -87,9 +95,10 @@ class LocalSource:
         return os.fstat(self._fd(name)).st_size
 
     def read(self, name: str, offset: int, size: int) -> bytes:
-        data = os.pread(self._fd(name), size, offset)
+        fd = self._fds.get(name)  # the common case, without a call: readers ask for every header of a frame
+        data = os.pread(self._fd(name) if fd is None else fd, size, offset)
         if len(data) != size:
-            raise ShardIOError(f"{self._path(name)} ends at byte {offset + len(data)}, the index expects "
+            raise ShardTruncatedError(f"{self._path(name)} ends at byte {offset + len(data)}, the index expects "
                                f"{offset + size}: truncated? re-shard it or check with verify=True")
         return data
 
@@ -104,6 +113,12 @@ class LocalSource:
             fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
+
+    def __enter__(self) -> LocalSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"LocalSource({self.root!r})"

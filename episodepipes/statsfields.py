@@ -105,19 +105,26 @@ def load(data: Mapping[str, Any], *, where: str) -> tuple[StatsTable | None, dic
     return StatsTable.from_json(data[STATS], where=where), missing
 
 
-def check_counts(table: StatsTable, missing: Mapping[tuple[str, str], str], episodes: list[dict],
-                 where: str) -> None:
-    """Each served entry counts exactly the steps of its split's episodes that have the key."""
+def check_counts(table: StatsTable, missing: Mapping[tuple[str, str], str], lengths: np.ndarray,
+                 schema: np.ndarray, split: np.ndarray, schemas: list[dict], splits: list[str], where: str) -> None:
+    """Each served entry counts exactly the steps of its split's episodes that have the key.
+
+    Args:
+        lengths, schema, split: per episode, its length and its schema and split codes (the v2 tables).
+        schemas: each schema's ``arrays``; splits: the split names the codes number.
+    """
+    per = np.zeros((len(schemas), len(splits)), np.uint64)
+    np.add.at(per, (schema.astype(np.int64), split.astype(np.int64)), lengths.astype(np.uint64))
     steps: dict[tuple[str, str], int] = {}
-    for e in episodes:
-        for key in e["arrays"]:
-            steps[(e["split"], key)] = steps.get((e["split"], key), 0) + e["length"]
-    for split, key in table.keys():
-        if (split, key) in missing:
+    for (j, t), n in np.ndenumerate(per):
+        for key in schemas[j]:
+            steps[(splits[t], key)] = steps.get((splits[t], key), 0) + int(n)
+    for sp, key in table.keys():
+        if (sp, key) in missing:
             continue
-        got, want = table.get(key, split=split).count, steps.get((split, key), 0)
+        got, want = table.get(key, split=sp).count, steps.get((sp, key), 0)
         if got != want:
-            raise ValueError(f"{where}: stats[{split!r}][{key!r}] count={got}, but the index's {split} episodes "
+            raise ValueError(f"{where}: stats[{sp!r}][{key!r}] count={got}, but the index's {sp} episodes "
                              f"with {key!r} have {want} steps")
 
 

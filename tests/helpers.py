@@ -60,3 +60,17 @@ def write_zarr(src: Path, reader: SyntheticReader) -> Path:
             g.create_array(k if k != "state" else "obs/state", data=a)
         g.attrs.update({"fps": ep.fps, "prompt": ep.prompt, "split": ep.split})
     return Path(src)
+
+
+def as_v1(out: Path) -> Path:
+    """Rewrite ``out``'s index as format version 1 (every offset in ``index.json``), as older episodepipes did."""
+    from episodepipes.format import COLUMNS
+    from episodepipes.index import EpisodeIndex
+    from episodepipes.sharding.writer import write_index
+
+    d = EpisodeIndex.open(out).data
+    rest = {k: v for k, v in d.items() if k not in ("format", "version", "options", "shards", "episodes")}
+    write_index(Path(out), d["shards"], d["episodes"], d["options"], extra=rest, version=1)
+    for file, _, _ in COLUMNS.values():
+        (Path(out) / file).unlink(missing_ok=True)
+    return Path(out)

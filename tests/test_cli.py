@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import write_raw
+from helpers import as_v1, write_raw
 
+from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.readers import FORMATS, Format
@@ -55,7 +56,7 @@ def test_verify_names_shard_and_episode(tmp_path, capsys):
     blob = bytearray(shard.read_bytes())
     blob[700] ^= 0xFF
     shard.write_bytes(bytes(blob))
-    data = json.loads((out / "index.json").read_text())
+    data = json.loads((as_v1(out) / "index.json").read_text())  # offsets in the JSON, to move one
     seg = data["episodes"][-1]["segments"][-1]
     seg["offsets"][-1] += 512  # the index now points into the middle of a frame
     (out / "index.json").write_text(json.dumps(data))
@@ -267,13 +268,13 @@ def test_val_fraction_fills_only_episodes_without_a_split_and_the_summary_says_s
     assert main(["write", str(src), str(tmp_path / "o"), "--workers", "1", "--val-fraction", "1"]) == 0
     out = capsys.readouterr().out
     assert "splits: 3 from the episodes' metadata, 3 from --val-fraction, 0 train by default" in out
-    splits = {e["id"]: e["split"] for e in json.loads((tmp_path / "o" / "index.json").read_text())["episodes"]}
+    splits = {e.id: e.split for e in EpisodeIndex.open(tmp_path / "o").episodes}
     # metadata: ep0002 and ep0005 are val, ep0004 train; --val-fraction 1 puts the three others in val
     assert splits == {"ep0000": "val", "ep0001": "val", "ep0002": "val", "ep0003": "val", "ep0004": "train",
                       "ep0005": "val"}
     assert main(["write", str(src), str(tmp_path / "e"), "--workers", "1", "--val-episodes", "ep0000"]) == 0
     assert "3 from the episodes' metadata" not in capsys.readouterr().out
-    splits = {e["id"]: e["split"] for e in json.loads((tmp_path / "e" / "index.json").read_text())["episodes"]}
+    splits = {e.id: e.split for e in EpisodeIndex.open(tmp_path / "e").episodes}
     assert [k for k, v in splits.items() if v == "val"] == ["ep0000"]  # an explicit list overrides metadata
     with pytest.raises(SystemExit):
         main(["write", "--help"])

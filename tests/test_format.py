@@ -40,7 +40,7 @@ def test_same_input_gives_byte_identical_output(tmp_path):
 
 def test_index_from_another_version_is_refused_with_the_fix(tmp_path):
     out = make_shards(tmp_path / "s", num_episodes=1, length=3)
-    text = (out / "index.json").read_text().replace('"version":1', '"version":99')
+    text = (out / "index.json").read_text().replace('"version":2', '"version":99')
     (out / "index.json").write_text(text)
     with pytest.raises(ValueError, match=r"version 99.*re-shard"):
         EpisodeIndex.open(out)

@@ -1,4 +1,6 @@
-"""Crafted index.json files: every field is checked at open, named in one line, and nothing escapes the folder."""
+"""Crafted v1 index.json files: every field is checked at open, named in one line, and nothing escapes the folder.
+
+(v2 indexes and their columns: tests/test_index_v2.py.)"""
 
 import contextlib
 import json
@@ -9,15 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_shards
+from helpers import as_v1, make_shards
 
 from episodepipes.index import EpisodeIndex, IndexFormatError
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("good") / "s", num_episodes=3, length=6, height=16, width=24,
-                       shard_size=20_000)
+    return as_v1(make_shards(tmp_path_factory.mktemp("good") / "s", num_episodes=3, length=6, height=16, width=24,
+                             shard_size=20_000))
 
 
 def _ep(d, k=0):
@@ -250,3 +252,24 @@ def test_the_audit_hook_sees_opens_and_commands(tmp_path):
         (tmp_path / "f").write_text("x")
         subprocess.run(["true"], check=True)
     assert str(tmp_path / "f") in opened and any(p.startswith("COMMAND subprocess.Popen") for p in opened)
+
+
+def test_a_v2_index_opens_only_its_own_fixed_files(good, tmp_path):
+    from episodepipes.format import COLUMNS
+    from episodepipes.sharding.upgrade import upgrade
+
+    root = shutil.copytree(good, tmp_path / "ds")
+    upgrade(root)
+    data = json.loads((root / "index.json").read_text())
+    data["columns"]["offset"]["file"] = "../x.npy"  # a file name in the data is not a field a reader takes
+    (root / "index.json").write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="columns 'offset'|column 'offset'"):
+        EpisodeIndex.open(root)
+    upgrade(shutil.copytree(good, tmp_path / "ok"))
+    with _recording() as opened:
+        EpisodeIndex.open(tmp_path / "ok", verify=True)
+    mine = {"index.json", *(f for f, _, _ in COLUMNS.values()), *(s["name"] for s in data["shards"])}
+    inside = {Path(p).name for p in opened if p.startswith(str(tmp_path / "ok") + os.sep)}
+    assert inside and inside <= mine, inside - mine
+    python = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    assert [p for p in opened if not p.startswith((str(tmp_path / "ok") + os.sep, *python))] == []

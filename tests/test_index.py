@@ -1,5 +1,7 @@
+import shutil
+
 import pytest
-from helpers import make_shards
+from helpers import as_v1, make_shards
 
 from episodepipes.pipes import EpisodeIndex
 
@@ -9,6 +11,11 @@ def index(tmp_path_factory):
     out = make_shards(tmp_path_factory.mktemp("idx") / "s", num_episodes=5, length=15, height=32, width=48,
                       shard_size=50_000)
     return EpisodeIndex.open(out)
+
+
+@pytest.fixture(scope="module")
+def v1_root(index, tmp_path_factory):
+    return as_v1(shutil.copytree(index.root, tmp_path_factory.mktemp("v1") / "s"))
 
 
 def test_frame_ranges_tile_each_episode_across_shards(index):
@@ -51,20 +58,20 @@ def test_splits(index):
     lambda d: {**d, "episodes": [{**d["episodes"][0], "cameras": {"front": {"width": 48}}}]},
     lambda d: {**d, "episodes": [{**d["episodes"][0], "fps": "fast"}]},
 ])
-def test_a_damaged_index_is_named_not_a_raw_python_error(index, tmp_path, damage):
+def test_a_damaged_index_is_named_not_a_raw_python_error(v1_root, tmp_path, damage):
     import json
 
-    data = json.loads((index.root / "index.json").read_text())
+    data = json.loads((v1_root / "index.json").read_text())
     (tmp_path / "index.json").write_text(json.dumps(damage(data)))
     with pytest.raises(ValueError, match=r"index\.json.*(damaged|not an episodepipes)"):
         EpisodeIndex.open(tmp_path)
 
 
 def _rewrite(root, tmp_path, change):
+    """A v1 copy of ``root`` with ``change`` applied to its JSON."""
     import json
-    import shutil
 
-    copy = shutil.copytree(root, tmp_path / "copy")
+    copy = as_v1(shutil.copytree(root, tmp_path / "copy"))
     data = json.loads((copy / "index.json").read_text())
     change(data)
     (copy / "index.json").write_text(json.dumps(data))
@@ -131,7 +138,8 @@ def test_fingerprint_is_the_sha256_of_the_index_bytes(index, tmp_path):
     assert index.fingerprint == hashlib.sha256((index.root / "index.json").read_bytes()).hexdigest()
     assert EpisodeIndex.open(index.root).fingerprint == index.fingerprint
     other = _rewrite(index.root, tmp_path, lambda d: d["episodes"][0].update(prompt="other"))
-    assert EpisodeIndex.open(other).fingerprint != index.fingerprint
+    same = _rewrite(index.root, tmp_path / "b", lambda d: None)
+    assert EpisodeIndex.open(other).fingerprint != EpisodeIndex.open(same).fingerprint
 
 
 def test_verify_names_the_frame_whose_bytes_fail_their_crc32_even_with_a_matching_sha256(index, tmp_path):
@@ -149,11 +157,12 @@ def test_verify_names_the_frame_whose_bytes_fail_their_crc32_even_with_a_matchin
     blob[a + 512 + 130] ^= 0x01  # inside the first member's payload: the tar headers still parse
     path.write_bytes(bytes(blob))
     problems = verify(copy)
-    assert f"shard {path.name}: episode {ep.id!r} frame 4: crc32 mismatch" in "\n".join(problems)
+    assert f"shard {path.name}: crc32 mismatch in 1 frames, the first episode {ep.id!r} frame 4" in "\n".join(problems)
     assert sum("crc32" in p for p in problems) == 1
+    as_v1(copy)
     data = json.loads((copy / "index.json").read_text())
     data["shards"][shard]["sha256"] = hashlib.sha256(bytes(blob)).hexdigest()  # the index re-hashed to match
     (copy / "index.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=rf"crc32 mismatch \(1 damaged frames, the first episode '{ep.id}' frame 4\)"):
+    with pytest.raises(ValueError, match=rf"crc32 mismatch in 1 frames, the first episode '{ep.id}' frame 4"):
         EpisodeIndex.open(copy, verify=True)
     assert [p for p in verify(copy) if "crc32" in p] and not [p for p in verify(copy) if "sha256" in p]

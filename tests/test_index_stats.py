@@ -192,3 +192,20 @@ def test_normalize_from_index_stats_end_to_end_in_a_train_pipe(tmp_path):
             assert torch.allclose(norm.inverse(d)[k].double(), r[k].double(), rtol=1e-5, atol=1e-6)
         seen += len(r["action"])
     assert seen == index.stats("action")["count"]  # one epoch of train: every step the statistics counted
+
+
+def test_recompute_on_a_v1_index_and_upgrade_keeps_the_statistics(tmp_path):
+    from helpers import as_v1
+
+    from episodepipes.sharding.upgrade import upgrade
+
+    write_shards(SYN, tmp_path / "s", OPTS)
+    want = EpisodeIndex.open(tmp_path / "s").stats("state", split="val")
+    with_stats = _index_bytes(as_v1(tmp_path / "s"))
+    _rewrite(tmp_path / "s", lambda d: d.pop("stats"))  # a v1 index as an older episodepipes wrote it
+    with pytest.raises(KeyError, match="--recompute"):
+        EpisodeIndex.open(tmp_path / "s").stats("state", split="val")
+    assert cli.main(["stats", str(tmp_path / "s"), "--recompute"]) == 0
+    assert _index_bytes(tmp_path / "s") == with_stats and EpisodeIndex.open(tmp_path / "s").version == 1
+    got = upgrade(tmp_path / "s").stats("state", split="val")  # v2's JSON part carries them over
+    assert all(np.array_equal(got[k], want[k]) for k in want)

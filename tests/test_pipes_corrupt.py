@@ -11,7 +11,7 @@ import tarfile
 import cv2
 import numpy as np
 import pytest
-from helpers import make_shards
+from helpers import as_v1, make_shards
 
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.sharding.encode import EncodeOptions, encode_episode
@@ -32,7 +32,7 @@ def _members(root):
 
 
 def _rewrite_index(root, fn):
-    path = root / "index.json"
+    path = as_v1(root) / "index.json"  # the v1 layout: every frame's entry in the JSON
     data = json.loads(path.read_text())
     fn(data)
     path.write_text(json.dumps(data))

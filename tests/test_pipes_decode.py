@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from helpers import make_shards
+from helpers import as_v1, make_shards
 
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.pipes.decode import reduced_flag
@@ -66,7 +66,7 @@ def _corrupt(shards, tmp_path, name):
     with open(copy / "shard-000000.tar", "r+b") as f:
         f.seek(off)
         f.write(b"\0" * 16)  # no JPEG start marker: cv2.imdecode returns None
-    index = json.loads((copy / "index.json").read_text())
+    index = json.loads((as_v1(copy) / "index.json").read_text())  # v1: crc32 lists in the JSON
     for e in index["episodes"]:  # an index from before per-frame CRCs: the JPEG itself must be caught
         for seg in e["segments"]:
             seg.pop("crc32", None)

@@ -1,7 +1,7 @@
 import pytest
 from helpers import make_shards
 
-from episodepipes.pipes import Collator, Decoder, EpisodeIndex, Gate, ShardReader, video_pipe
+from episodepipes.pipes import BatchStacker, Decoder, EpisodeIndex, Gate, ShardReader, video_pipe
 from episodepipes.pipes.plan import Item
 
 
@@ -21,8 +21,9 @@ def _key(x):
     return (x.item, sorted(x.members))
 
 
-def run_test_save_load_state(make_node, midpoints):
-    """Save at each midpoint, restore into a fresh node, and check the rest of the pass is unchanged."""
+def check_fresh_node_resumes(make_node, midpoints):
+    """Save at each midpoint, restore into a fresh node, and check the rest of the pass is unchanged (torchdata's
+    own contract, which restores into the same node across passes, is in tests/test_nodes_contract.py)."""
     node = make_node()
     node.reset()
     full = [_key(x) for x in node]
@@ -43,20 +44,20 @@ ITEMS = [Item(e, f) for e in ("ep0002", "ep0000") for f in range(9)] + [Item("ep
 
 @pytest.mark.parametrize("midpoints", [[0, 1, 7, 18]])
 def test_reader_state(index, midpoints):
-    run_test_save_load_state(lambda: ShardReader(index, ITEMS), midpoints)
+    check_fresh_node_resumes(lambda: ShardReader(index, ITEMS), midpoints)
 
 
 @pytest.mark.parametrize("method", ["thread", "process"])
 def test_decoder_state_with_frames_in_flight(index, method):
-    run_test_save_load_state(lambda: Decoder(ShardReader(index, ITEMS), index, method=method, prefetch=5),
+    check_fresh_node_resumes(lambda: Decoder(ShardReader(index, ITEMS), index, method=method, prefetch=5),
                              [0, 2, 11, 19])
 
 
-def test_gate_and_collator_state(index):
+def test_gate_and_stacker_state(index):
     def make():
-        return Gate(lambda: Collator(Decoder(ShardReader(index, ITEMS), index), batch_size=4))
+        return Gate(lambda: BatchStacker(Decoder(ShardReader(index, ITEMS), index), batch_size=4))
 
-    run_test_save_load_state(make, [0, 1, 3, 5])
+    check_fresh_node_resumes(make, [0, 1, 3, 5])
 
 
 def test_pipe_state_round_trip(index):
@@ -77,7 +78,7 @@ def test_chunked_process_decoder_state(index, chunk, prefetch):
         return Decoder(ShardReader(index, ITEMS), index, method="process", chunk=chunk, prefetch=prefetch)
 
     assert make().chunk == chunk
-    run_test_save_load_state(make, [0, 1, 4, 11, 18])
+    check_fresh_node_resumes(make, [0, 1, 4, 11, 18])
     thread = Decoder(ShardReader(index, ITEMS), index)
     thread.reset()
     node = make()

@@ -1,4 +1,3 @@
-import json
 import shutil
 
 import numpy as np
@@ -139,8 +138,8 @@ def test_bad_episode_is_named_or_skipped(tmp_path, corrupt):
     assert expected in str(e.value)
     res = write_shards(RawReader(src), tmp_path / "out", WriteOptions(format="raw", skip_bad=True), overwrite=True)
     assert [s["id"] for s in res.skipped] == ["ep0001"] and expected in res.skipped[0]["error"]
-    data = json.loads((tmp_path / "out" / "index.json").read_text())
-    assert [e["id"] for e in data["episodes"]] == ["ep0000", "ep0002"] and data["skipped"] == res.skipped
+    index = EpisodeIndex.open(tmp_path / "out")
+    assert [e.id for e in index.episodes] == ["ep0000", "ep0002"] and index.meta["skipped"] == res.skipped
 
 
 def test_empty_episode_is_named(tmp_path):

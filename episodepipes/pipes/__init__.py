@@ -1,7 +1,7 @@
 """torchdata.nodes graphs over episodepipes shards: nodes, the lazy gate, and one builder per pipe kind."""
 
 from episodepipes.index import ArraySpec, Camera, Episode, EpisodeIndex, Segment, Shard
-from episodepipes.pipes.batch import Collator, collate
+from episodepipes.pipes.batch import BatchStacker, collate
 from episodepipes.pipes.builders import metric_pipe, video_pipe
 from episodepipes.pipes.decode import Decoder, decode_jpeg
 from episodepipes.pipes.gate import Gate
@@ -13,8 +13,8 @@ from episodepipes.pipes.train import train_pipe
 
 __all__ = [
     "ArraySpec",
+    "BatchStacker",
     "Camera",
-    "Collator",
     "Decoder",
     "Episode",
     "EpisodeIndex",

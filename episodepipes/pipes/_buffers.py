@@ -1,33 +1,68 @@
-"""Large arrays handed out again only once nothing made from them is alive (no page faults on reuse)."""
+"""Large arrays handed out again only once nothing made from them is alive (no page faults on reuse).
+
+The ownership rule is explicit: the pool keeps the *memory* (an anonymous mapping) and lends it out
+wrapped in a fresh array, the *lease*. numpy makes every view of the lease keep the lease alive (a
+view's ``base`` stops at the first array over memory numpy does not own), `torch.from_numpy` keeps
+its array alive, and so do tensors viewing that tensor; so the lease is gone exactly when no batch,
+tensor or view made from it is left. The pool holds only a weak reference to it, and lends the memory
+again once that reference is dead. A consumer may keep any batch as long as it likes.
+"""
 
 from __future__ import annotations
 
-import sys
+import mmap
+import weakref
 
 import numpy as np
 
+_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+
+
+class Lendable:
+    """One buffer's memory and the weak reference to the array it is currently lent out as."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | type, *, shared: bool = False) -> None:
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        size = max(1, int(np.prod(self.shape)) * self.dtype.itemsize)
+        # shared: forked decode workers write into it; private: only this process does
+        self.memory = mmap.mmap(-1, size) if shared else mmap.mmap(-1, size, **_PRIVATE)
+        self._lease: weakref.ref[np.ndarray] | None = None
+
+    def free(self) -> bool:
+        """Nothing made from the last lease is alive (or it was never lent)."""
+        return self._lease is None or self._lease() is None
+
+    def view(self) -> np.ndarray:
+        """An array over the memory that is not a lease (what forked workers write through)."""
+        return np.ndarray(self.shape, self.dtype, buffer=self.memory)
+
+    def lend(self) -> np.ndarray:
+        """A new lease over the memory; call only when `free`."""
+        lease = self.view()
+        self._lease = weakref.ref(lease)
+        return lease
+
 
 class BufferPool:
-    """Arrays to decode or stack into, reused once every tensor and view made from them is gone.
+    """Arrays to decode or stack into, lent again once every tensor and view made from them is gone.
 
-    `torch.from_numpy` keeps a reference to its array, and every numpy view keeps one to its base, so
-    an array whose reference count is back to the pool's own is free. A fresh large buffer costs a
-    page fault per 4 KB on first touch; a reused one does not.
+    A fresh large buffer costs a page fault per 4 KB on first touch; memory lent again does not.
+    At most ``keep`` buffers of each shape and dtype are kept; beyond that, buffers are not pooled.
     """
 
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep
-        self._free: dict[tuple, list[np.ndarray]] = {}
+        self._kept: dict[tuple, list[Lendable]] = {}
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
-        bufs = self._free.setdefault((tuple(shape), np.dtype(dtype).str), [])
-        for b in bufs:
-            if sys.getrefcount(b) <= 3:  # the list, the loop variable, getrefcount's argument
-                return b
-        b = np.empty(shape, dtype)
-        if len(bufs) < self.keep:
-            bufs.append(b)
-        return b
+        kept = self._kept.setdefault((tuple(shape), np.dtype(dtype).str), [])
+        for b in kept:
+            if b.free():
+                return b.lend()
+        b = Lendable(shape, dtype)
+        if len(kept) < self.keep:
+            kept.append(b)
+        return b.lend()
 
 
 def consecutive_rows(arrays: list[np.ndarray]) -> np.ndarray | None:

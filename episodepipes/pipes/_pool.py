@@ -1,21 +1,18 @@
 """A per-pass worker pool: threads (default) or forked processes (spawned where there is no fork), always
 stopped by `Pool.close` or, for a pool dropped without it, by its finalizer.
 
-Why ``fork`` and not ``forkserver`` (measured in a process that imported torch and lightning and ran a
-matmul, 2 workers started and stopped per pass, median of 5 passes):
-
-- fork: 18-20 ms per pass, 24-37 ms for the first;
-- forkserver preloading the decode module: 2-6 s per pass, because every worker re-imports the
-  training script (Python 3.11's forkserver does not preload ``__main__``: it asks for a ``main_path``
-  key that ``spawn.get_preparation_data`` never gives), and 4.5 s for the first;
-- forkserver preloading torch and lightning too: 60-150 ms per pass, 3.5-4 s for the first.
+Why ``fork`` and not ``forkserver``: in a process that has imported torch and lightning, a forked
+worker starts at once, while a forkserver worker re-imports the training script (Python 3.11's
+forkserver does not preload ``__main__``: it asks for a ``main_path`` key that
+``spawn.get_preparation_data`` never gives), and even preloading torch and lightning leaves every
+pass paying for fresh interpreters. Workers are started per pass, so that start-up is paid often.
 
 A forked worker is safe as long as it does not use a thread pool the parent had running, because
-the pool's threads are not forked. Measured: any torch op big enough for the intra-op pool (OpenMP)
-hung 10 of 10 forked children of a process that had run one, and none after
-``torch.set_num_threads(1)`` in the child (what torch's DataLoader does in its own forked workers).
-``cv2.resize`` (OpenCV's pthreads pool) did not hang in 30 forked children, even with the parent's
-pool busy at the fork. Our workers use no CUDA, gloo or NCCL, so the DDP threads do not matter.
+the pool's threads are not forked: a torch op big enough for the intra-op pool (OpenMP) hangs in a
+forked child of a process that ran one, unless the child calls ``torch.set_num_threads(1)`` first
+(what torch's DataLoader does in its own forked workers). ``cv2.resize`` (OpenCV's pthreads pool) was
+not seen to hang, even with the parent's pool busy at the fork. Our workers use no CUDA, gloo or NCCL,
+so the DDP threads do not matter.
 """
 
 from __future__ import annotations

@@ -3,28 +3,24 @@
 A slab is one ``[slab, 3, H, W]`` uint8 array per camera; sample ``i`` of a batch is row ``i``.
 Threads share memory, so any array works. Forked decode processes write into a fixed ring of
 anonymous shared mappings made before the workers fork (they inherit them); a worker names its row
-by ``(ring, slab, row)``. A slab is reused only once nothing the consumer holds points into it.
+by ``(ring, slab, row)``. A slab is reused only once nothing the consumer holds points into it: the
+consumer gets leases of the ring's memory (`episodepipes.pipes._buffers`), the workers write through
+arrays of their own over the same memory.
 """
 
 from __future__ import annotations
 
 import itertools
-import mmap
-import sys
 import weakref
 from typing import Any
 
 import numpy as np
 
-from episodepipes.pipes._buffers import BufferPool
+from episodepipes.pipes._buffers import BufferPool, Lendable
 
 Shapes = dict[str, tuple[int, int, int]]
-_RINGS: dict[int, list[dict[str, np.ndarray]]] = {}  # inherited by forked workers
+_RINGS: dict[int, list[dict[str, np.ndarray]]] = {}  # the workers' arrays over the ring, inherited when they fork
 _tokens = itertools.count()
-
-
-def _refs(slab: dict[str, np.ndarray]) -> list[int]:
-    return [sys.getrefcount(a) for a in slab.values()]
 
 
 def worker_rows(addr: tuple[int, int, int]) -> dict[str, np.ndarray]:
@@ -41,24 +37,21 @@ class Slabs:
         self._pool = buffers if buffers is not None else BufferPool(keep=6)
         self._cur: dict[str, np.ndarray] = {}
         self._row = size
-        self._ring: list[dict[str, np.ndarray]] | None = None
+        self._ring: list[dict[str, Lendable]] | None = None
         self._sharing = False  # this pass's workers are processes writing into the ring
         self._token = -1
-        self._free_refs: list[int] = []
         self._slab = -1
 
     def share(self, shapes: Shapes, count: int) -> None:
         """Have a ring of ``count`` shared slabs for ``shapes`` (kept from the last pass if it fits);
         call before forking the workers, which inherit it."""
         ring = self._ring
-        if ring is None or len(ring) < count or {c: a.shape[1:] for c, a in ring[0].items()} != shapes:
+        if ring is None or len(ring) < count or {c: b.shape[1:] for c, b in ring[0].items()} != shapes:
             self.drop_ring()
-            self._ring = [{c: np.ndarray((self.size, *s), np.uint8,
-                                         buffer=mmap.mmap(-1, self.size * int(np.prod(s))))
-                           for c, s in shapes.items()} for _ in range(count)]
-            self._free_refs = _refs(self._ring[0])
+            self._ring = [{c: Lendable((self.size, *s), np.uint8, shared=True) for c, s in shapes.items()}
+                          for _ in range(count)]
             self._token = next(_tokens)
-            _RINGS[self._token] = self._ring
+            _RINGS[self._token] = [{c: b.view() for c, b in slab.items()} for slab in self._ring]
             weakref.finalize(self, _RINGS.pop, self._token, None)
         self._cur, self._row, self._sharing = {}, self.size, True
 
@@ -89,7 +82,7 @@ class Slabs:
         if not self._sharing or self._ring is None:
             return {c: self._pool.get((self.size, *s), np.uint8) for c, s in shapes.items()}
         for i, slab in enumerate(self._ring):
-            if _refs(slab) == self._free_refs and {c: a.shape[1:] for c, a in slab.items()} == shapes:
+            if all(b.free() for b in slab.values()) and {c: b.shape[1:] for c, b in slab.items()} == shapes:
                 self._slab = i
-                return slab
+                return {c: b.lend() for c, b in slab.items()}
         return {}  # every shared slab is still held (or the sizes differ): this slab's frames come back pickled

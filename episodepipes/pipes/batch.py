@@ -1,4 +1,4 @@
-"""`Collator`: decoded samples into batch dicts of tensors, without copying frames the decoder laid out.
+"""`BatchStacker`: decoded samples into batch dicts of tensors, without copying frames the decoder laid out.
 
 A batch has one uint8 ``[B, 3, H, W]`` tensor per camera and one tensor per array key (both stacked
 from the samples' arrays, in native byte order), ``frame`` (int64), ``timestamp`` (float64 seconds), ``valid`` (bool),
@@ -17,7 +17,7 @@ from episodepipes.pipes._buffers import BufferPool, consecutive_rows
 from episodepipes.pipes._lifecycle import shutdown_node
 from episodepipes.pipes.stats import Stats
 
-__all__ = ["BufferPool", "Collator", "collate"]
+__all__ = ["BufferPool", "BatchStacker", "collate"]
 
 LISTS = ("episode", "prompt")
 SCALARS = {"frame": torch.int64, "timestamp": torch.float64, "valid": torch.bool}
@@ -46,10 +46,18 @@ def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str,
     return out
 
 
-class Collator(BaseNode[dict]):
+class BatchStacker(BaseNode[dict]):
     """Group ``batch_size`` samples from ``source`` into a batch dict; the last batch may be short.
 
-    ``reuse_buffers=False`` allocates every batch afresh (for consumers that keep raw pointers).
+    Named for what it does, and not ``Collator``, which torchdata.nodes has too (a `Batcher` that
+    collates with a function); this one stacks into tensors without copying rows the decoder laid out.
+
+    Args:
+        source: the node yielding decoded sample dicts (a `Decoder`).
+        batch_size: samples per batch.
+        reuse_buffers: stack arrays into buffers reused once nothing holds their last batch; False
+            allocates every batch afresh (for consumers that keep raw pointers).
+        stats: counters to add ``batches`` to.
     """
 
     SOURCE_KEY = "source"

@@ -1,4 +1,4 @@
-"""One builder per pipe kind, made from the public nodes: plan -> `ShardReader` -> `Decoder` -> `Collator` -> `Gate`."""
+"""One builder per pipe kind, of the public nodes: plan -> `ShardReader` -> `Decoder` -> `BatchStacker` -> `Gate`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._slabs import Slabs
-from episodepipes.pipes.batch import Collator
+from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.decode import Decoder, check_options
 from episodepipes.pipes.gate import Gate
 from episodepipes.pipes.pipe import Pipe
@@ -83,20 +83,20 @@ def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None)
 
 def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int, num_workers: int,
                   method: str, resize: tuple[int, int] | None, on_corrupt: str, verify: bool,
-                  url: Callable[[int], str] | None = None) -> Callable[[], Collator]:
-    """A zero-argument builder of reader -> decoder -> collator over ``items`` (what a `Gate` holds)."""
+                  url: Callable[[int], str] | None = None) -> Callable[[], BatchStacker]:
+    """A zero-argument builder of reader -> decoder -> stacker over ``items`` (what a `Gate` holds)."""
     check_options(method=method, on_corrupt=on_corrupt, num_workers=num_workers)
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
 
-    def build() -> Collator:
+    def build() -> BatchStacker:
         if verify and not verified:  # once, before the first byte of the first open pass
             index.verify(shards=shards_of(index, items))
             verified.append(True)
         reader = ShardReader(index, items, stats=stats, url=url)
         dec = Decoder(reader, index, num_workers=num_workers, method=method, resize=resize,
                       on_corrupt=on_corrupt, stats=stats, slab=slabs)
-        return Collator(dec, batch_size=batch_size, stats=stats)
+        return BatchStacker(dec, batch_size=batch_size, stats=stats)
 
     return build
 

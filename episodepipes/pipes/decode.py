@@ -204,7 +204,7 @@ class Decoder(BaseNode[dict]):
         self._calls: list[tuple[Callable, tuple, tuple]] = []  # read, not yet submitted: (fn, args, pending entry)
         self._spec_cache: dict[str, tuple[dict, dict]] = {}
         # Workers decode straight into rows of ``[slab, 3, H, W]`` buffers; with ``slab`` equal to the
-        # Collator's batch size, a batch is a view of one buffer: no pixel copy.
+        # BatchStacker's batch size, a batch is a view of one buffer: no pixel copy.
         slabs = slab if isinstance(slab, Slabs) else Slabs(slab) if slab else None
         # Processes find the shared ring by inheriting it: without fork their frames come back pickled.
         inherit = method == "thread" or _pool.start_method() == "fork"

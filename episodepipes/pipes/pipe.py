@@ -1,4 +1,4 @@
-"""`Pipe`: a sized, re-iterable iterable over a node graph whose root is a `Gate`.
+"""`Pipe`: a sized, re-iterable iterable over a node graph (rooted at a `Gate`, or at `train_pipe`'s stacker).
 
 ``len()`` is fixed at construction from the plan, so asking for it starts nothing; ``iter()`` only
 resets the (lazy) gate, so creating an iterator starts nothing either. Work begins at the first batch.
@@ -53,7 +53,7 @@ class Pipe:
     """Iterate batches; each ``iter()`` starts a fresh pass (one pass at a time per pipe).
 
     Args:
-        root: the graph's root node (a `Gate` for the builders' pipes).
+        root: the graph's root node (a `Gate` for the metric and video pipes, a `BatchStacker` for train).
         length: batches per pass, fixed here so ``len()`` starts nothing.
         index: the `EpisodeIndex` the graph reads.
         stats: the counters the graph's nodes add to.
@@ -62,6 +62,9 @@ class Pipe:
             environment rather than given; ``iter()`` under torch.distributed refuses a group that
             disagrees (a pipe built before the process group started would have every rank read
             rank 0's batches). None: no check.
+        restart: what ``iter()`` does with a state restored at the end of a pass: False (metric and video
+            pipes) gives an empty pass, True (train) the next pass, as torchdata's
+            ``Loader(restart_on_stop_iteration=...)``.
 
     Attributes:
         gate: the pipe's `Gate` when it is gated (video pipes), else None. Bind its predicate with
@@ -71,9 +74,9 @@ class Pipe:
     """
 
     def __init__(self, root: BaseNode, *, length: int, index: EpisodeIndex, stats: Stats, gated: bool,
-                 rank_world: tuple[int, int] | None = None) -> None:
+                 rank_world: tuple[int, int] | None = None, restart: bool = False) -> None:
         self._root = root
-        self._loader: Loader[dict[str, Any]] = Loader(root, restart_on_stop_iteration=False)
+        self._loader: Loader[dict[str, Any]] = Loader(root, restart_on_stop_iteration=restart)
         self._len = int(length)
         self.index, self.stats = index, stats
         if gated and not isinstance(root, Gate):

@@ -1,32 +1,29 @@
-"""`ShardReader`: the raw tar members of planned items, read by seeking where the source can seek.
+"""`ShardReader`: the raw tar members of planned items, read through the dataset's byte source.
 
-Local shards are read one contiguous byte range (`Run`) at a time, so a pinned episode costs its own
+Shards are read one contiguous byte range (`Run`) at a time, so a pinned episode costs its own
 bytes only; the index's frame offsets split a run into samples, each frame's bytes are checked
 against the index's CRC32 (where it has one), and a small header parser (with webdataset's tar
-iterator as fallback) splits a sample into members. Any other URL (``pipe:``, ``http://``...) is
-streamed through webdataset's ``gopen``, ``tar_file_iterator`` and ``group_by_keys``, skipping
-forward to the wanted samples and stopping after the last one. A streamed frame has no CRC check:
-webdataset hands over member payloads, not the frame's tar bytes (headers included) the CRC covers.
+iterator as fallback) splits a sample into members. A caller's ``url=`` naming a stream
+(``pipe:``, ``http://``) is read by `episodepipes.pipes._stream` instead, until the remote byte source
+replaces it.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from torchdata.nodes import BaseNode
-from webdataset.gopen import gopen
-from webdataset.tariterators import group_by_keys, tar_file_iterator
 
-from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes.plan import Item, read_runs
+from episodepipes.pipes._stream import is_local, stream_members
+from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.stats import Stats
+from episodepipes.shardio import ByteSource, LocalSource, open_source
 from episodepipes.tarmembers import frame_fields
 
 
@@ -48,10 +45,6 @@ class RawSample:
     damaged: str | None = None
 
 
-def is_local(url: str) -> bool:
-    return "://" not in url and not url.startswith("pipe:") or url.startswith("file://")
-
-
 class ShardReader(BaseNode[RawSample]):
     """Yield a `RawSample` per planned item, in plan order.
 
@@ -59,18 +52,23 @@ class ShardReader(BaseNode[RawSample]):
         index: the shard index.
         items: the plan (see `episodepipes.pipes.plan`).
         stats: counters to add ``bytes_read`` and ``frames_read`` to.
-        url: maps a shard number to what webdataset's ``gopen`` opens; local paths by default.
+        source: the byte source the shards are read from; by default the index folder's, which the
+            reader opens and closes itself (a source passed in is the caller's to close).
+        url: maps a shard number to a copy webdataset's ``gopen`` opens (``pipe:``, ``http://``: streamed;
+            a local path: read through a byte source on its folder). Only the caller chooses it.
     """
 
     POS_KEY = "pos"
 
     def __init__(self, index: EpisodeIndex, items: Sequence[Item], *, stats: Stats | None = None,
-                 url: Callable[[int], str] | None = None) -> None:
+                 source: ByteSource | None = None, url: Callable[[int], str] | None = None) -> None:
         super().__init__()
         self.index, self.items, self.stats = index, items, stats if stats is not None else Stats()
-        self.url = url or (lambda i: str(index.shard_path(i)))
+        self.url = url
+        self._own = source is None
+        self.source = source if source is not None else open_source(index.root)
+        self._copies: dict[str, LocalSource] = {}  # folder -> source, for local paths that url= gives
         self._it: Iterator[RawSample] | None = None
-        self._files: dict[int, BinaryIO] = {}
         self._pos = 0
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -98,39 +96,38 @@ class ShardReader(BaseNode[RawSample]):
     close = shutdown  # the name callers used before torchdata's `shutdown`
 
     def _close_files(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        if self._own:
+            self.source.close()
+        for src in self._copies.values():
+            src.close()
+        self._copies.clear()
 
     def _samples(self, items: Sequence[Item]) -> Iterator[RawSample]:
-        runs = read_runs(self.index, items)
-        for shard, group in itertools.groupby(runs, key=lambda r: r.shard):
-            url = self.url(shard)
-            if is_local(url):
+        for shard, group in itertools.groupby(read_runs(self.index, items), key=lambda r: r.shard):
+            url = self.url(shard) if self.url is not None else None
+            if url is None or is_local(url):
+                source, name = self._where(shard, url)
                 for run in group:
-                    yield from self._read_local(run, url)
+                    yield from self._read_run(run, source, name)
             else:  # one forward stream per consecutive use of a shard
-                yield from self._read_stream([i for r in group for i in r.items], url)
+                name = os.path.basename(url)
+                for item, members in stream_members([i for r in group for i in r.items], url, self.stats):
+                    yield RawSample(item, name, members)
         self._close_files()  # not close(): this generator is still running
 
-    def _open(self, shard: int, url: str) -> BinaryIO:
-        if shard not in self._files:
-            path = url.removeprefix("file://")
-            try:
-                self._files[shard] = open(path, "rb")  # closed in close()
-            except FileNotFoundError:
-                raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
-        return self._files[shard]
+    def _where(self, shard: int, url: str | None) -> tuple[ByteSource, str]:
+        """(source, file name) of a shard: the index's, or the local copy ``url`` names."""
+        if url is None:
+            return self.source, self.index.shards[shard].name
+        folder, name = os.path.split(url.removeprefix("file://"))
+        if folder not in self._copies:
+            self._copies[folder] = LocalSource(folder or ".")
+        return self._copies[folder], name
 
-    def _read_local(self, run: Any, url: str) -> Iterator[RawSample]:
-        f = self._open(run.shard, url)
-        f.seek(run.start)
-        data = f.read(run.end - run.start)
+    def _read_run(self, run: Run, source: ByteSource, name: str) -> Iterator[RawSample]:
+        data = source.read(name, run.start, run.end - run.start)
         self.stats.add("bytes_read", len(data))
-        if len(data) != run.end - run.start:
-            raise ValueError(f"shard {url} ends at byte {run.start + len(data)}, the index expects {run.end}: "
-                             "truncated? re-shard it or check with verify=True")
-        name = os.path.basename(url)
+        where = f"shard {os.path.join(str(source.root), name)}"
 
         def pread(size: int, offset: int) -> bytes:  # the run is in memory: frames are slices of it
             return data[offset - run.start:offset - run.start + size]
@@ -143,60 +140,10 @@ class ShardReader(BaseNode[RawSample]):
             if want is not None and zlib.crc32(view[a - run.start:b - run.start]) != want:
                 damaged = "crc32 mismatch"
             try:
-                members, _ = frame_fields(pread, a, b, item.episode, item.frame, where=f"shard {url}")
+                members, _ = frame_fields(pread, a, b, item.episode, item.frame, where=where)
             except ValueError:
                 if damaged is None:
                     raise
                 members = {}  # the damage hit a tar header: the decoder fills the whole sample with zeros
             self.stats.add("frames_read")
             yield RawSample(item, name, members, damaged)
-
-    def _read_stream(self, items: Sequence[Item], url: str) -> Iterator[RawSample]:
-        stream = _Counting(gopen(url, "rb"), self.stats)
-        try:
-            yield from self._group(items, tar_file_iterator(stream), url)
-        finally:
-            stream.close()
-
-    def _group(self, items: Sequence[Item], members: Iterator[dict[str, Any]], url: str) -> Iterator[RawSample]:
-        """Yield items in plan order from samples in file order, reading no further than the last wanted one."""
-        wanted = {sample_key(i.episode, i.frame) for i in items}
-        samples = group_by_keys(({**m, "__url__": url} for m in members), lcase=False)
-        got: dict[str, dict[str, bytes]] = {}
-        name = os.path.basename(url)
-        for item in items:
-            key = sample_key(item.episode, item.frame)
-            while key not in got:
-                s = next(samples, None)
-                if s is None:
-                    raise ValueError(f"shard {url} has no sample {key!r}: truncated or not this index's shard; "
-                                     "re-shard it or check with verify=True")
-                if s["__key__"] in wanted:
-                    got[s["__key__"]] = {k: v for k, v in s.items() if not k.startswith("__")}
-            self.stats.add("frames_read")
-            yield RawSample(item, name, got[key])
-
-
-class _Counting(io.RawIOBase):
-    """A read-only stream wrapper that adds what it reads to ``stats["bytes_read"]``."""
-
-    def __init__(self, raw: BinaryIO, stats: Stats) -> None:
-        super().__init__()
-        self.raw, self.stats = raw, stats
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.stats.add("bytes_read", len(data))
-        return data
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.raw.close()
-        super().close()

@@ -1,7 +1,7 @@
 """`train_pipe`: shuffled training frames with history/horizon windows, even over ranks, exactly resumable.
 
 Graph: `TrainReader` (planned permutation, read by seeking through the byte-range index) -> `Decoder`
-(with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `Collator`.
+(with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `BatchStacker`.
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
 of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop}`` and
 the settings it is valid under, which ``load_state_dict`` checks (`TrainReader`).
@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torchdata.nodes import BaseNode, Loader
+from torchdata.nodes import BaseNode
 from torchdata.nodes.loader import LoaderIterator
 
 from episodepipes.index import Episode, EpisodeIndex
-from episodepipes.pipes.batch import Collator
+from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.pipe import Pipe
@@ -37,6 +37,7 @@ from episodepipes.pipes.window import (
     plan_windows,
     window_members,
 )
+from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,9 @@ class TrainReader(BaseNode[RawSample]):
         self._epoch = self._pos = 0
         self._stop: int | None = None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
-        self._fds: dict[int, tuple[int, str]] = {}  # shard -> (fd, path)
+        self.source = open_source(index.root)  # its descriptors are closed in close(), reopened on demand
+        self._names = [s.name for s in index.shards]
+        self._where = [os.path.join(str(self.source.root), n) for n in self._names]  # for messages
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -130,9 +133,7 @@ class TrainReader(BaseNode[RawSample]):
 
     def close(self) -> None:
         """Close shard files; they are reopened on demand."""
-        for fd, _ in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self.source.close()
 
     def _order_of(self, epoch: int) -> np.ndarray:
         if self._order is None or self._order[0] != epoch:
@@ -161,24 +162,18 @@ class TrainReader(BaseNode[RawSample]):
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
         """
         shard, start, end = ep.frame_range(step)
-        if shard not in self._fds:
-            path = str(self.index.shard_path(shard))
-            try:
-                self._fds[shard] = (os.open(path, os.O_RDONLY), path)  # closed in close()
-            except FileNotFoundError:
-                raise FileNotFoundError(f"shard {path} is missing; restore it or re-shard {self.index.root}") from None
-        fd, path = self._fds[shard]
+        name, path, read = self._names[shard], self._where[shard], self.source.read
         crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
         reads: list[bytes] = []
 
         def pread(size: int, offset: int) -> bytes:
-            reads.append(os.pread(fd, size, offset))
+            reads.append(read(name, offset, size))
             return reads[-1]
 
         try:
             fields, n = frame_fields(pread, start, end, ep.id, step, want if crc is None else None, where=path)
         except ValueError:  # a tar header the damage hit; a frame cut short stays an error
-            if crc is None or len(reads[0]) != end - start or zlib.crc32(reads[0]) == crc:
+            if crc is None or not reads or len(reads[0]) != end - start or zlib.crc32(reads[0]) == crc:
                 raise
             fields, n = {}, len(reads[0])
         self.stats.add("bytes_read", n)
@@ -226,11 +221,11 @@ class TrainPipe(Pipe):
     next ``iter()``; a state saved at the end of a pass makes that ``iter()`` the next pass.
     """
 
-    def __init__(self, root: Collator, *, length: int | None, index: EpisodeIndex, stats: Stats,
+    def __init__(self, root: BatchStacker, *, length: int | None, index: EpisodeIndex, stats: Stats,
                  reader: TrainReader, rank_world: tuple[int, int] | None = None) -> None:
-        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world)
         # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
-        self._loader = Loader(root, restart_on_stop_iteration=True)
+        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world,
+                         restart=True)
         self.infinite = length is None
         self.reader = reader
 
@@ -242,7 +237,7 @@ class TrainPipe(Pipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
-            saved = state[LoaderIterator.ROOT_KEY][Collator.SOURCE_KEY][Decoder.SOURCE_KEY]
+            saved = state[LoaderIterator.ROOT_KEY][BatchStacker.SOURCE_KEY][Decoder.SOURCE_KEY]
         except (KeyError, TypeError, IndexError):
             raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
                              "one the pipe (or the Lightning checkpoint) saved") from None
@@ -309,6 +304,6 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
-    return TrainPipe(Collator(dec, batch_size=batch_size, stats=stats),
+    return TrainPipe(BatchStacker(dec, batch_size=batch_size, stats=stats),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
                      rank_world=(rank, world_size) if inferred else None)

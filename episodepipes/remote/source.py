@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from ..shardio import ShardIOError, check_name
 from . import retry
 from .cache import RangeCache
-from .plan import Request, check_ranges, coalesce
+from .ranges import Request, check_ranges, coalesce
 
 SCHEMES = ("s3", "gs", "http", "https")
 T = TypeVar("T")

@@ -3,10 +3,12 @@
 Commands::
 
     write SRC OUT    shard a dataset (raw folders, zarr, lerobot); re-running an interrupted write resumes it
-    info OUT         summary table of a finished output
-    verify OUT       check every shard's sha256 and that every indexed frame is where the index says
+    info OUT         summary table of a finished output (frames and bytes per split); --episodes lists them
+    verify OUT       check every shard's sha256, every frame's crc32, and that every frame is where the index says
     stats OUT        normalization statistics per split and array key (--recompute: for older indexes)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
+    upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
+                     add every frame's crc32)
 
 Multi-job runs: job I shards the I-th contiguous block of the sorted episode list into
 ``OUT/_jobs/job-IIII/``. ``merge`` re-packs the encoded samples (a byte copy, no re-encoding), so the
@@ -40,8 +42,8 @@ from pathlib import Path
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.plan import parse_resize, parse_size
 from episodepipes.sharding.write import DiskFullError, WriteResult
+from episodepipes.sharding.write_plan import parse_resize, parse_size
 
 PROG = "episodepipes-shard"
 
@@ -81,9 +83,15 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--tolerance-s", type=float, default=None, metavar="S",
                    help="lerobot only: how far (seconds) a row's timestamp may lie from its video frame before "
                         "the episode is refused; finite, > 0 (default 1e-4, LeRobot's)")
-    for name, text in (("info", "print a summary table"), ("verify", "check sha256 and frame offsets")):
+    for name, text in (("info", "print a summary table"), ("verify", "check sha256, crc32 and frame offsets")):
         c = sub.add_parser(name, help=text)
         c.add_argument("out", type=Path, metavar="OUT")
+    info = sub.choices["info"]
+    info.add_argument("--episodes", action="store_true", help="also list every episode: id, split, length, task")
+    u = sub.add_parser("upgrade", help="rewrite a version-1 index as version 2 in place (reads no shard)")
+    u.add_argument("out", type=Path, metavar="OUT")
+    u.add_argument("--crc", action="store_true",
+                   help="also read every shard (its sha256 checked first) to add each frame's crc32")
     st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
     st.add_argument("out", type=Path, metavar="OUT")
     st.add_argument("--recompute", action="store_true",
@@ -154,7 +162,19 @@ def _run(a: argparse.Namespace) -> int:
     if a.command == "write":
         return _write(a)
     if a.command == "info":
-        print(_table([("output", str(a.out)), *inspect.summarize(EpisodeIndex.open(a.out).data)]))
+        index = EpisodeIndex.open(a.out)
+        print(_table([("output", str(a.out)), *inspect.summarize(index)]))
+        if a.episodes:
+            rows = [("id", "split", "length", "task"), *inspect.episode_rows(index)]
+            widths = [max(len(r[k]) for r in rows) for k in range(3)]
+            print("\n".join("  ".join(f"{v:<{w}}" for v, w in zip(r, widths)) + "  " + r[3] for r in rows))
+        return 0
+    if a.command == "upgrade":
+        from episodepipes.sharding.upgrade import upgrade
+
+        index = upgrade(a.out, crc=a.crc)
+        print(f"upgraded {a.out} to index version 2: {len(index.episodes)} episodes, {index.frames} frames, "
+              f"{'crc32 per frame' if index.has_crc else 'no crc32 (upgrade --crc adds them)'}")
         return 0
     if a.command == "stats":
         from episodepipes.sharding.stats_cli import run
@@ -169,8 +189,9 @@ def _run(a: argparse.Namespace) -> int:
         return 1 if problems else 0
     from episodepipes.sharding.merge import merge_jobs
 
-    data = merge_jobs(a.out, overwrite=a.overwrite)
-    print(f"merged into {a.out}: {len(data['episodes'])} episodes, {len(data['shards'])} shards")
+    merge_jobs(a.out, overwrite=a.overwrite)
+    index = EpisodeIndex.open(a.out)
+    print(f"merged into {a.out}: {len(index.episodes)} episodes, {len(index.shards)} shards")
     return 0
 
 

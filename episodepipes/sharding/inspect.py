@@ -1,76 +1,60 @@
-"""`summarize` and `verify` a shard folder (the ``info`` and ``verify`` commands), read through `EpisodeIndex`."""
+"""`summarize`, `episode_rows` and `verify` a shard folder (the ``info`` and ``verify`` commands)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from pathlib import Path
 
-from episodepipes.index import EpisodeIndex, Segment, mapped
-from episodepipes.tarmembers import frame_fields
+import numpy as np
+
+from episodepipes.index import EpisodeIndex
+from episodepipes.indexv2 import FIRST, FPS, SCHEMA, SPLIT
 
 
-def summarize(data: dict) -> list[tuple[str, str]]:
-    """(field, value) rows: episodes, frames, splits, cameras, bytes, fps, skipped."""
-    eps = data["episodes"]
-    splits = Counter(e["split"] for e in eps)
-    frames = Counter()
-    for e in eps:
-        frames[e["split"]] += e["length"]
-    cams = Counter(f"{c} {v['height']}x{v['width']}" for e in eps for c, v in e["cameras"].items())
-    fps = Counter(f"{e['fps']:g}" for e in eps)
-    arrays = sorted({f"{k} {a['dtype']}{tuple(a['shape'])}" for e in eps for k, a in e["arrays"].items()})
-    size = sum(s["bytes"] for s in data["shards"])
+def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
+    """(field, value) rows: format, episodes, frames and bytes per split, cameras, arrays, fps, skipped."""
+    codes = index._ep[:, SPLIT]  # per split: a few vectorised passes over the tables, no Episode objects
+    names = index._splits
+    eps = np.bincount(codes.astype(np.int64), minlength=len(names))
+    frames = np.bincount(codes.astype(np.int64), weights=index.lengths.astype(np.float64), minlength=len(names))
+    per_ep = np.add.reduceat(index._size.astype(np.uint64), index._ep[:, FIRST].astype(np.int64)) if index.frames \
+        else np.zeros(0, np.uint64)
+    nbytes = np.bincount(codes.astype(np.int64), weights=per_ep.astype(np.float64), minlength=len(names))
+    order = sorted(range(len(names)), key=names.__getitem__)
+    schema_eps = Counter(index._ep[:, SCHEMA].tolist())
+    cams, arrays = Counter(), set()
+    for k, (c, a) in enumerate(index._schemas):
+        for name, cam in c.items():
+            cams[f"{name} {cam.height}x{cam.width}"] += schema_eps[k]
+        arrays |= {f"{name} {s.dtype}{s.shape}" for name, s in a.items()}
+    fps = Counter(f"{index._fps[k]:g}" for k in index._ep[:, FPS].tolist())
+    size = sum(s.bytes for s in index.shards)
+    crc = "crc32 per frame" if index.has_crc else "no per-frame crc32 (episodepipes-shard upgrade --crc adds them)"
     rows = [
-        ("episodes", f"{len(eps)} (" + ", ".join(f"{k} {v}" for k, v in sorted(splits.items())) + ")"),
-        ("frames", f"{sum(frames.values())} (" + ", ".join(f"{k} {v}" for k, v in sorted(frames.items())) + ")"),
+        ("format", f"version {index.version}, {crc}"),
+        ("episodes", f"{len(index.episodes)} (" + ", ".join(f"{names[k]} {int(eps[k])}" for k in order) + ")"),
+        ("frames", f"{index.frames} (" + ", ".join(f"{names[k]} {int(frames[k])}" for k in order) + ")"),
         ("cameras", ", ".join(f"{k} ({v} ep)" for k, v in sorted(cams.items())) or "-"),
-        ("arrays", ", ".join(arrays) or "-"),
+        ("arrays", ", ".join(sorted(arrays)) or "-"),
         ("fps", ", ".join(f"{k} ({v} ep)" for k, v in sorted(fps.items())) or "-"),
-        ("shards", f"{len(data['shards'])}"),
-        ("bytes", f"{size} ({size / 1e6:.1f} MB)"),
+        ("shards", f"{len(index.shards)}"),
+        ("bytes", f"{size} ({size / 1e6:.1f} MB; frames: "
+                  + ", ".join(f"{names[k]} {int(nbytes[k])}" for k in order) + ")"),
     ]
-    skipped = data.get("skipped", [])
+    skipped = index.meta.get("skipped", [])
     rows.append(("skipped", f"{len(skipped)}" + "".join(f"\n  {s['id']}: {s['error']}" for s in skipped)))
     return rows
+
+
+def episode_rows(index: EpisodeIndex) -> list[tuple[str, str, str, str]]:
+    """(id, split, length, task) of every episode, in index order (``info --episodes``)."""
+    return [(e.id, e.split, str(e.length), e.prompt) for e in index.episodes]
 
 
 def verify(out: str | Path) -> list[str]:
     """Every problem found, each naming the shard (and episode); an empty list means the output is intact.
 
-    Checks each shard's size and sha256 and every frame's crc32 (where the index has them), then parses
-    the tar header at every indexed frame offset and checks that the members up to the frame's end belong
-    to that episode and frame. Only the index's own shard names are opened (`EpisodeIndex` checks them).
+    `EpisodeIndex.problems` with ``members=True``: the columns' sha256 (v2), each shard's size and sha256,
+    every frame's crc32 (where the index has them), and the tar headers at every indexed frame offset.
     """
-    index = EpisodeIndex.open(out)
-    problems: list[str] = []
-    for i, s in enumerate(index.shards):
-        p = index.shard_path(i)
-        eps = ", ".join(dict.fromkeys(e.id for e, _ in index.segments_in(i))) or "none"
-        if not p.exists():
-            problems.append(f"shard {s.name} is missing (episodes {eps}); restore it or re-shard")
-            continue
-        size = p.stat().st_size
-        if size != s.bytes:
-            problems.append(f"shard {s.name} has {size} bytes, index says {s.bytes} (episodes {eps}); truncated? "
-                            "re-shard")
-        with mapped(p) as view:
-            if size == s.bytes and hashlib.sha256(view).hexdigest() != s.sha256:
-                problems.append(f"shard {s.name}: sha256 mismatch (episodes {eps}); the file changed, re-shard")
-            problems += [f"shard {s.name}: episode {eid!r} frame {frame}: crc32 mismatch, its bytes changed; "
-                         "restore the shard or re-shard" for eid, frame in index.bad_frames(i, view)]
-            for e, seg in index.segments_in(i):
-                problems += _check_frames(view, s.name, e.id, seg)
-    return problems
-
-
-def _check_frames(view: memoryview, name: str, eid: str, seg: Segment) -> list[str]:
-    """Parse every frame's members at its indexed byte range, with the same parser the pipes read with."""
-    for k, (start, end) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end))):
-        frame = seg.first + k
-        try:
-            frame_fields(lambda size, off: bytes(view[off:off + size]), start, end, eid, frame,
-                         where=f"shard {name}: episode {eid!r} frame {frame}")
-        except ValueError as e:
-            return [str(e)]
-    return []
+    return EpisodeIndex.open(out).problems(members=True)

@@ -24,10 +24,10 @@ import cv2
 import numpy as np
 
 from episodepipes.sharding import lerobot_meta as meta
+from episodepipes.sharding.encoders import decode_threads
 from episodepipes.sharding.episode import EpisodeData, EpisodeError, safe_names
 from episodepipes.sharding.lerobot_meta import LEGACY as LEGACY  # re-exported
 from episodepipes.sharding.lerobot_meta import V3, Episode
-from episodepipes.sharding.pool import decode_threads
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.recompute import recompute
 from episodepipes.sharding.writer import ShardWriter
+from episodepipes.shardio import ByteSource, LocalSource
 from episodepipes.statsfields import STATS, StatsFields
 
 log = logging.getLogger(__name__)
@@ -131,9 +132,10 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
         extra = dict(_job_stats(jobs).to_json(), **({"skipped": skipped} if skipped else {}))
         with ShardWriter(out, shard_size=size, options=options, extra=extra) as writer:
             for d, data in jobs:
-                for entry in data["episodes"]:
-                    meta = {k: v for k, v in entry.items() if k != "segments"}
-                    writer.add_frames(meta, *_frames(d, data["shards"], entry["segments"]))
+                with LocalSource(d) as job:
+                    for entry in data["episodes"]:
+                        meta = {k: v for k, v in entry.items() if k != "segments"}
+                        writer.add_frames(meta, *_frames(job, data["shards"], entry["segments"]))
         shutil.rmtree(out / JOBS_DIR)
     log.info("merged %d jobs into %s", len(jobs), out)
     return json.loads((out / INDEX_NAME).read_text())
@@ -149,14 +151,13 @@ def _job_stats(jobs: list[tuple[Path, dict]]) -> StatsFields:
     return out
 
 
-def _frames(d: Path, shards: list[dict], segments: list[dict]) -> tuple[bytes, list[int]]:
+def _frames(job: ByteSource, shards: list[dict], segments: list[dict]) -> tuple[bytes, list[int]]:
     """The tar bytes of one episode's frames, read from a job's shards, and each frame's size."""
     blobs: list[bytes] = []
     sizes: list[int] = []
     for seg in segments:
-        with open(d / shards[seg["shard"]]["name"], "rb") as f:
-            f.seek(seg["offsets"][0])
-            blobs.append(f.read(seg["end"] - seg["offsets"][0]))
+        start = seg["offsets"][0]
+        blobs.append(job.read(shards[seg["shard"]]["name"], start, seg["end"] - start))
         bounds = seg["offsets"] + [seg["end"]]
         sizes += [b - a for a, b in zip(bounds, bounds[1:])]
     return b"".join(blobs), sizes

@@ -22,7 +22,7 @@ from episodepipes.index import EpisodeIndex, mapped
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import PROGRESS_NAME, Progress
 from episodepipes.sharding.writer import atomic_write_bytes
-from episodepipes.statsfields import StatsFields, episode_part
+from episodepipes.statsfields import MISSING, STATS, StatsFields, episode_part
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
@@ -88,13 +88,16 @@ def resumed_stats(target: Path, prog: Progress) -> StatsFields:
 def add_stats(out: str | Path) -> dict[str, Any]:
     """Compute the statistics of a finished output from its shards and rewrite its index atomically with them.
 
-    Returns the new index data. Every other field keeps its value; the index is written as the writer
-    writes it (sorted keys, compact), so a recomputed index equals one written with statistics.
+    Returns the new statistics fields. Only ``index.json`` is rewritten (a v2 index keeps its columns),
+    with every other field as it was and in the writer's layout (sorted keys, compact), so a recomputed
+    index equals one written with statistics.
     """
     root = Path(out)
     with write_lock(root):
         index = EpisodeIndex.open(root)
-        data = {k: v for k, v in index.data.items() if k not in ("stats", "stats_missing")}
-        data.update(recompute(root, data["shards"], data["episodes"]).to_json())
-        atomic_write_bytes(root / INDEX_NAME, json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
-    return data
+        data = index.data
+        fields = recompute(root, data["shards"], data["episodes"]).to_json()
+        base = index.meta if index.version == 2 else data
+        new = dict({k: v for k, v in base.items() if k not in (STATS, MISSING)}, **fields)
+        atomic_write_bytes(root / INDEX_NAME, json.dumps(new, sort_keys=True, separators=(",", ":")).encode())
+    return fields

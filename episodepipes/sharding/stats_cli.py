@@ -22,7 +22,7 @@ def _row(values: np.ndarray) -> str:
 
 def table(index: EpisodeIndex) -> list[str]:
     """A compact table per split and key: the count and shape, then one row per statistic."""
-    data = index.data
+    data = index.meta
     keys = sorted({(s, k) for s, keys in data.get("stats", {}).items() for k in keys}
                   | {(s, k) for s, keys in data.get("stats_missing", {}).items() for k in keys})
     lines = []
@@ -42,7 +42,7 @@ def run(out: Path, *, recompute: bool) -> list[str]:
     if recompute:
         add_stats(out)
     index = EpisodeIndex.open(out)
-    if "stats" not in index.data:
+    if "stats" not in index.meta:
         raise ValueError(f"{Path(out) / INDEX_NAME} has no statistics (written by an older episodepipes); "
                          f"compute them with: episodepipes-shard stats {out} --recompute")
     return table(index)

@@ -25,13 +25,13 @@ from pathlib import Path
 
 from episodepipes.format import INDEX_NAME, safe_episode_id
 from episodepipes.sharding.encode import EncodeOptions
+from episodepipes.sharding.encoders import encoded, samples
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.meter import Meter
-from episodepipes.sharding.plan import assign_splits, job_block
-from episodepipes.sharding.pool import encoded, samples
 from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, Progress, start
 from episodepipes.sharding.recompute import resumed_stats
+from episodepipes.sharding.write_plan import assign_splits, job_block
 from episodepipes.sharding.writer import ShardWriter
 
 log = logging.getLogger(__name__)

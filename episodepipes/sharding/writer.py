@@ -1,8 +1,8 @@
 """`ShardWriter`: appends encoded episodes to size-capped tar shards and writes the index last.
 
-Every shard is streamed to ``<name>.tmp`` and renamed when complete, and ``index.json`` is
-written atomically at `close`, so a folder without an index is an unfinished write and a
-shard under its final name is always whole. After each finished shard the writer calls
+Every shard is streamed to ``<name>.tmp`` and renamed when complete, and the index (format v2:
+its columns, then ``index.json``) is written atomically at `close`, so a folder without an index is an
+unfinished write and a shard under its final name is always whole. After each finished shard the writer calls
 ``on_shard(writer)``: `state()` then describes everything durable, which is what resume needs.
 """
 
@@ -16,20 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from episodepipes import indexv2
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, TAR_END, shard_name
+from episodepipes.indexv2 import atomic_write_bytes
 from episodepipes.sharding._writeback import start_writeback
 from episodepipes.sharding.encode import EncodedEpisode
 
 _WRITEBACK = 8 * 2**20  # bytes written between writeback requests
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+__all__ = ["ShardWriter", "atomic_write_bytes", "frame_crcs", "index_json", "write_index"]
 
 
 def frame_crcs(data: memoryview, sizes: list[int]) -> list[int]:
@@ -42,10 +38,26 @@ def frame_crcs(data: memoryview, sizes: list[int]) -> list[int]:
 
 
 def index_json(shards: list[dict], episodes: list[dict], options: dict, **extra: object) -> bytes:
-    """The index bytes; ``extra`` adds top-level fields (e.g. ``skipped``) that readers may ignore."""
-    data = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "options": options,
+    """A version-1 index's bytes (every offset in the JSON); ``extra`` adds top-level fields (e.g. ``skipped``)."""
+    data = {"format": FORMAT_NAME, "version": 1, "options": options,
             "shards": shards, "episodes": episodes, **extra}
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_index(out: Path, shards: list[dict], episodes: list[dict], options: dict, *, extra: dict | None = None,
+                version: int = FORMAT_VERSION) -> bytes:
+    """Write the index of ``episodes`` (v1-style entries with segments) into ``out``, last and atomically.
+
+    Version 2 (the default) writes the columns first and ``index.json`` last; version 1 one JSON file, for
+    tools and tests that need an index as older episodepipes wrote it. Returns the ``index.json`` bytes.
+    """
+    if version == 1:
+        raw = index_json(shards, episodes, options, **(extra or {}))
+        atomic_write_bytes(out / INDEX_NAME, raw)
+        return raw
+    if version != 2:
+        raise ValueError(f"{version=} should be 1 or 2")
+    return indexv2.write(out, *indexv2.build(shards, episodes, options, extra or {}))
 
 
 class ShardWriter:
@@ -58,7 +70,20 @@ class ShardWriter:
 
     def __init__(self, out: str | os.PathLike, *, shard_size: int, options: dict,
                  shards: list[dict] | None = None, episodes: list[dict] | None = None,
-                 extra: dict | None = None, on_shard: Callable[[ShardWriter], None] | None = None) -> None:
+                 extra: dict | None = None, on_shard: Callable[[ShardWriter], None] | None = None,
+                 version: int = FORMAT_VERSION) -> None:
+        """Nothing is opened until the first frame is added.
+
+        Args:
+            out: the output folder (created if missing).
+            shard_size: bytes after which a shard is closed (the frame reaching it ends the shard).
+            options: the write options, recorded in the index.
+            shards: finished shards of a resumed run.
+            episodes: index entries of the episodes those shards complete.
+            extra: top-level index fields (``skipped``, ``job``).
+            on_shard: called with the writer after each finished shard.
+            version: the index format `close` writes: 2, or 1 as older episodepipes wrote it.
+        """
         self.out = Path(out)
         self.shard_size = int(shard_size)
         self.options = options
@@ -66,6 +91,7 @@ class ShardWriter:
         self.episodes: list[dict] = list(episodes or [])
         self.extra = extra if extra is not None else {}
         self.on_shard = on_shard
+        self.version = version  # of the index `close` writes: 2, or 1 as older episodepipes wrote it
         self.pending: dict | None = None  # the episode being added: finished segments, next frame
         self._file: BinaryIO | None = None
         self._hash = hashlib.sha256()
@@ -162,4 +188,4 @@ class ShardWriter:
 
     def close(self) -> None:
         self._flush()
-        atomic_write_bytes(self.out / INDEX_NAME, index_json(self.shards, self.episodes, self.options, **self.extra))
+        write_index(self.out, self.shards, self.episodes, self.options, extra=self.extra, version=self.version)

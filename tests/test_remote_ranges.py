@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from episodepipes.remote.plan import check_ranges, coalesce
+from episodepipes.remote.ranges import check_ranges, coalesce
 
 ranges_st = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 2_000)), max_size=40)
 

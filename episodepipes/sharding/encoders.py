@@ -27,7 +27,7 @@ _decode_threads = 0  # 0: the decoder's own choice (a thread per core); a worker
 
 def decode_threads() -> int:
     """Threads a video decoder in this process should use: 0 (FFmpeg's choice) outside a pool, else
-    cores // workers. With a thread per core in each of 2 workers, AV1 decoding took ~10% more CPU."""
+    cores // workers: a thread per core in every worker oversubscribes the cores and costs CPU."""
     return _decode_threads
 
 

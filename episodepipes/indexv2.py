@@ -1,0 +1,279 @@
+"""Index format v2: a small ``index.json`` and memory-mapped ``.npy`` columns beside it.
+
+Version 1 keeps every frame's offset in the JSON, so opening costs time and memory in proportion to the
+frames (seconds and hundreds of MB at ten million frames, again in every rank and worker). Version 2
+keeps only what is proportional to episodes or smaller in the JSON (shards, schemas, splits, prompts,
+fps values, episode ids and extra attributes) and every number in columns with fixed file names
+(`format.COLUMNS`), opened with ``np.load(mmap_mode="r", allow_pickle=False)``: the pages are shared
+through the page cache by every process on a machine, and nothing per frame is parsed or copied.
+
+Tables: ``episodes`` (one row per episode: first frame row, length, first segment, schema, split, prompt
+and fps codes), ``segments`` (one row per run of an episode's frames in one shard: shard, first frame
+row, count), and per frame ``offset``, ``size`` and, when the index says ``"crc32": true``, ``crc32``.
+Frame rows are in episode order; an episode's frames are the rows ``first .. first + length``.
+
+Layouts: in ``"members"`` (the only one today) a frame is a run of whole tar members at
+``[offset, offset + size)``. A layout that packs many frames into one member (video packets per GOP)
+keeps ``offset``/``size``/``crc32`` as the frame's own bytes inside that member and adds a ``member``
+column (the member's offset); a reader refuses a layout it does not know by name, so it is never misread.
+
+Validation: the JSON, the column headers (dtype, shape, file size) and the per-episode and per-segment
+tables are checked at open, vectorised. Per-frame values (offsets going forward within a segment, inside
+the shard, non-zero sizes) are checked per episode on its first frame lookup, and for every frame by
+`verify`, which also checks each column's sha256 against the JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from array import array
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from episodepipes._indexcheck import (
+    _SHA256,
+    _U32,
+    IndexFormatError,
+    Where,
+    check_extras,
+    check_fps,
+    check_id,
+    check_schema,
+    check_shards,
+)
+from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, npy_bytes
+
+FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
+SHARD, ROW, COUNT = range(3)  # columns of the segments table
+EPISODE_KEYS = ("id", "split", "length", "fps", "prompt", "cameras", "arrays", "segments")  # v1 entry fields
+V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "columns")
+_MAX_FRAMES = 2**40
+_NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _code(table: dict, key: Any, value: Any, values: list) -> int:
+    if key not in table:
+        table[key] = len(values)
+        values.append(value)
+    return table[key]
+
+
+def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, *,
+          offsets: np.ndarray | None = None, crcs: np.ndarray | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """The v2 JSON part (without ``columns``) and the columns of v1-style episode entries (with segments).
+
+    ``offsets``/``crcs`` are every segment's offsets (and crc32) back to back when the caller has them already.
+    """
+    schemas: list[dict] = []
+    splits: list[str] = []
+    prompts: list[str] = []
+    fps: list[float] = []
+    codes: tuple[dict, dict, dict, dict] = ({}, {}, {}, {})
+    ep = np.zeros((len(episodes), 7), np.uint64)
+    segs: list[tuple[int, int, int]] = []
+    ends: list[int] = []
+    off, crc = array("Q"), array(_U32)
+    track, have_crc = crcs is None, True  # without ``crcs``: every segment's own, if every segment has them
+    ids, meta = [], []
+    row = 0
+    for n, e in enumerate(episodes):
+        schema = {"cameras": e["cameras"], "arrays": e["arrays"]}
+        ep[n] = (row, e["length"], len(segs), _code(codes[0], json.dumps(schema, sort_keys=True), schema, schemas),
+                 _code(codes[1], e["split"], e["split"], splits),
+                 _code(codes[2], e.get("prompt", ""), e.get("prompt", ""), prompts),
+                 _code(codes[3], json.dumps(e["fps"]), e["fps"], fps))  # 30 and 30.0 stay apart: bytes are kept
+        ids.append(e["id"])
+        for s in e["segments"]:
+            segs.append((s["shard"], row, s["count"]))
+            ends.append(s["end"])
+            if offsets is None:
+                off.extend(s["offsets"])
+            if track and have_crc and "crc32" in s:
+                crc.extend(s["crc32"])
+            have_crc = have_crc and "crc32" in s
+            row += s["count"]
+        more = {k: v for k, v in e.items() if k not in EPISODE_KEYS}
+        if more:
+            meta.append([n, more])
+    o = np.frombuffer(off, np.uint64) if offsets is None else offsets
+    seg = np.array(segs, np.uint64).reshape(-1, 3)
+    nxt = np.zeros(len(o), np.uint64)
+    nxt[:-1] = o[1:]
+    nxt[seg[:, ROW] + seg[:, COUNT] - 1] = ends
+    size = nxt - o
+    if len(size) and size.max() >= 2**32:
+        raise ValueError("a frame is larger than 4 GiB, more than an index v2 size holds; use smaller frames")
+    cols = {"episodes": ep, "segments": seg, "offset": o, "size": size.astype("<u4")}
+    have_crc = not track or have_crc
+    if have_crc:
+        cols["crc32"] = np.frombuffer(crc, np.uint32) if crcs is None else crcs
+    data = {"format": FORMAT_NAME, "version": 2, "layout": "members", "crc32": have_crc, "options": options,
+            "shards": shards, "schemas": schemas, "splits": splits, "prompts": prompts, "fps": fps, "ids": ids,
+            "frames": row, "episode_meta": meta, **extra}
+    return data, cols
+
+
+def write(out: Path, data: dict, cols: dict[str, np.ndarray]) -> bytes:
+    """Write the columns, then ``index.json`` (atomically, last); returns the index bytes."""
+    info = {}
+    for name, arr in cols.items():
+        file, dtype, _ = COLUMNS[name]
+        blob = npy_bytes(np.ascontiguousarray(arr, dtype=dtype))
+        info[name] = {"dtype": dtype, "shape": list(arr.shape), "sha256": hashlib.sha256(blob).hexdigest()}
+        atomic_write_bytes(out / file, blob)
+    raw = json.dumps(dict(data, columns=info), sort_keys=True, separators=(",", ":")).encode()
+    atomic_write_bytes(out / INDEX_NAME, raw)
+    if "crc32" not in cols:
+        (out / COLUMNS["crc32"][0]).unlink(missing_ok=True)  # a stale one from an earlier write
+    return raw
+
+
+def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
+    """The v2 JSON part, field by field; returns (where, shard sizes, shard samples)."""
+    w = Where(file)
+    sizes, samples = check_shards(w, data)
+    if data.get("layout") not in LAYOUTS:
+        raise IndexFormatError(f"{file}: layout={data.get('layout')!r} is not one this episodepipes reads "
+                               f"{LAYOUTS}; install the episodepipes that wrote it")
+    if type(data.get("crc32")) is not bool:
+        raise w.fail("the index", f"crc32={data.get('crc32')!r} should be true or false")
+    for j, sc in enumerate(w.seq(data, "schemas", "the index")):
+        check_schema(w, w.get(sc, "cameras", f"schema {j}"), w.get(sc, "arrays", f"schema {j}"), f"schema {j}")
+    for key in ("splits", "prompts"):
+        if any(type(x) is not str for x in w.seq(data, key, "the index")):
+            raise w.fail("the index", f"{key} should hold strings only")
+    for x in w.seq(data, "fps", "the index"):
+        check_fps(w, x, "the index's fps list")
+    ids = w.seq(data, "ids", "the index")
+    try:  # one C-level pass over every id; the loop below only runs to name a bad one
+        text = "\n" + "\n".join(ids) + "\n"  # no id may be empty, or start or end with a dot
+        ok = not ids or (_NOT_ID.search(text) is None and "\n\n" not in text and "\n." not in text
+                         and ".\n" not in text)
+    except TypeError:
+        ok = False
+    if not ok:
+        for k, eid in enumerate(ids):
+            if type(eid) is not str:
+                raise w.fail(f"episode {k}", f"id={eid!r} should be a string")
+            check_id(w, eid, f"episode {eid!r}")
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))
+        raise w.fail(f"episode {dup!r}", "this id appears twice; every episode needs its own id")
+    frames = w.num(data, "frames", "the index", high=_MAX_FRAMES)
+    last = -1
+    for entry in w.seq(data, "episode_meta", "the index"):
+        if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int or not last < entry[0] < len(ids) \
+                or type(entry[1]) is not dict or any(k in EPISODE_KEYS for k in entry[1]):
+            raise w.fail("the index", f"episode_meta entry {str(entry)[:60]!r} should be [episode number, "
+                                      "{attribute: value}], in order, naming no built-in field")
+        last = entry[0]
+    check_extras(w, data)
+    cols = w.get(data, "columns", "the index")
+    want = {"episodes", "segments", "offset", "size"} | ({"crc32"} if data["crc32"] else set())
+    if type(cols) is not dict or set(cols) != want:
+        raise w.fail("the index", f"columns should name exactly {sorted(want)}")
+    for name in sorted(want):
+        c, dtype, width = cols[name], COLUMNS[name][1], COLUMNS[name][2]
+        at = f"column {name!r}"
+        if type(c) is not dict or set(c) != {"dtype", "shape", "sha256"}:  # no file name: it is fixed, never data
+            raise w.fail(at, f"should hold exactly dtype, shape and sha256 (its file is always {COLUMNS[name][0]})")
+        if not _SHA256.fullmatch(str(w.get(c, "sha256", at))) or w.get(c, "dtype", at) != dtype:
+            raise w.fail(at, f"should have a sha256 of 64 hex digits and dtype {dtype!r}")
+        shape = w.seq(c, "shape", at)
+        rows = {"episodes": len(ids), "offset": frames, "size": frames, "crc32": frames}.get(name)
+        if any(type(x) is not int or x < 0 for x in shape) or len(shape) != (2 if width else 1) \
+                or (width and shape[1] != width) or (rows is not None and shape[0] != rows):
+            raise w.fail(at, f"shape={shape!r} should be [{rows if rows is not None else 'segments'}"
+                             f"{', ' + str(width) if width else ''}]")
+    return w, sizes, samples
+
+
+def load_columns(root: Path, data: dict, file: Path) -> dict[str, np.ndarray]:
+    """Map each column (its fixed file name beside the index) and check it is what the JSON says."""
+    out = {}
+    for name, c in data["columns"].items():
+        path = root / COLUMNS[name][0]
+        shape = tuple(c["shape"])
+        try:
+            arr = np.load(path, mmap_mode="r" if 0 not in shape else None, allow_pickle=False)
+        except FileNotFoundError:
+            raise IndexFormatError(f"{path} is missing, and {file} needs it; restore it or re-shard") from None
+        except (ValueError, OSError, EOFError) as e:  # not .npy, a pickle, cut short
+            raise IndexFormatError(f"{path} is not a {c['dtype']} column of shape {list(shape)} ({e}); "
+                                   "restore it or re-shard") from None
+        end = getattr(arr, "offset", 0) + arr.nbytes
+        if arr.dtype.str != c["dtype"] or arr.shape != shape or (0 not in shape and path.stat().st_size != end):
+            raise IndexFormatError(f"{path} holds {arr.dtype.str} {list(arr.shape)}, {file} says {c['dtype']} "
+                                   f"{list(shape)}; restore it or re-shard")
+        out[name] = arr.view(np.ndarray)  # a plain array over the map: numpy's memmap subclass is slower to index
+    return out
+
+
+def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[int], samples: list[int]) -> None:
+    """The episodes and segments tables, vectorised: rows tile the frames, segments tile the episodes."""
+    ep, seg, frames = cols["episodes"], cols["segments"], data["frames"]
+    n, ns = len(ep), len(seg)
+
+    def tiles(lengths: np.ndarray, firsts: np.ndarray, what: str) -> None:
+        ends = np.cumsum(lengths, dtype=np.uint64)  # strictly increasing iff every length >= 1 and nothing wraps
+        if len(lengths) and (not (lengths >= 1).all() or not (ends[1:] > ends[:-1]).all()
+                             or not (firsts == ends - lengths).all() or int(ends[-1]) != frames):
+            k = int(np.flatnonzero(~((lengths >= 1) & (firsts == ends - lengths)))[:1].sum())
+            name = f"episode {data['ids'][k]!r}" if what == "episode" else f"segment {k}"
+            raise w.fail(name, "its first frame row and count should follow the previous one's, and all of "
+                               f"them should hold the index's {frames} frames")
+    if n == 0 or ns == 0:
+        if n or ns or frames:
+            raise w.fail("the index", f"{n} episodes, {ns} segments and {frames} frames do not go together")
+        return
+    tiles(ep[:, LENGTH], ep[:, FIRST], "episode")
+    tiles(seg[:, COUNT], seg[:, ROW], "segment")
+    first = ep[:, SEGMENT]
+    if first[0] != 0 or not (first[1:] > first[:-1]).all() or first[-1] >= ns \
+            or not (seg[first, ROW] == ep[:, FIRST]).all():
+        raise w.fail("the episodes table", "each episode's first segment should start at its first frame row")
+    for col, name, count in ((SCHEMA, "schema", len(data["schemas"])), (SPLIT, "split", len(data["splits"])),
+                             (PROMPT, "prompt", len(data["prompts"])), (FPS, "fps", len(data["fps"]))):
+        if (ep[:, col] >= count).any():
+            k = int(np.argmax(ep[:, col] >= count))
+            raise w.fail(f"episode {data['ids'][k]!r}", f"its {name} code is not below the {count} in the index")
+    shard = seg[:, SHARD]
+    if (shard >= len(sizes)).any():
+        raise w.fail(f"segment {int(np.argmax(shard >= len(sizes)))}", f"shard should be below {len(sizes)}")
+    starts = np.zeros(ns, bool)
+    starts[first] = True
+    bad = ~(shard[1:] > shard[:-1]) & ~starts[1:]
+    if bad.any():
+        raise w.fail(f"segment {int(np.argmax(bad)) + 1}", "shard should be after the previous segment's shard")
+    held = np.bincount(shard.astype(np.int64), weights=seg[:, COUNT].astype(np.float64), minlength=len(sizes))
+    for i in np.flatnonzero(held != np.asarray(samples, np.float64)):
+        raise w.fail(f"shard {i}", f"samples={samples[i]} but the segments put {int(held[i])} frames in it")
+
+
+def frame_problem(cols: dict[str, np.ndarray], j: int, shard_bytes: int) -> str | None:
+    """Why segment ``j``'s frames cannot be read as given (overlapping, backwards, empty, past the shard's end)."""
+    r0, count = int(cols["segments"][j, ROW]), int(cols["segments"][j, COUNT])
+    off = cols["offset"][r0:r0 + count]
+    end = off + cols["size"][r0:r0 + count]
+    if not (end > off).all():
+        return f"frame {int(np.argmax(~(end > off)))} of the segment has no bytes or wraps"
+    if not (off[1:] >= end[:-1]).all():
+        return f"frame {int(np.argmax(~(off[1:] >= end[:-1]))) + 1} of the segment starts before the one before ends"
+    if int(end[-1]) > shard_bytes:
+        return f"its frames end at byte {int(end[-1])}, after the shard's {shard_bytes} bytes"
+    return None

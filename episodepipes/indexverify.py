@@ -1,0 +1,73 @@
+"""Verify a shard folder against its index: the one implementation behind `EpisodeIndex.verify`,
+`EpisodeIndex.problems` and the ``verify`` command.
+
+Only the index's own, validated shard names and the fixed column names are opened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from episodepipes._indexcheck import IndexFormatError
+from episodepipes.format import COLUMNS, INDEX_NAME
+from episodepipes.tarmembers import frame_fields
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from episodepipes.index import EpisodeIndex, Segment
+
+Problem = tuple[type[Exception], str]
+
+
+def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: bool = False) -> list[Problem]:
+    """(exception type, one line) for every problem, in the order a reader would meet them."""
+    from episodepipes.index import mapped, sha256_file
+
+    out: list[Problem] = []
+    for name, c in sorted(ix.meta.get("columns", {}).items()) if ix.version == 2 else ():
+        path = ix.root / COLUMNS[name][0]
+        if sha256_file(path) != c["sha256"]:
+            out.append((IndexFormatError, f"column {path.name}: sha256 mismatch with {INDEX_NAME}; the file "
+                                          "changed: restore it or re-shard"))
+    try:
+        ix._check_segments(range(len(ix._seg)))  # every frame's offsets, before any is used to slice a shard
+    except IndexFormatError as e:
+        return [*out, (IndexFormatError, str(e))]
+    for i in range(len(ix.shards)) if shards is None else sorted(set(shards)):
+        s, p = ix.shards[i], ix.shard_path(i)
+        eps = ", ".join(dict.fromkeys(e.id for e, _ in ix.segments_in(i))) or "none"
+        if not p.exists():
+            out.append((FileNotFoundError, f"shard {s.name} is missing (episodes {eps}); restore it or re-shard"))
+            continue
+        size = p.stat().st_size
+        if size != s.bytes:
+            out.append((IndexFormatError, f"shard {s.name} has {size} bytes, index says {s.bytes} (episodes {eps}); "
+                                          "truncated? re-shard it"))
+            continue
+        with mapped(p) as view:
+            if hashlib.sha256(view).hexdigest() != s.sha256:
+                out.append((IndexFormatError, f"shard {s.name}: sha256 mismatch (episodes {eps}); the file "
+                                              "changed, re-shard it"))
+            bad = ix.bad_frames(i, view)
+            if bad:
+                out.append((IndexFormatError, f"shard {s.name}: crc32 mismatch in {len(bad)} frames, the first "
+                                              f"episode {bad[0][0]!r} frame {bad[0][1]}; its bytes changed: restore "
+                                              "the shard or re-shard"))
+            if members:
+                for e, seg in ix.segments_in(i):
+                    out += [(IndexFormatError, m) for m in _check_members(view, s.name, e.id, seg)]
+    return out
+
+
+def _check_members(view: memoryview, name: str, eid: str, seg: Segment) -> list[str]:
+    """Parse every frame's members at its indexed byte range, with the same parser the pipes read with."""
+    for k, (start, end) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end))):
+        frame = seg.first + k
+        try:
+            frame_fields(lambda size, off: bytes(view[off:off + size]), start, end, eid, frame,
+                         where=f"shard {name}: episode {eid!r} frame {frame}")
+        except ValueError as e:
+            return [str(e)]
+    return []

@@ -1,0 +1,69 @@
+"""`upgrade`: rewrite a shard folder's index as format v2, in place (the ``upgrade`` command).
+
+Without ``crc`` no shard is read: the frames' offsets and sizes come from the v1 index, and frames that
+had no crc32 there carry none (the index says ``"crc32": false``). With ``crc`` every shard is read once,
+its sha256 checked against the index first (a checksum of damaged bytes would vouch for the damage), and
+every frame gets its crc32. The columns are written first and ``index.json`` last, each atomically, so a
+reader sees the old index or the new one; the shards are not touched, and the same v1 index always gives
+the same bytes (those a v2 write of the same episodes gives).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from episodepipes import indexv2
+from episodepipes.index import EpisodeIndex, IndexFormatError, mapped
+from episodepipes.indexv2 import COUNT, ROW, SHARD
+from episodepipes.sharding.lock import write_lock
+
+log = logging.getLogger(__name__)
+
+
+def frame_crcs(index: EpisodeIndex) -> np.ndarray:
+    """Every frame's crc32, read from the shards, each shard's size and sha256 checked against the index first."""
+    out = np.zeros(index.frames, np.uint32)
+    seg, off, size = index._seg, index._offset, index._size
+    index._check_segments(range(len(seg)))
+    for i, s in enumerate(index.shards):
+        path = index.shard_path(i)
+        if not path.exists():
+            raise FileNotFoundError(f"shard {path} is missing; restore it before upgrade --crc, or upgrade without "
+                                    "--crc")
+        with mapped(path) as view:
+            if len(view) != s.bytes or hashlib.sha256(view).hexdigest() != s.sha256:
+                raise IndexFormatError(f"shard {path} does not match the index (size or sha256); restore it, or "
+                                       "upgrade without --crc (crc32 of changed bytes would vouch for them)")
+            for row, count in seg[seg[:, SHARD] == i][:, [ROW, COUNT]].tolist():
+                for r in range(row, row + count):
+                    a = int(off[r])
+                    out[r] = zlib.crc32(view[a:a + int(size[r])])
+    return out
+
+
+def upgrade(out: str | Path, *, crc: bool = False) -> EpisodeIndex:
+    """Rewrite ``out``'s index as v2 (``crc``: reading the shards to add every frame's crc32); returns it.
+
+    Args:
+        out: a finished shard folder.
+        crc: read every shard to add the crc32 the index lacks (also on a v2 index without them).
+    """
+    out = Path(out)
+    index = EpisodeIndex.open(out)
+    if index.version == 2 and (index.has_crc or not crc):
+        raise ValueError(f"{out / 'index.json'} is already version 2"
+                         f"{'' if index.has_crc else ' (without crc32: pass --crc to add them)'}; nothing to do")
+    crcs = frame_crcs(index) if crc else None
+    data = index.data
+    rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
+    with write_lock(out):
+        meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
+                                   offsets=index._offset, crcs=crcs)
+        indexv2.write(out, meta, cols)
+    log.info("upgraded %s to index version 2 (%s)", out, "crc32 per frame" if "crc32" in cols else "no crc32")
+    return EpisodeIndex.open(out)

@@ -1,0 +1,71 @@
+"""Every public node passes torchdata's own save/load contract (`run_test_save_load_state`, copied unchanged)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_shards
+from nodes_contract import run_test_save_load_state
+
+from episodepipes.pipes import BatchStacker, Decoder, EpisodeIndex, Gate, ShardReader, train_pipe
+from episodepipes.pipes.plan import Item
+
+ITEMS = [Item(e, f) for e in ("ep0002", "ep0000") for f in range(7)] + [Item("ep0001", 3, False)]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    out = make_shards(tmp_path_factory.mktemp("contract") / "s", num_episodes=3, length=7, height=16, width=24,
+                      shard_size=20_000)
+    return EpisodeIndex.open(out)
+
+
+def _plain(x: object) -> object:
+    """A value ``==`` compares exactly: tensors and arrays as (dtype, shape, bytes), containers element-wise."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", str(x.dtype), tuple(x.shape), x.numpy().tobytes())
+    if isinstance(x, np.ndarray):
+        return ("array", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return (type(x).__name__, [_plain(v) for v in x])
+    if dataclasses.is_dataclass(x):
+        return (type(x).__name__, {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)})
+    return x
+
+
+class Exact:
+    """The ``test`` argument torchdata passes (its TestCase): ``assertEqual`` on batches of tensors and arrays."""
+
+    def assertEqual(self, first: object, second: object) -> None:  # noqa: N802 (TestCase's name)
+        assert _plain(first) == _plain(second)
+
+
+def _decoder(index, method):
+    return Decoder(ShardReader(index, ITEMS), index, method=method, num_workers=2)
+
+
+NODES = {
+    "reader": lambda index: ShardReader(index, ITEMS),
+    "decoder-threads": lambda index: _decoder(index, "thread"),
+    "decoder-processes": lambda index: _decoder(index, "process"),
+    "stacker": lambda index: BatchStacker(_decoder(index, "thread"), batch_size=4),
+    "open-gate": lambda index: Gate(lambda: BatchStacker(_decoder(index, "thread"), batch_size=4)),
+}
+
+
+@pytest.mark.parametrize("midpoint", [0, 2])
+@pytest.mark.parametrize("node", NODES)
+def test_node_follows_torchdatas_save_load_contract(index, node, midpoint):
+    run_test_save_load_state(Exact(), NODES[node](index), midpoint)
+
+
+@pytest.mark.parametrize("method, midpoint", [("thread", 0), ("thread", 3), ("process", 2)])
+def test_train_pipe_root_follows_torchdatas_save_load_contract(index, method, midpoint):
+    root = train_pipe(index, batch_size=3, seed=1, rank=0, world_size=1, num_workers=2, method=method,
+                      history={"state": 2}, horizon={"action": 2})._root
+    run_test_save_load_state(Exact(), root, midpoint)
