@@ -9,6 +9,10 @@ sorted episode list into ``out/_jobs/job-NNNN/``; `episodepipes.sharding.merge` 
 Splits: an option's split (``val_episodes``) replaces the episode's own, ``val_fraction`` only fills in
 episodes without one; `WriteResult.split_origins` counts where each came from. One writer per folder
 (`episodepipes.sharding.lock`); a full disk is a `DiskFullError` that keeps every finished shard.
+
+Statistics: each encoder also computes its episode's per-array statistics (`episodepipes.statsfields`),
+and the writer folds them in episode order into the index's ``stats`` (saved with the progress, so a
+resumed write gets the same numbers); `merge` folds the jobs' tables the same way.
 """
 
 from __future__ import annotations
