@@ -11,6 +11,7 @@ episodes') records its reason in ``stats_missing`` and freezes the entry. A froz
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 STATS = "stats"
 MISSING = "stats_missing"
 Part = tuple[dict[str, ArrayStats], dict[str, str]]  # one episode's statistics per key, and its failures
+MAX_ELEMENTS = 1024  # per step; the exact sums' scratch grows with elements (an image stored as an array has 10**5)
 
 
 def episode_part(eid: str, arrays: Mapping[str, Any]) -> Part:
@@ -31,6 +33,10 @@ def episode_part(eid: str, arrays: Mapping[str, Any]) -> Part:
     stats, failed = {}, {}
     for key, values in sorted(arrays.items()):
         a = np.asarray(values)
+        if a.ndim and math.prod(a.shape[1:]) > MAX_ELEMENTS:
+            failed[key] = (f"array {key!r} has {math.prod(a.shape[1:])} elements per step, more than the "
+                           f"{MAX_ELEMENTS} statistics are kept for (normalize such arrays another way)")
+            continue
         try:
             acc = ArrayStats(a.shape[1:])
             acc.add(a, where=f"episode {eid!r} array {key!r}")

@@ -209,3 +209,21 @@ def test_recompute_on_a_v1_index_and_upgrade_keeps_the_statistics(tmp_path):
     assert _index_bytes(tmp_path / "s") == with_stats and EpisodeIndex.open(tmp_path / "s").version == 1
     got = upgrade(tmp_path / "s").stats("state", split="val")  # v2's JSON part carries them over
     assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+class _WideReader(SyntheticReader):
+    """Adds a 40x30 "depth" array per step: more elements than statistics are kept for."""
+
+    def read(self, episode_id):
+        ep = super().read(episode_id)
+        ep.arrays["depth"] = np.ones((len(ep.arrays["state"]), 40, 30), np.float32)
+        return ep
+
+
+def test_an_array_with_too_many_elements_per_step_is_listed_not_summed(tmp_path):
+    wide = _WideReader(num_episodes=3, length=4, height=16, width=16)
+    write_shards(wide, tmp_path / "s", WriteOptions(format="synthetic"))
+    index = EpisodeIndex.open(tmp_path / "s")
+    with pytest.raises(KeyError, match="'depth' has 1200 elements per step, more than the 1024"):
+        index.stats("depth")
+    assert index.stats("state")["count"] == 8  # ep0002 is val
