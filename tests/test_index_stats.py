@@ -110,6 +110,13 @@ def test_a_resumed_write_keeps_the_statistics_of_the_finished_episodes(tmp_path)
             (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
         assert write_shards(SYN, tmp_path / "out", OPTS).resumed
         assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
+    with pytest.raises(Crash):
+        write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
+    prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
+    prog["stats"] = {"stats": {"train": {"state": {}}}}
+    (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
+    with pytest.raises(ValueError, match=r"_progress.json: stats\['train'\]\['state'\].*damaged.*--overwrite"):
+        write_shards(SYN, tmp_path / "out", OPTS)
 
 
 def _rewrite(d, edit):

@@ -76,11 +76,16 @@ def recompute(root: Path, shards: list[dict], episodes: list[dict]) -> StatsFiel
 def resumed_stats(target: Path, prog: Progress) -> StatsFields:
     """The statistics of the episodes an interrupted write finished: saved with its progress, or read back."""
     out = StatsFields()
+    file = target / PROGRESS_NAME
     if prog.stats is not None:
-        out.add_fields(prog.stats, where=str(target / PROGRESS_NAME))
+        try:
+            if not isinstance(prog.stats, dict):
+                raise ValueError(f"{file}: stats should be an object, found {type(prog.stats).__name__}")
+            out.add_fields(prog.stats, where=str(file))
+        except ValueError as e:
+            raise ValueError(f"{e}; the progress file is damaged: pass --overwrite to start over") from None
     elif prog.episodes:
-        log.info("%s has no statistics (an older episodepipes); reading them from the finished shards",
-                 target / PROGRESS_NAME)
+        log.info("%s has no statistics (an older episodepipes); reading them from the finished shards", file)
         out = recompute(target, prog.shards, prog.episodes)
     return out
 
