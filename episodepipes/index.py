@@ -27,7 +27,10 @@ import numpy as np
 from episodepipes import indexv2
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
-from episodepipes.indexv2 import FIRST, LENGTH, ROW, SEGMENT, SHARD, SPLIT
+from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
+from episodepipes.normstats import StatsTable
+from episodepipes.statsfields import check_counts, no_stats_hint
+from episodepipes.statsfields import load as load_stats
 
 log = logging.getLogger(__name__)
 _WARNED: set[str] = set()  # v1 index files already told to upgrade in this process
@@ -265,6 +268,18 @@ class EpisodeIndex:
         self.episodes: Sequence[Episode] = _Episodes(self)
         self._by_shard: dict[int, list[int]] | None = None
         self._data: dict | None = None
+        self._stats, self._stats_missing = self._load_stats()
+
+    def _load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+        """The JSON part's statistics, checked field by field and against the episodes' step counts."""
+        try:
+            table, missing = load_stats(self.meta, where=str(self.file))
+            if table is not None:
+                check_counts(table, missing, self._ep[:, LENGTH], self._ep[:, SCHEMA], self._ep[:, SPLIT],
+                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits, str(self.file))
+        except ValueError as e:
+            raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {self.root} --recompute") from None
+        return table, missing
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = False) -> EpisodeIndex:
@@ -333,6 +348,27 @@ class EpisodeIndex:
             raise KeyError(
                 f"episode {episode_id!r} is not in {self.root / INDEX_NAME}; close matches: {close or 'none'}"
             ) from None
+
+    def stats(self, key: str, split: str = "train") -> dict[str, Any]:
+        """Normalization statistics of array ``key`` over ``split``: ``count`` and float64 arrays of the step
+        shape: ``mean``, ``std`` (ddof=0), ``min``, ``max``, ``q01``, ``q10``, ``q50``, ``q90``, ``q99``.
+
+        Computed by the writer over every episode of the split (exactly: merged jobs give the same numbers;
+        quantiles within `episodepipes.normstats.REL_ERROR`). Pass the result to `Normalize.from_stats`.
+
+        Args:
+            key: an array key, e.g. ``"action"``.
+            split: the split, ``"train"`` by default.
+        """
+        if self._stats is None:
+            raise KeyError(no_stats_hint(self.file))
+        if (split, key) in self._stats_missing:
+            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}: "
+                           f"{self._stats_missing[(split, key)]}")
+        if (split, key) not in self._stats.keys():
+            have = sorted(f"{s}/{k}" for s, k in self._stats.keys() if (s, k) not in self._stats_missing)
+            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}; it has {have}")
+        return self._stats.get(key, split=split).summary()
 
     def split_numbers(self, split: str) -> np.ndarray:
         """The numbers (positions in `episodes`) of the episodes of ``split``, in index order.

@@ -16,6 +16,7 @@ from episodepipes.pipes.options import DecodeOptions, ReadOptions
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
 from episodepipes.pipes.read import ShardReader
+from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.stats import Stats
 
 RESERVED = ("episode", "frame", "timestamp", "valid", "prompt")
@@ -103,8 +104,12 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 batch_size: int, rank: int | None = None, world_size: int | None = None, seed: int = 0,
                 sampling: str = "even", num_workers: int = 2, method: str = "thread",
                 resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
-                url: Callable[[int], str] | None = None) -> Pipe:
+                url: Callable[[int], str] | None = None, episodes: Sequence[str] | None = None,
+                where: Where | None = None) -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
+
+    ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes, see
+    `episodepipes.pipes.select.attributes`) narrow the episodes, resolved from the index alone.
 
     Frames are the centres of K equal slices of each episode (``sampling="even"``) or K drawn from a
     generator seeded by ``(seed, episode id)`` (``"random"``); an episode shorter than K gives all its
@@ -114,18 +119,19 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     opens (``pipe:``, ``http://``); local paths are read by seeking, other URLs are streamed.
     Padding samples repeat a real frame with ``valid=False``; the valid samples over all ranks are the
     chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
+
+    Args:
+        episodes: ids of the episodes to read, all in ``split``; None for every one.
+        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     read = ReadOptions(verify=verify, url=url)
     idx = open_index(index)
     inferred = rank is None or world_size is None
     rank, world_size = dist_rank_world(rank, world_size)
-    episodes = idx.split(split)
-    if not episodes:
-        raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
-                         f"{sorted({e.split for e in idx.episodes})}")
-    check_batchable(episodes, resize)
-    chosen = metric_items(episodes, frames_per_episode, sampling=sampling, seed=seed)
+    eps = select(idx, split, episodes=episodes, where=where)
+    check_batchable(eps, resize)
+    chosen = metric_items(eps, frames_per_episode, sampling=sampling, seed=seed)
     items = split_even(chosen, rank=rank, world_size=world_size)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read)
@@ -134,16 +140,23 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 rank_world=(rank, world_size) if inferred else None)
 
 
-def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str], batch_size: int,
+def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str] | None = None, batch_size: int,
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
-               verify: bool = False, url: Callable[[int], str] | None = None) -> Pipe:
+               verify: bool = False, url: Callable[[int], str] | None = None, where: Where | None = None) -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
+
+    ``where=`` (a predicate over each episode's attributes, `episodepipes.pipes.select.attributes`) keeps
+    some of ``episodes``, or picks them from every split (in index order) when ``episodes`` is None.
 
     Batches run across episode boundaries (group frames by ``batch["episode"]``); frames past
     ``max_batches * batch_size`` are never read. ``len()`` is the length of an open pass,
     ``min(max_batches, ceil(frames / batch_size))``, on every rank, open or closed. Frame tensors are
     views of batch buffers the pipe reuses once nothing references them (copy before keeping raw pointers).
+
+    Args:
+        episodes: ids of the episodes to render, in this order, from any split; None: those ``where`` picks.
+        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(
@@ -153,9 +166,9 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     read = ReadOptions(verify=verify, url=url)
     idx = open_index(index)
-    if isinstance(episodes, str) or not episodes:
-        raise ValueError(f"episodes={episodes!r} should be a non-empty list of episode ids")
-    eps = [idx.episode(e) for e in episodes]  # unknown ids raise with close matches
+    if episodes is None and where is None:
+        raise ValueError("video_pipe needs episodes= (the ids to render) or where= (a predicate choosing them)")
+    eps = select(idx, None, episodes=episodes, where=where, index_order=False)
     check_batchable(eps, resize)
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()

@@ -28,6 +28,7 @@ from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, rank_order
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
@@ -242,7 +243,8 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
                history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None,
                rank: int | None = None, world_size: int | None = None, num_workers: int = 2, method: str = "thread",
                transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, epochs: int | None = 1,
-               resize: tuple[int, int] | None = None, on_corrupt: str = "skip") -> TrainPipe:
+               resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
+               episodes: Sequence[str] | None = None, where: Where | None = None) -> TrainPipe:
     """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
 
     Order: epoch ``e`` is a permutation of every frame drawn from ``SeedSequence(seed, spawn_key=(e,))``;
@@ -255,6 +257,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     padded at episode edges with the nearest real step and marked in ``<key>_pad``. Only the returned
     steps' members are read and decoded.
 
+    ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes: split,
+    length, fps, prompt, cameras, arrays and the extra ``meta.json`` keys, see
+    `episodepipes.pipes.select.attributes`) narrow the episodes, resolved from the index alone.
+
     Every episode of the split must have the same cameras, and arrays of the same keys, dtypes and shapes:
     a mismatch is refused when the pipe is built, naming both episodes and the key (nothing is cast).
     Frames read whole (each sample's current step, and the steps of camera windows) are checked against
@@ -266,6 +272,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     built with the same ``seed``, ``batch_size``, ``world_size``, windows and episodes; ``load_state_dict``
     refuses a state saved under others, saying what differs (another rank's state is accepted: every rank
     is at the same position).
+
+    Args:
+        episodes: ids of the episodes to read, all in ``split``; None for every one.
+        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     idx = open_index(index)
@@ -277,10 +287,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
     if transform is not None and not callable(transform):
         raise TypeError(f"transform={transform!r} should be a callable taking and returning a sample dict")
-    episodes = idx.split(split)
-    if not episodes:
-        raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
-                         f"{sorted({e.split for e in idx.episodes})}")
+    episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
     stats = Stats()

@@ -5,6 +5,7 @@ Commands::
     write SRC OUT    shard a dataset (raw folders, zarr, lerobot); re-running an interrupted write resumes it
     info OUT         summary table of a finished output (frames and bytes per split); --episodes lists them
     verify OUT       check every shard's sha256, every frame's crc32, and that every frame is where the index says
+    stats OUT        normalization statistics per split and array key (--recompute: for older indexes)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
     upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
                      add every frame's crc32)
@@ -91,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("out", type=Path, metavar="OUT")
     u.add_argument("--crc", action="store_true",
                    help="also read every shard (its sha256 checked first) to add each frame's crc32")
+    st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
+    st.add_argument("out", type=Path, metavar="OUT")
+    st.add_argument("--recompute", action="store_true",
+                    help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
     m.add_argument("out", type=Path, metavar="OUT")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
@@ -170,6 +175,11 @@ def _run(a: argparse.Namespace) -> int:
         index = upgrade(a.out, crc=a.crc)
         print(f"upgraded {a.out} to index version 2: {len(index.episodes)} episodes, {index.frames} frames, "
               f"{'crc32 per frame' if index.has_crc else 'no crc32 (upgrade --crc adds them)'}")
+        return 0
+    if a.command == "stats":
+        from episodepipes.sharding.stats_cli import run
+
+        print("\n".join(run(a.out, recompute=a.recompute)))
         return 0
     if a.command == "verify":
         problems = inspect.verify(a.out)
