@@ -48,7 +48,16 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Camera:
-    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels)."""
+    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels).
+
+    Attributes:
+        name: the camera's key in the episode's ``cameras`` and in batches (its member is ``<name>.jpg``).
+        height: the stored frames' height in pixels (a decode of another size is corrupt).
+        width: the stored frames' width in pixels.
+        source: the camera's name in the source dataset (``name`` is it made tar-safe).
+        source_height: the source frames' height in pixels, before any resize at sharding.
+        source_width: the source frames' width in pixels, before any resize at sharding.
+    """
 
     name: str
     height: int
@@ -60,7 +69,15 @@ class Camera:
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """``dtype`` is numpy's full ``dtype.str`` (``"<f4"``, ``">f4"``, ``"|u1"``): byte order included."""
+    """A per-frame array of an episode (state, action, ...), stored as ``<name>.npy`` in each frame.
+
+    Attributes:
+        name: the array's key in the episode's ``arrays`` and in batches.
+        dtype: numpy's full ``dtype.str`` (``"<f4"``, ``">f4"``, ``"|u1"``): byte order included, so
+            episodes are stacked together only when it is the same.
+        shape: one frame's shape (``()`` for a scalar).
+        source: the array's name in the source dataset (``name`` is it made tar-safe).
+    """
 
     name: str
     dtype: str
@@ -70,7 +87,16 @@ class ArraySpec:
 
 @dataclass(frozen=True)
 class Segment:
-    """The run of an episode's frames that lives in one shard."""
+    """The run of an episode's frames that lives in one shard.
+
+    Attributes:
+        shard: the shard's number, an index into `EpisodeIndex.shards`.
+        first: the episode frame the run starts at.
+        count: how many consecutive frames the run holds.
+        offsets: each frame's start byte in the shard; frame ``k``'s bytes end where frame ``k + 1``'s start.
+        end: the byte after the run's last frame.
+        crc32: ``zlib.crc32`` of each frame's bytes; None in indexes written before checksums.
+    """
 
     shard: int
     first: int
@@ -81,11 +107,21 @@ class Segment:
 
     @property
     def start(self) -> int:
+        """The run's first byte in the shard (its first frame's offset)."""
         return self.offsets[0]
 
 
 @dataclass(frozen=True)
 class Shard:
+    """One finished shard file, as the index records it (`EpisodeIndex.verify` checks the file against it).
+
+    Attributes:
+        name: the file's plain name inside the shard folder (never a path).
+        bytes: the file's size in bytes.
+        sha256: the hex sha256 of the file's bytes.
+        samples: how many frames (tar samples) it holds.
+    """
+
     name: str
     bytes: int
     sha256: str
@@ -145,14 +181,22 @@ class Episode:
         raise IndexError(f"frame {frame} is in no segment of episode {self.id!r}")  # the tables tile: unreachable
 
     def frame_range(self, frame: int) -> tuple[int, int, int]:
-        """(shard index, start byte, end byte) of one frame's members."""
+        """(shard index, start byte, end byte) of one frame's members.
+
+        Args:
+            frame: the frame's position in the episode, ``0 <= frame < length``; others raise IndexError.
+        """
         shard = self._segment(frame)[0]
         row, ix = self._row + frame, self._ix
         a = int(ix._offset[row])
         return shard, a, a + int(ix._size[row])
 
     def frame_crc(self, frame: int) -> int | None:
-        """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums."""
+        """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums.
+
+        Args:
+            frame: the frame's position in the episode, ``0 <= frame < length``; others raise IndexError.
+        """
         self._segment(frame)
         return None if self._ix._crc is None else int(self._ix._crc[self._row + frame])
 
@@ -171,6 +215,7 @@ class Episode:
 
     @property
     def nbytes(self) -> int:
+        """The bytes of all the episode's frames in the shards (tar headers included)."""
         self._segment(0)
         return int(self._ix._size[self._row:self._row + self.length].sum(dtype=np.uint64))
 
@@ -287,6 +332,12 @@ class EpisodeIndex:
 
         A v2 index maps its columns; a v1 index is parsed whole, and logs once per process that
         ``episodepipes-shard upgrade`` rewrites it as v2.
+
+        Args:
+            path: the shard folder, or its ``index.json``; a missing index raises FileNotFoundError saying
+                whether the folder exists (an unfinished write) or not.
+            verify: also check every shard now (`verify`: existence, size, sha256, crc32), raising for the
+                first problem; off by default because it reads every byte.
         """
         p = Path(path)
         root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
@@ -339,6 +390,11 @@ class EpisodeIndex:
         return self._ep[:, LENGTH]
 
     def episode(self, episode_id: str) -> Episode:
+        """The episode with this id.
+
+        Args:
+            episode_id: the episode's id; an unknown one raises KeyError naming up to five close matches.
+        """
         try:
             return self.episodes[self._by_id[episode_id]]
         except (KeyError, TypeError):
@@ -381,9 +437,19 @@ class EpisodeIndex:
         return np.flatnonzero(self._ep[:, SPLIT] == self._splits.index(split))
 
     def split(self, split: str) -> list[Episode]:
+        """The episodes of ``split``, in index order (which is shard order).
+
+        Args:
+            split: a split name, e.g. ``"train"``; an unknown one gives an empty list.
+        """
         return [self.episodes[n] for n in self.split_numbers(split).tolist()]
 
     def shard_path(self, shard: int) -> Path:
+        """The local path of a shard file (the folder joined with the shard's plain name).
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
         return self.root / self.shards[shard].name
 
     def frame_ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

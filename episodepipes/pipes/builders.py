@@ -121,6 +121,31 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
 
     Args:
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
+        split: the split whose episodes are read; one with no episodes is refused, naming the splits there.
+        frames_per_episode: K, the frames chosen per episode, an int >= 1.
+        batch_size: samples per batch, an int >= 1; the last batch of a pass may be short.
+        rank: this process's rank, ``0 <= rank < world_size``. None (with ``world_size``): taken from
+            torch.distributed when it is initialised, else 0; a pipe whose rank was inferred checks it
+            against the running process group at each ``iter()`` (a pipe built before the group started
+            would give every rank rank 0's frames).
+        world_size: the number of ranks the frames are split over, an int >= 1; None as for ``rank``.
+        seed: seeds ``sampling="random"`` (with each episode's id, so a choice does not depend on the
+            other episodes); unused by ``"even"``.
+        sampling: ``"even"`` (centres of K equal slices, the same frames every run) or ``"random"``;
+            anything else is refused.
+        num_workers: decode workers (threads or processes), an int >= 1.
+        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
+            stages hold the GIL); anything else is refused.
+        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
+            every episode's cameras must have the same size.
+        on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as zeros with
+            ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
+        verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
+            (open) pass; a missing or changed shard raises there. Must be a bool.
+        url: ``url(shard_number) -> str``, a copy of that shard for webdataset's ``gopen`` (``pipe:``,
+            ``http://``: streamed, without the crc32 check; a local path: read by seeking). None reads the
+            index folder. Only the caller chooses it, never the index.
         episodes: ids of the episodes to read, all in ``split``; None for every one.
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
@@ -155,7 +180,27 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
     views of batch buffers the pipe reuses once nothing references them (copy before keeping raw pointers).
 
     Args:
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
         episodes: ids of the episodes to render, in this order, from any split; None: those ``where`` picks.
+        batch_size: frames per batch, an int >= 1.
+        max_batches: the cap on batches per pass, a positive int (None is refused): under DDP the other
+            ranks wait in their next collective while rank 0 renders, so an uncapped render could outlast
+            the process-group timeout. Frames past the cap are never read.
+        gate: a zero-argument predicate asked at the first ``next()`` of each pass; a false answer ends the
+            pass there, without building the graph (no workers, no shard opened). None opens every pass; bind one later
+            with ``pipe.gate.bind(fn)`` (e.g. ``lambda: trainer.is_global_zero``).
+        num_workers: decode workers (threads or processes), an int >= 1.
+        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
+            stages hold the GIL); anything else is refused.
+        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
+            every episode's cameras must have the same size.
+        on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as zeros with
+            ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
+        verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
+            (open) pass; a missing or changed shard raises there. Must be a bool.
+        url: ``url(shard_number) -> str``, a copy of that shard for webdataset's ``gopen`` (``pipe:``,
+            ``http://``: streamed, without the crc32 check; a local path: read by seeking). None reads the
+            index folder. Only the caller chooses it, never the index.
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:

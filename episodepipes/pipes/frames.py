@@ -64,7 +64,16 @@ def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | No
                 out: np.ndarray | None = None) -> np.ndarray | None:
     """uint8 RGB ``[3, H, W]`` at ``size`` (or the source size), written into ``out`` if given;
     None when the bytes do not decode, or decode to another size than ``src`` (the index's): such a
-    frame is not the one the index describes, so it is corrupt, never resized into place."""
+    frame is not the one the index describes, so it is corrupt, never resized into place.
+
+    Args:
+        data: the JPEG file's bytes.
+        src: ``(H, W)`` the index records for the frame; a decode of any other size is refused (None).
+        size: ``(H, W)`` to return; None returns the source size. libjpeg's reduced decode does what it
+            can of a downscale, `cv2.INTER_AREA` the rest.
+        out: a uint8 ``[3, H, W]`` array to write into (a batch buffer's row); used only when its shape
+            is the result's, else a new array is returned.
+    """
     flag, f = _reduced(src, size)
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     if bgr is None or bgr.shape[0] != -(-src[0] // f) or bgr.shape[1] != -(-src[1] // f):

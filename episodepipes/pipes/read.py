@@ -2,10 +2,10 @@
 
 Shards are read one contiguous byte range (`Run`) at a time, so a pinned episode costs its own
 bytes only; the index's frame offsets split a run into samples, each frame's bytes are checked
-against the index's CRC32 (where it has one), and a small header parser (with webdataset's tar
-iterator as fallback) splits a sample into members. A caller's ``url=`` naming a stream
-(``pipe:``, ``http://``) is read by `episodepipes.pipes._stream` instead, until the remote byte source
-replaces it.
+against the index's CRC32 (where it has one), and `episodepipes.tarmembers` parses the tar headers
+of a sample's byte range into its members. A caller's ``url=`` naming a stream (``pipe:``,
+``http://``) is read by `episodepipes.pipes._stream` instead (webdataset's ``gopen`` and tar
+iterator, without the CRC32 check), until the remote byte source replaces it.
 """
 
 from __future__ import annotations

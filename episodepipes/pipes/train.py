@@ -274,6 +274,32 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     is at the same position).
 
     Args:
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
+        split: the split whose frames are shuffled; one with no episodes is refused, naming the splits there.
+        batch_size: samples per batch, an int >= 1; every batch is full (drop-last), and a split with too
+            few frames for one full batch on every rank is refused.
+        seed: a non-negative int fixing every epoch's order (required: a resumed run must use the same).
+        history: ``{key: K}``, K >= 1 steps ending at the current one, per camera or array key; None: none.
+            An unknown key is refused, listing the known ones.
+        horizon: ``{key: H}``, H >= 1 steps starting at the current one, per camera or array key; None: none.
+        rank: this process's rank, ``0 <= rank < world_size``. None (with ``world_size``): taken from
+            torch.distributed when it is initialised, else 0; a pipe whose rank was inferred checks it
+            against the running process group at each ``iter()`` (a pipe built before the group started
+            would give every rank the same batches).
+        world_size: the number of ranks the frames are split over, an int >= 1; None as for ``rank``.
+        num_workers: decode workers (threads or processes), an int >= 1.
+        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
+            stages hold the GIL); anything else is refused.
+        transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
+            collation; with ``method="process"`` it must pickle (checked when the pipe is built). The
+            ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt`` entries are restored after it.
+            None: no transform.
+        epochs: epochs per ``iter()``, a positive int, and ``len()`` is ``epochs`` times the batches per
+            epoch; None is one endless pass with no ``len()`` (bound training by steps).
+        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
+            every episode's cameras must have the same size.
+        on_corrupt: ``"skip"`` (a sample with a frame that fails its crc32 or does not decode comes as zeros
+            with ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
         episodes: ids of the episodes to read, all in ``split``; None for every one.
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
