@@ -28,12 +28,13 @@ class Counting(LocalSource):
 
 
 def _fds(folder) -> int:
-    """Descriptors of this process open on files under ``folder`` (other tests' threads may open and close
-    descriptors of their own meanwhile, so the process-wide count is not this reader's)."""
+    """Descriptors of this process open on shards under ``folder`` (other tests' threads may open and close
+    descriptors of their own meanwhile, and the index keeps its mapped columns open)."""
     n = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
-            n += os.readlink(f"/proc/self/fd/{fd}").startswith(str(folder))
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            n += target.startswith(str(folder)) and target.endswith(".tar")
         except OSError:  # closed between listdir and readlink
             pass
     return n
