@@ -1,10 +1,11 @@
 """`train_pipe`: shuffled training frames with history/horizon windows, even over ranks, exactly resumable.
 
-Graph: `TrainReader` (planned permutation, read by seeking through the byte-range index) -> `Decoder`
+Graph: `TrainReader` (keyed permutation, read by seeking through the byte-range index) -> `Decoder`
 (its `SampleDecode` runs the transform in the workers too) -> `BatchStacker`.
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
-of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop}`` and
-the settings it is valid under, which ``load_state_dict`` checks (`TrainReader`).
+of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop, consumed}``
+and the settings it is valid under, which ``load_state_dict`` checks, allowing another world size at the same
+global batch (`TrainReader`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,19 @@ class TrainReader(BaseNode[RawSample]):
             raise ValueError(f"the saved train state has no {missing} (saved by an older episodepipes?), so it "
                              "cannot be checked against this pipe; resume with the version that saved it, or start "
                              "the run afresh")
+        epoch, pos, stop, world, batch, consumed, g = (state[k] for k in (
+            self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.WORLD_KEY, self.BATCH_KEY, self.CONSUMED_KEY,
+            self.GLOBAL_KEY))
+        if not all(_count(v) for v in (epoch, pos, consumed)) or not (stop is None or _count(stop)):
+            raise ValueError(f"the saved train state has epoch={epoch!r}, pos={pos!r}, stop={stop!r}, "
+                             f"consumed={consumed!r}: not non-negative ints; pass the pipe's own state_dict()")
+        if not (_count(world) and _count(batch) and _count(g) and world and batch and g == world * batch
+                and consumed == pos * world and pos < steps_per_epoch(len(self.table), world_size=world,
+                                                                      batch_size=batch) * batch):
+            raise ValueError(f"the saved train state has world_size={world!r}, batch_size={batch!r}, "
+                             f"global_batch={g!r}, pos={pos!r}, consumed={consumed!r}: global_batch should be "
+                             "world_size*batch_size, consumed pos*world_size, and pos within the epoch's "
+                             f"{len(self.table)} frames; pass the pipe's own state_dict()")
         mine = {self.SEED_KEY: self.seed, **self._setup}
         if self.on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
             del mine[self.GLOBAL_KEY]
@@ -128,19 +142,6 @@ class TrainReader(BaseNode[RawSample]):
         if diffs:
             raise ValueError(f"the saved train state does not fit this pipe: {'; '.join(d for d, _ in diffs)}. "
                              f"{' '.join(dict.fromkeys(f for _, f in diffs))}")
-        epoch, pos, stop, world, batch, consumed, g = (state[k] for k in (
-            self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.WORLD_KEY, self.BATCH_KEY, self.CONSUMED_KEY,
-            self.GLOBAL_KEY))
-        if not all(_count(v) for v in (epoch, pos, consumed)) or not (stop is None or _count(stop)):
-            raise ValueError(f"the saved train state has epoch={epoch!r}, pos={pos!r}, stop={stop!r}, "
-                             f"consumed={consumed!r}: not non-negative ints; pass the pipe's own state_dict()")
-        if not (_count(world) and _count(batch) and world and batch and g == world * batch
-                and consumed == pos * world and pos < steps_per_epoch(len(self.table), world_size=world,
-                                                                      batch_size=batch) * batch):
-            raise ValueError(f"the saved train state has world_size={world!r}, batch_size={batch!r}, "
-                             f"global_batch={g!r}, pos={pos!r}, consumed={consumed!r}: global_batch should be "
-                             "world_size*batch_size, consumed pos*world_size, and pos within the epoch's "
-                             f"{len(self.table)} frames; pass the pipe's own state_dict()")
         if (world, batch) == (self.world_size, self.batch_size):
             return int(epoch), int(pos)
         if pos % batch:
@@ -301,10 +302,11 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
                resize: tuple[int, int] | None = None, on_corrupt: str = "skip", on_resize: str = "refuse") -> TrainPipe:
     """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
 
-    Order: epoch ``e`` is a permutation of every frame drawn from ``SeedSequence(seed, spawn_key=(e,))``;
-    rank ``r`` takes every ``world_size``-th entry from ``r``, trimmed to ``len(pipe) // epochs`` full
-    batches (drop-last: at most ``world_size * batch_size - 1`` frames sit out an epoch, different ones
-    each epoch). Each ``iter()`` continues with the next epochs; ``epochs=None`` is one endless pass.
+    Order: epoch ``e`` is a keyed permutation of every frame (`permute.IndexShuffle`, from ``seed`` and
+    ``e``, computed per batch, never stored); rank ``r`` takes every ``world_size``-th entry from ``r``,
+    trimmed to ``len(pipe) // epochs`` full batches (drop-last: at most ``world_size * batch_size - 1``
+    frames sit out an epoch, different ones each epoch). Each ``iter()`` continues with the next epochs;
+    ``epochs=None`` is one endless pass.
 
     Windows (see `episodepipes.pipes.window`): ``history={"state": K}`` gives steps ``t-K+1..t`` (the
     current step last), ``horizon={"action": H}`` gives ``t..t+H-1`` (the current step first), both
@@ -318,10 +320,18 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
 
     ``transform(sample) -> sample`` runs per sample in the decode workers, before collation (so it must
     pickle for ``method="process"``); ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt``
-    are restored after it. ``state_dict()``/``load_state_dict()`` resume exactly, in any step, a pipe
-    built with the same ``seed``, ``batch_size``, ``world_size``, windows and episodes; ``load_state_dict``
-    refuses a state saved under others, saying what differs (another rank's state is accepted: every rank
-    is at the same position).
+    are restored after it.
+
+    State: ``state_dict()`` holds a cursor (epoch, this rank's ``pos``, and ``consumed``, the samples taken
+    globally in the epoch) and what it depends on (seed, world size, batch size, their product the global
+    batch, frame count and plan fingerprint, windows); see `TrainReader`. ``load_state_dict`` resumes it
+    exactly, in any step, in a pipe of the same ``seed``, windows and episodes, and refuses others by name.
+    Elastic rule: the global stream depends on ``world_size * batch_size`` only, so a state saved at one
+    world size resumes at another with the same product (any ``batch_size``), from a batch boundary, with no
+    sample repeated or skipped against an uninterrupted run at the new size; any rank's state will do (every
+    rank is at the same global position). Another global batch is refused, saying what differs, unless
+    ``on_resize`` is ``"next_step"`` (exact where the new global batch divides ``consumed``, else skip to its
+    next step) or ``"next_epoch"`` (start the next epoch); a skip is logged as a warning.
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     idx = open_index(index)
