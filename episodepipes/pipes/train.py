@@ -332,6 +332,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     rank is at the same global position). Another global batch is refused, saying what differs, unless
     ``on_resize`` is ``"next_step"`` (exact where the new global batch divides ``consumed``, else skip to its
     next step) or ``"next_epoch"`` (start the next epoch); a skip is logged as a warning.
+
+    Args:
+        on_resize: what ``load_state_dict`` does with a state of another global batch: ``"refuse"`` (the
+            default), ``"next_step"`` or ``"next_epoch"``, as above.
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     idx = open_index(index)
