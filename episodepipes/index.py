@@ -53,6 +53,8 @@ class Camera:
     source: str
     source_height: int
     source_width: int
+    codec: str = "jpeg"  # or "h264"/"av1": a packet per frame, a keyframe every ``gop`` frames
+    gop: int = 1
 
 
 @dataclass(frozen=True)
@@ -463,7 +465,8 @@ def mapped(path: Path) -> Iterator[memoryview]:
 
 def _camera(n: str, c: dict) -> Camera:
     h, w = c["height"], c["width"]
-    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w))
+    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w),
+                  c.get("codec", "jpeg"), c.get("gop", 1))
 
 
 @functools.lru_cache(maxsize=256)
