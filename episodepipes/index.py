@@ -45,7 +45,12 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Camera:
-    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels)."""
+    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels).
+
+    Attributes:
+        codec: how its frames are stored: "jpeg", or "h264"/"av1" (one packet per frame).
+        gop: frames per keyframe of a video camera (frame ``t`` decodes from frame ``t - t % gop``); 1 for JPEG.
+    """
 
     name: str
     height: int
@@ -53,7 +58,7 @@ class Camera:
     source: str
     source_height: int
     source_width: int
-    codec: str = "jpeg"  # or "h264"/"av1": a packet per frame, a keyframe every ``gop`` frames
+    codec: str = "jpeg"
     gop: int = 1
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import tarfile
 
 import cv2
 import numpy as np
 import pytest
-from helpers import write_raw
+from helpers import as_v1, write_raw
 
-from episodepipes.index import EpisodeIndex
+from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.pipes import metric_pipe, train_pipe, video_pipe
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.synthetic import SyntheticReader
@@ -96,3 +97,46 @@ def test_train_pipe_refuses_video_cameras_clearly(src, tmp_path):
     out = _write(src, tmp_path / "out", "--codec", "h264")
     with pytest.raises(ValueError, match="train_pipe reads JPEG shards"):
         train_pipe(out, batch_size=2, seed=0)
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [("codec", "mp4", "codec 'mp4'"), ("codec", 1, "codec=1"),
+                                                        ("gop", 0, "gop=0"), ("gop", 5000, "gop=5000"),
+                                                        ("gop", True, "gop=True")])
+def test_hostile_codec_fields_are_refused_by_name(src, tmp_path, field, value, needle):
+    out = as_v1(_write(src, tmp_path / "out", "--codec", "h264"))
+    d = json.loads((out / "index.json").read_text())
+    d["episodes"][1]["cameras"]["wrist"][field] = value
+    (out / "index.json").write_text(json.dumps(d))
+    with pytest.raises(IndexFormatError, match="episode 'ep0001' camera 'wrist'") as e:
+        EpisodeIndex.open(out)
+    assert needle in str(e.value)
+
+
+def test_a_damaged_packet_without_checksums_is_caught_by_the_decoder(src, tmp_path):
+    out = as_v1(_write(src, tmp_path / "out", "--codec", "h264", "--gop", "3", "--shard-size", "1MB"))
+    d = json.loads((out / "index.json").read_text())
+    for e in d["episodes"]:
+        for s in e["segments"]:
+            s.pop("crc32", None)
+    (out / "index.json").write_text(json.dumps(d))
+    idx = EpisodeIndex.open(out)
+    assert not idx.has_crc
+    shard, a, b = idx.episode("ep0000").frame_range(3)
+    path = out / idx.shards[shard].name
+    with tarfile.open(path) as tar:
+        m = next(m for m in tar if m.name == "ep0000/000003.front.h264")
+    data = bytearray(path.read_bytes())
+    data[m.offset_data:m.offset_data + m.size] = np.random.default_rng(0).integers(0, 256, m.size, np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+    pipe = video_pipe(out, episodes=["ep0000"], batch_size=9, max_batches=1)
+    got = _frames(pipe)
+    assert [v for *_, v in got] == [True] * 3 + [False] * 3 + [True] * 3
+    assert pipe.stats["frames_corrupt"] == 3  # the front camera's frames 3-5; the wrist camera is intact
+
+
+def test_process_workers_decode_the_same_frames(src, tmp_path):
+    out = _write(src, tmp_path / "out", "--codec", "av1", "--gop", "2")
+    threads = _frames(video_pipe(out, episodes=["ep0000", "ep0001"], batch_size=4, max_batches=100))
+    procs = _frames(video_pipe(out, episodes=["ep0000", "ep0001"], batch_size=4, max_batches=100, method="process"))
+    assert len(threads) == 18 and all(v for *_, v in procs)
+    assert all(np.array_equal(a[2], b[2]) for a, b in zip(threads, procs))

@@ -25,8 +25,10 @@ class EncodeOptions:
 
     Attributes:
         jpeg_quality: JPEG quality 1-100 of every camera frame.
-        codec: "jpeg" (a JPEG per frame), or "h264"/"av1": each camera encoded in GOPs of ``gop`` frames at
-            quality ``crf``, each frame's packet its own member; the index records codec and GOP per camera.
+        codec: "jpeg" (a JPEG per frame), or "h264"/"av1": each camera encoded in GOPs, each frame's packet its
+            own member; the index records codec and GOP per camera.
+        gop: h264/av1: frames per keyframe (a frame decodes from its GOP's keyframe on).
+        crf: h264/av1: quality, lower is better (`episodepipes.codec.CodecOptions`); None for the codec's default.
         resize: ``(H, W)`` every frame is resized to before encoding, or None to keep the source size. The
             size before resizing is kept in the index (``source_height``/``source_width``), so pixel labels
             can be rescaled.
@@ -34,7 +36,7 @@ class EncodeOptions:
 
     jpeg_quality: int = 90
     resize: tuple[int, int] | None = None  # (H, W)
-    codec: str = "jpeg"  # or "h264"/"av1": one packet member per frame (see `episodepipes.codec`)
+    codec: str = "jpeg"
     gop: int = 2
     crf: int | None = None
 

@@ -53,7 +53,10 @@ class WriteOptions:
         val_episodes: these ids are val and every other episode train, whatever the metadata says.
         seed: seed of the ``val_fraction`` choice.
         skip_bad: skip episodes that fail to read or encode (listed in the index) instead of stopping.
-        codec, gop, crf: "jpeg", or "h264"/"av1" in GOPs of ``gop`` frames at quality ``crf`` (`EncodeOptions`).
+        codec: "jpeg" (a JPEG per frame), or "h264"/"av1" packets (`EncodeOptions`); the index records it
+            per camera, and leaves these three options out for JPEG.
+        gop: h264/av1: frames per keyframe.
+        crf: h264/av1: quality, lower is better; None for the codec's default.
     """
 
     format: str
