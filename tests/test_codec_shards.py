@@ -140,3 +140,26 @@ def test_process_workers_decode_the_same_frames(src, tmp_path):
     procs = _frames(video_pipe(out, episodes=["ep0000", "ep0001"], batch_size=4, max_batches=100, method="process"))
     assert len(threads) == 18 and all(v for *_, v in procs)
     assert all(np.array_equal(a[2], b[2]) for a, b in zip(threads, procs))
+
+
+def test_a_whole_episode_reads_each_frame_once_and_sparse_frames_read_their_gop(src, tmp_path):
+    out = _write(src, tmp_path / "out", "--codec", "h264", "--gop", "4", "--shard-size", "1MB")
+    idx = EpisodeIndex.open(out)
+    size = {e: [idx.episode(e).frame_range(f)[2] - idx.episode(e).frame_range(f)[1] for f in range(9)]
+            for e in ("ep0002", "ep0005")}
+    pipe = video_pipe(out, episodes=["ep0002"], batch_size=9, max_batches=1)
+    _frames(pipe)
+    assert pipe.stats["bytes_read"] == sum(size["ep0002"])  # no frame read twice for its successors' GOPs
+    sparse = metric_pipe(out, frames_per_episode=3, batch_size=3, split="val")
+    got = {(e, f) for e, f, _, _ in _frames(sparse)}
+    own = sum(size[e][f] for e, f in got)
+    gops = sum(sum(size[e][f - f % 4:f + 1]) for e, f in got)
+    assert own < sparse.stats["bytes_read"] <= gops  # each frame's GOP up to it, and nothing more
+
+
+def test_streamed_urls_are_refused_for_video_cameras(src, tmp_path):
+    out = _write(src, tmp_path / "out", "--codec", "h264")
+    pipe = video_pipe(out, episodes=["ep0000"], batch_size=4, max_batches=1,
+                      url=lambda s: f"pipe:cat {out / EpisodeIndex.open(out).shards[s].name}")
+    with pytest.raises(ValueError, match="video-codec cameras"):
+        _frames(pipe)

@@ -93,6 +93,9 @@ class ShardReader(BaseNode[RawSample]):
                 source, name = self._where(shard, url)
                 for run in group:
                     yield from self._read_run(run, source, name)
+            elif self._video:
+                raise ValueError(f"{url=} streams shard {shard}, but {self.index.root} has video-codec cameras, "
+                                 "whose GOPs are read by byte range; pass a local url= (or none) for them")
             else:  # one forward stream per consecutive use of a shard
                 name = os.path.basename(url)
                 for item, members in stream_members([i for r in group for i in r.items], url, self.stats):
@@ -129,8 +132,6 @@ class ShardReader(BaseNode[RawSample]):
             got, _ = frame_fields(lambda size, off: data[off - a:off - a + size], a, b, episode, frame, where=name)
         except ValueError:
             return None
-        if len(seen) > 64:
-            seen.clear()
         seen[episode, frame] = got
         return got
 
@@ -158,6 +159,8 @@ class ShardReader(BaseNode[RawSample]):
                     raise
                 members = {}  # the damage hit a tar header: the decoder fills the whole sample with zeros
             if video and damaged is None:
+                if len(seen) > 256:  # a GOP's frames are the last few: an earlier one missing is read again
+                    seen.clear()
                 seen[item.episode, item.frame] = dict(members)
                 damaged = attach_gop(self.index, item.episode, item.frame, members,
                                      lambda f, e=item.episode: self._earlier(seen, e, f, source, name, run.shard))

@@ -2,7 +2,7 @@
 
 A shard holds one packet member per frame (``<camera>.h264``), and frame ``t`` depends on the frames from
 its keyframe ``t - t % gop``: those are adjacent in the shard, before it. The reader (`attach_gop`) replaces
-the frame's member by `episodepipes.codec.pack` of ``[gop id, packet of the keyframe, ..., packet of t]``, each
+the frame's member by `episodepipes.codec.pack` of ``[GOP id, packet of the keyframe, ..., packet of t]``, each
 earlier packet checked against the index's CRC32 as the frame's own is, so the `FrameDecoder` seam stays one
 member in, one frame out. `VideoFrames` decodes through a `PacketDecoder` per camera and thread that lives for
 the pass and keeps the last GOPs, so consecutive frames of one GOP in one worker decode each packet once.
@@ -29,12 +29,12 @@ _local = threading.local()  # per thread: (camera, codec, size) -> PacketDecoder
 def video_cameras(index: EpisodeIndex) -> dict[str, tuple[str, int]]:
     """camera -> (codec, gop) of every camera that is not JPEG; one codec per camera name across episodes."""
     seen: dict[str, tuple[str, int]] = {}
-    for ep in index.episodes:
-        for c, cam in ep.cameras.items():
+    for cameras, _ in index._schemas:  # episodes share their schema's cameras: one look per schema, not episode
+        for c, cam in cameras.items():
             got = seen.setdefault(c, (cam.codec, cam.gop))
             if got[0] != cam.codec:
                 raise ValueError(f"camera {c!r} is {got[0]} in some episodes of {index.root} and {cam.codec} in "
-                                 f"episode {ep.id!r}; re-shard them with one --codec")
+                                 "others; re-shard them with one --codec")
     return {c: v for c, v in seen.items() if v[0] != "jpeg"}
 
 
@@ -59,7 +59,9 @@ def attach_gop(index: EpisodeIndex, episode: str, frame: int, members: dict[str,
                 return f"frame {f} of the GOP has no {name} member"
             packets.append(got[name])
         if name in members:
-            members[name] = pack([f"{episode}\0{key}".encode(), *packets, members[name]])
+            shard, start, _ = ep.frame_range(key)  # the GOP by content: its keyframe's shard (sha256) and offset
+            gid = f"{index.shards[shard].sha256}:{start}".encode()
+            members[name] = pack([gid, *packets, members[name]])
     return None
 
 
