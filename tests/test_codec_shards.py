@@ -163,3 +163,12 @@ def test_streamed_urls_are_refused_for_video_cameras(src, tmp_path):
                       url=lambda s: f"pipe:cat {out / EpisodeIndex.open(out).shards[s].name}")
     with pytest.raises(ValueError, match="video-codec cameras"):
         _frames(pipe)
+
+
+def test_resize_applies_to_video_frames(src, tmp_path):
+    out = _write(src, tmp_path / "out", "--codec", "h264", "--gop", "3")
+    full = _frames(video_pipe(out, episodes=["ep0003"], batch_size=9, max_batches=1))
+    small = _frames(video_pipe(out, episodes=["ep0003"], batch_size=9, max_batches=1, resize=(24, 32)))
+    assert all(img.shape == (24, 32, 3) and v for _, _, img, v in small)
+    for (_, _, a, _), (_, _, b, _) in zip(full, small):
+        assert np.array_equal(b, cv2.resize(a, (32, 24), interpolation=cv2.INTER_AREA))
