@@ -57,6 +57,8 @@ class Camera:
         source: the camera's name in the source dataset (``name`` is it made tar-safe).
         source_height: the source frames' height in pixels, before any resize at sharding.
         source_width: the source frames' width in pixels, before any resize at sharding.
+        codec: how its frames are stored: "jpeg", or "h264"/"av1" (one packet per frame).
+        gop: frames per keyframe of a video camera (frame ``t`` decodes from frame ``t - t % gop``); 1 for JPEG.
     """
 
     name: str
@@ -65,6 +67,8 @@ class Camera:
     source: str
     source_height: int
     source_width: int
+    codec: str = "jpeg"
+    gop: int = 1
 
 
 @dataclass(frozen=True)
@@ -565,7 +569,8 @@ def mapped(path: Path) -> Iterator[memoryview]:
 
 def _camera(n: str, c: dict) -> Camera:
     h, w = c["height"], c["width"]
-    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w))
+    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w),
+                  c.get("codec", "jpeg"), c.get("gop", 1))
 
 
 @functools.lru_cache(maxsize=256)

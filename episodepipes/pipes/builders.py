@@ -11,6 +11,7 @@ from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._slabs import Slabs
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.gate import Gate
 from episodepipes.pipes.options import DecodeOptions, ReadOptions
 from episodepipes.pipes.pipe import Pipe
@@ -18,6 +19,7 @@ from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, s
 from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.videoframes import VideoFrames, video_cameras
 
 RESERVED = ("episode", "frame", "timestamp", "valid", "prompt")
 
@@ -88,13 +90,15 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
     """A zero-argument builder of reader -> decoder -> stacker over ``items`` (what a `Gate` holds)."""
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
+    video = video_cameras(index)
+    frames = VideoFrames(video) if video else JPEG
 
     def build() -> BatchStacker:
         if read.verify and not verified:  # once, before the first byte of the first open pass
             index.verify(shards=shards_of(index, items))
             verified.append(True)
         reader = ShardReader(index, items, stats=stats, url=read.url)
-        dec = Decoder(reader, index, decode, stats=stats, slab=slabs)
+        dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames)
         return BatchStacker(dec, batch_size=batch_size, stats=stats)
 
     return build

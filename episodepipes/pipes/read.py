@@ -10,6 +10,7 @@ iterator, without the CRC32 check), until the remote byte source replaces it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import zlib
@@ -23,6 +24,7 @@ from episodepipes.pipes._stream import is_local, stream_members
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.videoframes import attach_gop, checked, video_cameras
 from episodepipes.shardio import ByteSource, LocalSource, open_source
 from episodepipes.tarmembers import frame_fields
 
@@ -91,6 +93,9 @@ class ShardReader(BaseNode[RawSample]):
                 source, name = self._where(shard, url)
                 for run in group:
                     yield from self._read_run(run, source, name)
+            elif self._video:
+                raise ValueError(f"{url=} streams shard {shard}, but {self.index.root} has video-codec cameras, "
+                                 "whose GOPs are read by byte range; pass a local url= (or none) for them")
             else:  # one forward stream per consecutive use of a shard
                 name = os.path.basename(url)
                 for item, members in stream_members([i for r in group for i in r.items], url, self.stats):
@@ -106,6 +111,30 @@ class ShardReader(BaseNode[RawSample]):
             self._copies[folder] = LocalSource(folder or ".")
         return self._copies[folder], name
 
+    @functools.cached_property
+    def _video(self) -> bool:
+        return bool(video_cameras(self.index))
+
+    def _earlier(self, seen: dict, episode: str, frame: int, source: ByteSource, name: str,
+                 shard: int) -> dict[str, bytes] | None:
+        """An earlier frame of a GOP: from this run, or read (and CRC-checked) from its shard; None if damaged."""
+        got = seen.get((episode, frame))
+        if got is not None:
+            return got
+        at, a, b = self.index.episode(episode).frame_range(frame)
+        if at != shard:
+            source, name = self.source, self.index.shards[at].name
+        data = source.read(name, a, b - a)
+        self.stats.add("bytes_read", len(data))
+        if not checked(self.index, episode, frame, data):
+            return None
+        try:
+            got, _ = frame_fields(lambda size, off: data[off - a:off - a + size], a, b, episode, frame, where=name)
+        except ValueError:
+            return None
+        seen[episode, frame] = got
+        return got
+
     def _read_run(self, run: Run, source: ByteSource, name: str) -> Iterator[RawSample]:
         data = source.read(name, run.start, run.end - run.start)
         self.stats.add("bytes_read", len(data))
@@ -115,6 +144,8 @@ class ShardReader(BaseNode[RawSample]):
             return data[offset - run.start:offset - run.start + size]
 
         view = memoryview(data)
+        seen: dict[tuple[str, int], dict[str, bytes]] = {}  # this run's frames, for video cameras' GOPs
+        video = self._video
         for k, item in enumerate(run.items):  # each frame's byte range is known: split, no grouping by name
             a, b = run.bounds[k], run.bounds[k + 1]
             want = self.index.episode(item.episode).frame_crc(item.frame)
@@ -127,5 +158,11 @@ class ShardReader(BaseNode[RawSample]):
                 if damaged is None:
                     raise
                 members = {}  # the damage hit a tar header: the decoder fills the whole sample with zeros
+            if video and damaged is None:
+                if len(seen) > 256:  # a GOP's frames are the last few: an earlier one missing is read again
+                    seen.clear()
+                seen[item.episode, item.frame] = dict(members)
+                damaged = attach_gop(self.index, item.episode, item.frame, members,
+                                     lambda f, e=item.episode: self._earlier(seen, e, f, source, name, run.shard))
             self.stats.add("frames_read")
             yield RawSample(item, name, members, damaged)

@@ -383,6 +383,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         raise TypeError(f"transform={transform!r} should be a callable taking and returning a sample dict")
     episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
+    video = sorted({c for e in episodes for c, cam in e.cameras.items() if cam.codec != "jpeg"})
+    if video:
+        raise ValueError(f"train_pipe reads JPEG shards; video-codec cameras come next: cameras {video} of "
+                         f"{idx.root} are h264/av1; re-shard with --codec jpeg to train on them today")
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
     stats = Stats()
     reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,

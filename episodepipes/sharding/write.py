@@ -58,6 +58,10 @@ class WriteOptions:
         val_episodes: these ids are val and every other episode train, whatever the metadata says.
         seed: seed of the ``val_fraction`` choice.
         skip_bad: skip episodes that fail to read or encode (listed in the index) instead of stopping.
+        codec: "jpeg" (a JPEG per frame), or "h264"/"av1" packets (`EncodeOptions`); the index records it
+            per camera, and leaves these three options out for JPEG.
+        gop: h264/av1: frames per keyframe.
+        crf: h264/av1: quality, lower is better; None for the codec's default.
     """
 
     format: str
@@ -68,11 +72,16 @@ class WriteOptions:
     val_episodes: tuple[str, ...] | None = None
     seed: int = 0
     skip_bad: bool = False
+    codec: str = "jpeg"
+    gop: int = 2
+    crf: int | None = None
 
     def to_dict(self) -> dict:
         """The options as the index's ``options`` record them (JSON lists, ``skip_bad`` left out)."""
         d = asdict(self)
         del d["skip_bad"]
+        if self.codec == "jpeg":  # JPEG indexes stay as they were before video codecs
+            del d["codec"], d["gop"], d["crf"]
         d["resize"] = list(self.resize) if self.resize else None
         d["val_episodes"] = list(self.val_episodes) if self.val_episodes is not None else None
         return d
@@ -222,7 +231,8 @@ class _Run:
 
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
-        enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize)
+        enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize, codec=opts.codec, gop=opts.gop,
+                                 crf=opts.crf)
         spool = target / "_spool"
         shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
         if workers > 1:
