@@ -197,6 +197,10 @@ def check_schema(w: Where, cameras: Any, arrays: Any, where: str) -> None:
             w.num(c, "source_width", at, low=1)
         if "source" in c:
             w.text(c, "source", at)
+        if "codec" in c or "gop" in c:  # a video camera: both, from the codecs the decoder knows
+            if w.text(c, "codec", at) not in ("h264", "av1"):
+                raise w.fail(at, f"codec {c['codec']!r} should be 'h264' or 'av1'")
+            w.num(c, "gop", at, low=1, high=1001)
     if type(arrays) is not dict:
         raise w.fail(where, "arrays should be an object")
     for name, a in arrays.items():

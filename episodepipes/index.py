@@ -27,8 +27,11 @@ import numpy as np
 from episodepipes import indexv2
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
-from episodepipes.indexv2 import FIRST, LENGTH, ROW, SEGMENT, SHARD, SPLIT
+from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
+from episodepipes.normstats import StatsTable
 from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
+from episodepipes.statsfields import check_counts, no_stats_hint
+from episodepipes.statsfields import load as load_stats
 
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
@@ -49,7 +52,18 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Camera:
-    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels)."""
+    """A camera's stored frame size, and its size in the source before ``--resize`` (to rescale pixel labels).
+
+    Attributes:
+        name: the camera's key in the episode's ``cameras`` and in batches (its member is ``<name>.jpg``).
+        height: the stored frames' height in pixels (a decode of another size is corrupt).
+        width: the stored frames' width in pixels.
+        source: the camera's name in the source dataset (``name`` is it made tar-safe).
+        source_height: the source frames' height in pixels, before any resize at sharding.
+        source_width: the source frames' width in pixels, before any resize at sharding.
+        codec: how its frames are stored: "jpeg", or "h264"/"av1" (one packet per frame).
+        gop: frames per keyframe of a video camera (frame ``t`` decodes from frame ``t - t % gop``); 1 for JPEG.
+    """
 
     name: str
     height: int
@@ -57,11 +71,21 @@ class Camera:
     source: str
     source_height: int
     source_width: int
+    codec: str = "jpeg"
+    gop: int = 1
 
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """``dtype`` is numpy's full ``dtype.str`` (``"<f4"``, ``">f4"``, ``"|u1"``): byte order included."""
+    """A per-frame array of an episode (state, action, ...), stored as ``<name>.npy`` in each frame.
+
+    Attributes:
+        name: the array's key in the episode's ``arrays`` and in batches.
+        dtype: numpy's full ``dtype.str`` (``"<f4"``, ``">f4"``, ``"|u1"``): byte order included, so
+            episodes are stacked together only when it is the same.
+        shape: one frame's shape (``()`` for a scalar).
+        source: the array's name in the source dataset (``name`` is it made tar-safe).
+    """
 
     name: str
     dtype: str
@@ -71,7 +95,16 @@ class ArraySpec:
 
 @dataclass(frozen=True)
 class Segment:
-    """The run of an episode's frames that lives in one shard."""
+    """The run of an episode's frames that lives in one shard.
+
+    Attributes:
+        shard: the shard's number, an index into `EpisodeIndex.shards`.
+        first: the episode frame the run starts at.
+        count: how many consecutive frames the run holds.
+        offsets: each frame's start byte in the shard; frame ``k``'s bytes end where frame ``k + 1``'s start.
+        end: the byte after the run's last frame.
+        crc32: ``zlib.crc32`` of each frame's bytes; None in indexes written before checksums.
+    """
 
     shard: int
     first: int
@@ -82,11 +115,21 @@ class Segment:
 
     @property
     def start(self) -> int:
+        """The run's first byte in the shard (its first frame's offset)."""
         return self.offsets[0]
 
 
 @dataclass(frozen=True)
 class Shard:
+    """One finished shard file, as the index records it (`EpisodeIndex.verify` checks the file against it).
+
+    Attributes:
+        name: the file's plain name inside the shard folder (never a path).
+        bytes: the file's size in bytes.
+        sha256: the hex sha256 of the file's bytes.
+        samples: how many frames (tar samples) it holds.
+    """
+
     name: str
     bytes: int
     sha256: str
@@ -146,14 +189,22 @@ class Episode:
         raise IndexError(f"frame {frame} is in no segment of episode {self.id!r}")  # the tables tile: unreachable
 
     def frame_range(self, frame: int) -> tuple[int, int, int]:
-        """(shard index, start byte, end byte) of one frame's members."""
+        """(shard index, start byte, end byte) of one frame's members.
+
+        Args:
+            frame: the frame's position in the episode, ``0 <= frame < length``; others raise IndexError.
+        """
         shard = self._segment(frame)[0]
         row, ix = self._row + frame, self._ix
         a = int(ix._offset[row])
         return shard, a, a + int(ix._size[row])
 
     def frame_crc(self, frame: int) -> int | None:
-        """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums."""
+        """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums.
+
+        Args:
+            frame: the frame's position in the episode, ``0 <= frame < length``; others raise IndexError.
+        """
         self._segment(frame)
         return None if self._ix._crc is None else int(self._ix._crc[self._row + frame])
 
@@ -172,6 +223,7 @@ class Episode:
 
     @property
     def nbytes(self) -> int:
+        """The bytes of all the episode's frames in the shards (tar headers included)."""
         self._segment(0)
         return int(self._ix._size[self._row:self._row + self.length].sum(dtype=np.uint64))
 
@@ -277,6 +329,18 @@ class EpisodeIndex:
         self.episodes: Sequence[Episode] = _Episodes(self)
         self._by_shard: dict[int, list[int]] | None = None
         self._data: dict | None = None
+        self._stats, self._stats_missing = self._load_stats()
+
+    def _load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+        """The JSON part's statistics, checked field by field and against the episodes' step counts."""
+        try:
+            table, missing = load_stats(self.meta, where=str(self.file))
+            if table is not None:
+                check_counts(table, missing, self._ep[:, LENGTH], self._ep[:, SCHEMA], self._ep[:, SPLIT],
+                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits, str(self.file))
+        except ValueError as e:
+            raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {self.root} --recompute") from None
+        return table, missing
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = False,
@@ -287,10 +351,12 @@ class EpisodeIndex:
         ``episodepipes-shard upgrade`` rewrites it as v2.
 
         Args:
-            path: a shard folder, or a remote root (``s3://bucket/prefix``, ``gs://...``, ``https://host/prefix``)
-                whose ``index.json`` (and v2 columns) are read through its byte source and validated exactly
-                as local ones.
-            verify: check every shard's size, sha256 and frame checksums now (a remote root downloads them).
+            path: the shard folder, or its ``index.json``; a missing index raises FileNotFoundError saying
+                whether the folder exists (an unfinished write) or not. Or a remote root (``s3://bucket/prefix``,
+                ``gs://...``, ``https://host/prefix``) whose ``index.json`` (and v2 columns) are read through its
+                byte source and validated exactly as local ones.
+            verify: also check every shard now (`verify`: existence, size, sha256, crc32), raising for the
+                first problem; off by default because it reads every byte (a remote root downloads them).
             options: how a remote root is read (`episodepipes.remote.RemoteOptions`); a local folder ignores them.
         """
         if is_url(path):
@@ -406,6 +472,11 @@ class EpisodeIndex:
         return self._ep[:, LENGTH]
 
     def episode(self, episode_id: str) -> Episode:
+        """The episode with this id.
+
+        Args:
+            episode_id: the episode's id; an unknown one raises KeyError naming up to five close matches.
+        """
         try:
             return self.episodes[self._by_id[episode_id]]
         except (KeyError, TypeError):
@@ -415,6 +486,27 @@ class EpisodeIndex:
             raise KeyError(
                 f"episode {episode_id!r} is not in {self.location(INDEX_NAME)}; close matches: {close or 'none'}"
             ) from None
+
+    def stats(self, key: str, split: str = "train") -> dict[str, Any]:
+        """Normalization statistics of array ``key`` over ``split``: ``count`` and float64 arrays of the step
+        shape: ``mean``, ``std`` (ddof=0), ``min``, ``max``, ``q01``, ``q10``, ``q50``, ``q90``, ``q99``.
+
+        Computed by the writer over every episode of the split (exactly: merged jobs give the same numbers;
+        quantiles within `episodepipes.normstats.REL_ERROR`). Pass the result to `Normalize.from_stats`.
+
+        Args:
+            key: an array key, e.g. ``"action"``.
+            split: the split, ``"train"`` by default.
+        """
+        if self._stats is None:
+            raise KeyError(no_stats_hint(self.file))
+        if (split, key) in self._stats_missing:
+            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}: "
+                           f"{self._stats_missing[(split, key)]}")
+        if (split, key) not in self._stats.keys():
+            have = sorted(f"{s}/{k}" for s, k in self._stats.keys() if (s, k) not in self._stats_missing)
+            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}; it has {have}")
+        return self._stats.get(key, split=split).summary()
 
     def split_numbers(self, split: str) -> np.ndarray:
         """The numbers (positions in `episodes`) of the episodes of ``split``, in index order.
@@ -427,6 +519,11 @@ class EpisodeIndex:
         return np.flatnonzero(self._ep[:, SPLIT] == self._splits.index(split))
 
     def split(self, split: str) -> list[Episode]:
+        """The episodes of ``split``, in index order (which is shard order).
+
+        Args:
+            split: a split name, e.g. ``"train"``; an unknown one gives an empty list.
+        """
         return [self.episodes[n] for n in self.split_numbers(split).tolist()]
 
     def shard_path(self, shard: int) -> Path:
@@ -553,7 +650,8 @@ def mapped(path: Path) -> Iterator[memoryview]:
 
 def _camera(n: str, c: dict) -> Camera:
     h, w = c["height"], c["width"]
-    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w))
+    return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w),
+                  c.get("codec", "jpeg"), c.get("gop", 1))
 
 
 @functools.lru_cache(maxsize=256)

@@ -135,6 +135,19 @@ class ArrayStats:
                        for a, b in zip(self._sketch, other._sketch)]
         return out
 
+    def update(self, other: ArrayStats) -> None:
+        """Merge ``other`` into this accumulator in place, in time proportional to ``other`` (the writer
+        folds each small per-episode part into a large total); the result equals `merge`'s."""
+        if other.shape != self.shape:
+            raise ValueError(f"cannot merge statistics of shape {self.shape} with {other.shape}")
+        self.count += other.count
+        self._sum = [a + b for a, b in zip(self._sum, other._sum)]
+        self._sq = [a + b for a, b in zip(self._sq, other._sq)]
+        self._min, self._max = np.minimum(self._min, other._min), np.maximum(self._max, other._max)
+        for sk, part in zip(self._sketch, other._sketch):
+            for k, n in part.items():
+                sk[k] = sk.get(k, 0) + n
+
     def quantile(self, q: float) -> np.ndarray:
         """The ``q`` quantile per element (float64, of ``shape``), within ``REL_ERROR`` of numpy's "lower"."""
         if not 0 <= q <= 1 or not self.count:
@@ -254,6 +267,10 @@ class StatsTable:
         for k, v in other._by.items():
             out[k] = out[k].merge(v) if k in out else v
         return StatsTable(out)
+
+    def keys(self) -> list[tuple[str, str]]:
+        """Every (split, key) with statistics, sorted."""
+        return sorted(self._by)
 
     def get(self, key: str, *, split: str) -> ArrayStats:
         if (split, key) not in self._by:

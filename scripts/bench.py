@@ -1,13 +1,17 @@
 #!/usr/bin/env python
 """Run the benchmark sections side by side in one run and write docs/BENCHMARKS.md plus PNG plots.
 
-Every section measures episodepipes against the baseline a user would otherwise write, and
-against the hardware ceiling, in the same process run, and reports ratios: absolute times on a
-shared 2-core machine are noise, ratios measured together are not.
+Every section measures episodepipes against the baseline a competent user would otherwise write,
+and against the hardware ceiling, in the same run. Throughput is reported as ratios of runs made
+side by side (absolute rates on a shared 2-core machine move with other load); costs whose
+denominator is microseconds (a closed gate) are reported in absolute terms with their range instead.
+The `peers` section runs MosaicML Streaming, LitData and LeRobot in virtualenvs it creates once
+(see benchmarks/peers/venvs.py). Every table records the commit it was produced at.
 
     python scripts/bench.py                 # all sections
     python scripts/bench.py gate decode     # some sections
     python scripts/bench.py --quick         # smaller data, for a smoke run
+    python scripts/bench.py --note "..."    # a line under the title (e.g. "measured under load")
 """
 
 from __future__ import annotations
@@ -26,7 +30,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ["shard", "gate", "decode", "len", "train", "lerobot"]
+SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "lerobot", "peers"]
+
+
+def _commit() -> str:
+    """``git rev-parse --short HEAD``, plus ``-dirty`` when the code differs from it: the code measured."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        # untracked files count where the measured code lives (a new benchmark module), not elsewhere
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "episodepipes", "benchmarks", "scripts",
+                                "pyproject.toml"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
 
 
 def _machine() -> dict:
@@ -47,12 +66,11 @@ def _machine() -> dict:
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "torchdata": torchdata.__version__, "webdataset": getattr(webdataset, "__version__", "?"),
                 "opencv": cv2.__version__, "numpy": numpy.__version__}
-    try:
-        import lightning
-
-        versions["lightning"] = lightning.__version__
-    except ImportError:
-        pass
+    for name in ("lightning", "av", "PIL", "episodepipes"):
+        try:
+            versions[name] = importlib.import_module(name).__version__
+        except (ImportError, AttributeError):
+            pass
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "versions": versions}
 
 
@@ -86,6 +104,17 @@ def _table(result: dict) -> list[str]:
     return lines
 
 
+def _extra_tables(result: dict) -> list[str]:
+    """A section's own tables (``{"title", "columns", "rows"}``), for figures that are not ours-vs-reference."""
+    lines: list[str] = []
+    for t in result.get("tables", []):
+        lines += [f"**{t['title']}**", "", "| " + " | ".join(t["columns"]) + " |",
+                  "|" + "---|" * len(t["columns"])]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in t["rows"]]
+        lines.append("")
+    return lines
+
+
 def _plots(results: dict[str, dict], out: Path) -> list[str]:
     import matplotlib
 
@@ -112,21 +141,21 @@ def _plots(results: dict[str, dict], out: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(out / "bench_fps.png", dpi=110)
         made.append("bench_fps.png")
-    gate = results.get("gate")
-    if gate:
-        rows = [r for r in gate["rows"] if r.get("unit") in ("s", "ms") and r.get("baseline")]
-        if rows:
-            fig, ax = plt.subplots(figsize=(7, 3))
-            names = [r["metric"] for r in rows]
-            ax.bar([i - 0.2 for i in range(len(rows))], [r["ours"] for r in rows], 0.4, label="episodepipes")
-            ax.bar([i + 0.2 for i in range(len(rows))], [r["baseline"] for r in rows], 0.4, label="naive DataLoader")
-            ax.set_yscale("log")
-            ax.set_xticks(range(len(rows)), names)
-            ax.set_ylabel(rows[0]["unit"] + " (log scale)")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / "bench_gate.png", dpi=110)
-            made.append("bench_gate.png")
+    gate = (results.get("gate") or {}).get("series") or {}
+    loaders = [(k, v) for k, v in gate.items() if "median_ms" in v]
+    if loaders:
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        med = [v["median_ms"] for _, v in loaders]
+        err = [[m - v["min_ms"] for m, (_, v) in zip(med, loaders)],
+               [v["max_ms"] - m for m, (_, v) in zip(med, loaders)]]
+        ax.bar(range(len(loaders)), med, 0.6, yerr=err, capsize=3)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(loaders)), [k[:3] for k, _ in loaders])
+        ax.set_ylabel("ms per closed pass (log; median, range)")
+        ax.set_title("closed validation pass: (a)-(d) DataLoader variants, (e) episodepipes", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "bench_gate.png", dpi=110)
+        made.append("bench_gate.png")
     series = (results.get("len") or {}).get("series") or {}
     xs, ys = series.get("episodes"), series.get("len_us") or series.get("seconds")
     if xs and ys:
@@ -139,6 +168,11 @@ def _plots(results: dict[str, dict], out: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(out / "bench_len.png", dpi=110)
         made.append("bench_len.png")
+    if "index" in results:
+        from benchmarks.bench_index import plot
+
+        plot(results["index"], out / "bench_index.png")
+        made.append("bench_index.png")
     return made
 
 
@@ -149,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small data; a smoke run, not figures to quote")
     ap.add_argument("--out", type=Path, default=ROOT / "docs", help="where BENCHMARKS.md and plots go")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    ap.add_argument("--note", default="", help="a line written under the title, e.g. how loaded the machine was")
     args = ap.parse_args(argv)
     sections = args.sections or SECTIONS
     command = "python scripts/bench.py" + ("" if not argv else " " + shlex.join(argv))
+    commit = _commit()  # before the run: what was measured, even if the tree changes meanwhile
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="epbench-") as tmp:
         work = args.workdir or Path(tmp)
@@ -166,21 +202,26 @@ def main(argv: list[str] | None = None) -> int:
             (work / name).mkdir(parents=True, exist_ok=True)
             results[name] = mod.run(work / name, args.quick)
             print(f"[{k}/{len(sections)}] {name} done in {time.perf_counter() - t0:.1f}s", flush=True)
-            for line in _table(results[name]):
+            for line in _extra_tables(results[name]) + (_table(results[name]) if results[name].get("rows") else []):
                 print("   ", line)
     args.out.mkdir(parents=True, exist_ok=True)
     machine = _machine()
     plots = _plots(results, args.out)
-    md = ["# Benchmarks", "", f"Command: `{command}`{' (quick mode: smoke figures)' if args.quick else ''}", "",
+    md = ["# Benchmarks", "", *([f"**{args.note}**", ""] if args.note else []),
+          f"Command: `{command}`{' (quick mode: smoke figures)' if args.quick else ''}", "",
+          f"Commit: `{commit}` (every table below was produced at it)", "",
           f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['platform']}", "",
           "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()), "",
           "Ratios: for throughput (frames/s) `ours / reference`; for costs (time, bytes, frames) "
           "`reference / ours`. Above 1x means episodepipes is better.", ""]
     for name, res in results.items():
-        md += [f"## {name}", "", *(res.get("intro", "").splitlines()), "", *_table(res), ""]
+        md += [f"## {name}", "", *(res.get("intro", "").splitlines()), "", f"Commit `{commit}`.", "",
+               *_extra_tables(res), *(_table(res) + [""] if res.get("rows") else [])]
+        if res.get("versions"):
+            md += ["Versions measured here: " + "; ".join(f"{k}: {v}" for k, v in res["versions"].items()), ""]
     md += [f"![{p}]({p})" for p in plots]
     (args.out / "BENCHMARKS.md").write_text("\n".join(md) + "\n")
-    (args.out / "benchmarks.json").write_text(json.dumps({"command": command, "machine": machine,
+    (args.out / "benchmarks.json").write_text(json.dumps({"command": command, "commit": commit, "machine": machine,
                                                           "results": results}, indent=1, default=str))
     print(f"wrote {args.out / 'BENCHMARKS.md'}")
     return 0

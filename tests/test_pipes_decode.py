@@ -12,7 +12,7 @@ import torch
 from helpers import as_v1, make_shards
 
 from episodepipes.pipes import metric_pipe, video_pipe
-from episodepipes.pipes.decode import reduced_flag
+from episodepipes.pipes.frames import reduced_flag
 
 
 @pytest.fixture(scope="module")

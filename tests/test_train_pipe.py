@@ -94,19 +94,16 @@ def test_array_windows_read_only_their_npy_members(tmp_path):
 
 
 def test_camera_history_decodes_each_returned_frame_once(index, monkeypatch):
-    import episodepipes.pipes.decode as decode_mod
-    import episodepipes.pipes.window as window_mod
+    from episodepipes.pipes.frames import JpegFrames
 
     calls = {"front": 0, "wrist": 0}
+    real = JpegFrames.decode
 
-    def counting(real, cam):
-        def f(*a, **kw):
-            calls[cam] += 1
-            return real(*a, **kw)
-        return f
+    def counting(self, camera, *a, **kw):
+        calls[camera] += 1
+        return real(self, camera, *a, **kw)
 
-    monkeypatch.setattr(window_mod, "decode_jpeg", counting(window_mod.decode_jpeg, "front"))
-    monkeypatch.setattr(decode_mod, "decode_jpeg", counting(decode_mod.decode_jpeg, "wrist"))
+    monkeypatch.setattr(JpegFrames, "decode", counting)
     batches = list(train_pipe(index, batch_size=13, seed=0, rank=0, world_size=1, history={"front": 3}))
     frames = [(e, t) for b in batches for e, t in zip(b["episode"], b["frame"].tolist())]
     assert calls["wrist"] == len(frames) == 39  # no window: the current frame only
@@ -200,8 +197,8 @@ def test_state_is_a_small_cursor_and_the_settings_it_depends_on(index):
     next(iter(pipe))
     cursor = dict(pipe.state_dict()["root"]["source"]["source"])
     assert len(cursor.pop("plan")) == 16  # a fingerprint of the episode ids and lengths
-    assert cursor == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1, "world_size": 1, "rank": 0, "batch_size": 4,
-                      "frames": 39, "windows": {"state": [-2, 0]}}
+    assert cursor == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1, "consumed": 4, "world_size": 1, "rank": 0,
+                      "batch_size": 4, "global_batch": 4, "frames": 39, "windows": {"state": [-2, 0]}}
 
 
 @pytest.mark.parametrize("stop", [4, 9, 14])  # mid-epoch, end of epoch 0 (9 batches each), mid-epoch 1

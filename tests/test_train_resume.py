@@ -33,9 +33,11 @@ KW = dict(batch_size=3, seed=4, rank=0, world_size=2, num_workers=1, history={"s
 
 
 @pytest.mark.parametrize("change, differs, fix", [
-    (dict(world_size=1), r"world_size=2 in the state, 1 here", "elastic resume.*not supported yet"),
-    (dict(world_size=3), r"world_size=2 in the state, 3 here", "elastic resume.*not supported yet"),
-    (dict(batch_size=4), r"batch_size=3 in the state, 4 here", "checkpoint's world_size and batch_size"),
+    (dict(world_size=1), r"global_batch=6 \(world_size=2 x batch_size=3\) in the state, 3 \(world_size=1 x "
+     r"batch_size=3\) here", r"world_size\*batch_size equal to the checkpoint's global_batch.*on_resize="),
+    (dict(world_size=3), r"global_batch=6 .* in the state, 9 \(world_size=3 x batch_size=3\) here", "on_resize="),
+    (dict(batch_size=4), r"global_batch=6 .* in the state, 8 \(world_size=2 x batch_size=4\) here",
+     "any world size and batch size with that product"),
     (dict(seed=5), r"seed=4 in the state, 5 here", "checkpoint's seed"),
     (dict(history={"state": 3}), r"windows=\{'state': \[-1, 0\]\} in the state, \{'state': \[-2, 0\]\} here",
      "checkpoint's history and horizon"),
@@ -51,8 +53,10 @@ def test_a_state_from_other_settings_is_refused_at_load_saying_what_differs(inde
 
 def test_every_difference_is_named_in_one_message(index):
     state = _state_after(train_pipe(index, **KW), 1)
-    with pytest.raises(ValueError, match=r"world_size=2 in the state, 1 here; batch_size=3 in the state, 2 here"):
-        train_pipe(index, **{**KW, "world_size": 1, "batch_size": 2}).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"seed=4 in the state, 5 here; global_batch=6 .* in the state, 2 .* here; "
+                                         r"windows=.*Build the pipe with the checkpoint's seed. Resume with world_s"):
+        train_pipe(index, **{**KW, "world_size": 1, "batch_size": 2, "seed": 5, "history": {"state": 3}}
+                   ).load_state_dict(state)
 
 
 def test_a_state_from_other_episodes_is_refused_even_with_the_same_frame_count(index, tmp_path):
@@ -91,9 +95,10 @@ def test_another_rank_continues_its_own_stream_from_the_same_position(index):
 def test_a_state_without_the_settings_is_refused(index):
     state = _state_after(train_pipe(index, **KW), 1)
     cursor = state["root"]["source"]["source"]
-    for key in ("world_size", "rank", "batch_size", "frames", "plan", "windows"):
+    for key in ("world_size", "rank", "batch_size", "frames", "plan", "windows", "consumed", "global_batch"):
         del cursor[key]  # the shape of states saved before they were recorded
-    with pytest.raises(ValueError, match=r"has no \['world_size', 'rank', 'batch_size', 'frames', 'plan', 'windows'\]"):
+    with pytest.raises(ValueError, match=r"has no \['consumed', 'world_size', 'rank', 'batch_size', 'global_batch', "
+                                         r"'frames', 'plan', 'windows'\]"):
         train_pipe(index, **KW).load_state_dict(state)
     with pytest.raises(ValueError, match="not a train_pipe's state_dict"):
         train_pipe(index, **KW).load_state_dict({"root": {}})

@@ -5,13 +5,13 @@ from hypothesis import strategies as st
 
 from episodepipes.format import sample_key, tar_member
 from episodepipes.pipes.plan import Item
+from episodepipes.pipes.sample_decode import EpisodeSpec, SampleDecode
 from episodepipes.pipes.window import (
     Window,
-    WindowDecode,
-    damaged_members,
+    damaged_sample,
     fields_by_step,
     plan_windows,
-    window_members,
+    window_sample,
     window_steps,
 )
 from episodepipes.tarmembers import frame_fields
@@ -77,14 +77,24 @@ def _npy(a):
     return npy_bytes(np.asarray(a, np.float32))
 
 
-def test_window_members_and_decode_give_source_values_and_masks():
+def _spec(arrays=None, cameras=None, prompt=""):
+    return EpisodeSpec(cameras or {}, arrays or {}, 10.0, prompt)
+
+
+F4 = {"state": ("<f4", (1,)), "action": ("<f4", (1,))}
+
+
+def test_window_sample_and_decode_give_source_values_and_masks():
     windows = plan_windows({"state": 3}, {"action": 2}, cameras=set(), arrays={"state", "action"})
     length, t = 4, 0
     read = {s: {"state.npy": _npy([s]), "action.npy": _npy([10 + s]), "json": b'{"timestamp": 0.5}'}
             for s in range(length)}
-    members = window_members(Item("ep", t), length, "go", windows, read)
-    fields, bad = WindowDecode(windows, transform=_add_one)(members, {}, None)
-    assert bad == []
+    raw = window_sample(Item("ep", t), "shard-000000.tar", length, windows, read)
+    assert set(raw.members) == {"json"} and set(raw.windows) == {"action", "state"}  # no magic member names
+    assert raw.windows["state"].steps == (0, 0, 0) and raw.windows["state"].pad == (True, True, False)
+    out = SampleDecode(transform=_add_one)(raw, _spec(F4, prompt="go"))
+    fields = out.fields
+    assert out.corrupt == [] and out.frames == 0
     assert fields["state"].ravel().tolist() == [0, 0, 0] and fields["state_pad"].tolist() == [True, True, False]
     assert fields["action"].ravel().tolist() == [10, 11] and fields["action_pad"].tolist() == [False, False]
     assert (fields["episode"], fields["frame"], fields["prompt"], fields["timestamp"]) == ("ep", 0, "go", 0.5)
@@ -102,7 +112,8 @@ def test_decoded_windows_equal_the_source_rows_at_clamped_steps(length, data, k,
     action = -state
     windows = plan_windows({"state": k}, {"action": h, "state": 2}, cameras=set(), arrays={"state", "action"})
     read = {s: {"state.npy": _npy(state[s]), "action.npy": _npy(action[s])} for s in range(length)}
-    fields, _ = WindowDecode(windows)(window_members(Item("e", t), length, "", windows, read), {}, None)
+    raw = window_sample(Item("e", t), "s", length, windows, read)
+    fields = SampleDecode()(raw, _spec({"state": ("<f4", (2,)), "action": ("<f4", (2,))})).fields
     hist = np.clip(np.arange(t - k + 1, t + 2), 0, length - 1)
     assert np.array_equal(fields["state"], state[hist]) and fields["state"].shape == (k + 1, 2)
     assert np.array_equal(fields["action"], action[np.clip(np.arange(t, t + h), 0, length - 1)])
@@ -111,11 +122,13 @@ def test_decoded_windows_equal_the_source_rows_at_clamped_steps(length, data, k,
 
 def test_a_damaged_sample_decodes_to_zeros_of_every_shape_with_its_pad_masks():
     w = plan_windows({"state": 3, "front": 2}, {"action": 4}, cameras=CAMS, arrays=ARRS)
-    members = damaged_members(Item("ep", 1), 4, "p", w, "frame 0 does not match its crc32")
-    fn = WindowDecode(w, arrays={"state": ("<f4", (7,)), "action": (">f8", (2,))})
-    cams = {"front": (16, 24), "wrist": (16, 24)}
-    fields, bad = fn(members, cams, (8, 12))
-    assert bad == ["front", "wrist"] and fn.jpegs(members, cams) == 2  # all counted, all corrupt
+    raw = damaged_sample(Item("ep", 1), "s", 4, w, "frame 0 does not match its crc32")
+    assert raw.damaged and raw.members == {} and all(not sw.data for sw in raw.windows.values())
+    spec = EpisodeSpec({"front": (16, 24), "wrist": (16, 24)}, {"state": ("<f4", (7,)), "action": (">f8", (2,))},
+                       10.0, "p")
+    out = SampleDecode(resize=(8, 12))(raw, spec)
+    fields = out.fields
+    assert out.corrupt == ["front", "wrist"] and out.frames == 0  # all corrupt, none decoded
     shapes = {k: (v.shape, v.dtype.str) for k, v in fields.items() if isinstance(v, np.ndarray) and "_pad" not in k}
     assert shapes == {"front": ((2, 3, 8, 12), "|u1"), "wrist": ((3, 8, 12), "|u1"), "state": ((3, 7), "<f4"),
                       "action": ((4, 2), "<f8")}  # native order, as npy_load returns arrays

@@ -24,7 +24,13 @@ SCALARS = {"frame": torch.int64, "timestamp": torch.float64, "valid": torch.bool
 
 
 def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str, Any]:
-    """Stack a list of decoded samples into one batch dict (see the module docstring)."""
+    """Stack a list of decoded samples into one batch dict (see the module docstring).
+
+    Args:
+        samples: decoded sample dicts with the same keys, at least one; the first decides the keys.
+        buffers: a pool the stacked arrays are written into, reused once no batch references them; None
+            allocates fresh arrays. Rows the decoder already laid out side by side are used in place.
+    """
     first = samples[0]
     out: dict[str, Any] = {k: [s[k] for s in samples] for k in LISTS}
     for k, dtype in SCALARS.items():

@@ -10,12 +10,16 @@ import numpy as np
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._slabs import Slabs
 from episodepipes.pipes.batch import BatchStacker
-from episodepipes.pipes.decode import Decoder, check_options
+from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.gate import Gate
+from episodepipes.pipes.options import DecodeOptions, ReadOptions
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
 from episodepipes.pipes.read import ShardReader
+from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.videoframes import VideoFrames, video_cameras
 
 RESERVED = ("episode", "frame", "timestamp", "valid", "prompt")
 
@@ -81,21 +85,20 @@ def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None)
         raise ValueError(f"camera or array names {clash} clash with batch keys {RESERVED}; rename them when sharding")
 
 
-def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int, num_workers: int,
-                  method: str, resize: tuple[int, int] | None, on_corrupt: str, verify: bool,
-                  url: Callable[[int], str] | None = None) -> Callable[[], BatchStacker]:
+def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int,
+                  decode: DecodeOptions, read: ReadOptions) -> Callable[[], BatchStacker]:
     """A zero-argument builder of reader -> decoder -> stacker over ``items`` (what a `Gate` holds)."""
-    check_options(method=method, on_corrupt=on_corrupt, num_workers=num_workers)
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
+    video = video_cameras(index)
+    frames = VideoFrames(video) if video else JPEG
 
     def build() -> BatchStacker:
-        if verify and not verified:  # once, before the first byte of the first open pass
+        if read.verify and not verified:  # once, before the first byte of the first open pass
             index.verify(shards=shards_of(index, items))
             verified.append(True)
-        reader = ShardReader(index, items, stats=stats, url=url)
-        dec = Decoder(reader, index, num_workers=num_workers, method=method, resize=resize,
-                      on_corrupt=on_corrupt, stats=stats, slab=slabs)
+        reader = ShardReader(index, items, stats=stats, url=read.url)
+        dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames)
         return BatchStacker(dec, batch_size=batch_size, stats=stats)
 
     return build
@@ -105,8 +108,12 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 batch_size: int, rank: int | None = None, world_size: int | None = None, seed: int = 0,
                 sampling: str = "even", num_workers: int = 2, method: str = "thread",
                 resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
-                url: Callable[[int], str] | None = None) -> Pipe:
+                url: Callable[[int], str] | None = None, episodes: Sequence[str] | None = None,
+                where: Where | None = None) -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
+
+    ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes, see
+    `episodepipes.pipes.select.attributes`) narrow the episodes, resolved from the index alone.
 
     Frames are the centres of K equal slices of each episode (``sampling="even"``) or K drawn from a
     generator seeded by ``(seed, episode id)`` (``"random"``); an episode shorter than K gives all its
@@ -116,49 +123,104 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     opens (``pipe:``, ``http://``); local paths are read by seeking, other URLs are streamed.
     Padding samples repeat a real frame with ``valid=False``; the valid samples over all ranks are the
     chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
+
+    Args:
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
+        split: the split whose episodes are read; one with no episodes is refused, naming the splits there.
+        frames_per_episode: K, the frames chosen per episode, an int >= 1.
+        batch_size: samples per batch, an int >= 1; the last batch of a pass may be short.
+        rank: this process's rank, ``0 <= rank < world_size``. None (with ``world_size``): taken from
+            torch.distributed when it is initialised, else 0; a pipe whose rank was inferred checks it
+            against the running process group at each ``iter()`` (a pipe built before the group started
+            would give every rank rank 0's frames).
+        world_size: the number of ranks the frames are split over, an int >= 1; None as for ``rank``.
+        seed: seeds ``sampling="random"`` (with each episode's id, so a choice does not depend on the
+            other episodes); unused by ``"even"``.
+        sampling: ``"even"`` (centres of K equal slices, the same frames every run) or ``"random"``;
+            anything else is refused.
+        num_workers: decode workers (threads or processes), an int >= 1.
+        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
+            stages hold the GIL); anything else is refused.
+        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
+            every episode's cameras must have the same size.
+        on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as zeros with
+            ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
+        verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
+            (open) pass; a missing or changed shard raises there. Must be a bool.
+        url: ``url(shard_number) -> str``, a copy of that shard for webdataset's ``gopen`` (``pipe:``,
+            ``http://``: streamed, without the crc32 check; a local path: read by seeking). None reads the
+            index folder. Only the caller chooses it, never the index.
+        episodes: ids of the episodes to read, all in ``split``; None for every one.
+        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
+    decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
+    read = ReadOptions(verify=verify, url=url)
     idx = open_index(index)
     inferred = rank is None or world_size is None
     rank, world_size = dist_rank_world(rank, world_size)
-    episodes = idx.split(split)
-    if not episodes:
-        raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
-                         f"{sorted({e.split for e in idx.episodes})}")
-    check_batchable(episodes, resize)
-    chosen = metric_items(episodes, frames_per_episode, sampling=sampling, seed=seed)
+    eps = select(idx, split, episodes=episodes, where=where)
+    check_batchable(eps, resize)
+    chosen = metric_items(eps, frames_per_episode, sampling=sampling, seed=seed)
     items = split_even(chosen, rank=rank, world_size=world_size)
     stats = Stats()
-    build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
-                          resize=resize, on_corrupt=on_corrupt, verify=verify, url=url)
+    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read)
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
     return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False,
                 rank_world=(rank, world_size) if inferred else None)
 
 
-def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str], batch_size: int,
+def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str] | None = None, batch_size: int,
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
-               verify: bool = False, url: Callable[[int], str] | None = None) -> Pipe:
+               verify: bool = False, url: Callable[[int], str] | None = None, where: Where | None = None) -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
+
+    ``where=`` (a predicate over each episode's attributes, `episodepipes.pipes.select.attributes`) keeps
+    some of ``episodes``, or picks them from every split (in index order) when ``episodes`` is None.
 
     Batches run across episode boundaries (group frames by ``batch["episode"]``); frames past
     ``max_batches * batch_size`` are never read. ``len()`` is the length of an open pass,
     ``min(max_batches, ceil(frames / batch_size))``, on every rank, open or closed. Frame tensors are
     views of batch buffers the pipe reuses once nothing references them (copy before keeping raw pointers).
+
+    Args:
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
+        episodes: ids of the episodes to render, in this order, from any split; None: those ``where`` picks.
+        batch_size: frames per batch, an int >= 1.
+        max_batches: the cap on batches per pass, a positive int (None is refused): under DDP the other
+            ranks wait in their next collective while rank 0 renders, so an uncapped render could outlast
+            the process-group timeout. Frames past the cap are never read.
+        gate: a zero-argument predicate asked at the first ``next()`` of each pass; a false answer ends the
+            pass there, without building the graph (no workers, no shard opened). None opens every pass; bind one later
+            with ``pipe.gate.bind(fn)`` (e.g. ``lambda: trainer.is_global_zero``).
+        num_workers: decode workers (threads or processes), an int >= 1.
+        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
+            stages hold the GIL); anything else is refused.
+        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
+            every episode's cameras must have the same size.
+        on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as zeros with
+            ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
+        verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
+            (open) pass; a missing or changed shard raises there. Must be a bool.
+        url: ``url(shard_number) -> str``, a copy of that shard for webdataset's ``gopen`` (``pipe:``,
+            ``http://``: streamed, without the crc32 check; a local path: read by seeking). None reads the
+            index folder. Only the caller chooses it, never the index.
+        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(
             f"max_batches={max_batches!r}: a video pipe needs a positive int cap. Under DDP, rank 0 renders "
             "while the other ranks wait in the next collective; an uncapped render can outlast the process-group "
             "timeout and kill the run. Pick max_batches so one render pass takes well under that timeout.")
+    decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
+    read = ReadOptions(verify=verify, url=url)
     idx = open_index(index)
-    if isinstance(episodes, str) or not episodes:
-        raise ValueError(f"episodes={episodes!r} should be a non-empty list of episode ids")
-    eps = [idx.episode(e) for e in episodes]  # unknown ids raise with close matches
+    if episodes is None and where is None:
+        raise ValueError("video_pipe needs episodes= (the ids to render) or where= (a predicate choosing them)")
+    eps = select(idx, None, episodes=episodes, where=where, index_order=False)
     check_batchable(eps, resize)
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()
-    build = graph_builder(idx, items, stats, batch_size=batch_size, num_workers=num_workers, method=method,
-                          resize=resize, on_corrupt=on_corrupt, verify=verify, url=url)
+    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read)
     length = num_batches(len(items), batch_size, max_batches)
     return Pipe(Gate(build, gate, stats=stats), length=length, index=idx, stats=stats, gated=True)

@@ -46,7 +46,12 @@ class Gate(BaseNode[T]):
         self._initial: dict | None = None
 
     def bind(self, predicate: Callable[[], bool] | None) -> None:
-        """Set or replace the predicate (e.g. once trainer state exists); takes effect at the next pass."""
+        """Set or replace the predicate (e.g. once trainer state exists); takes effect at the next pass.
+
+        Args:
+            predicate: a zero-argument callable whose truth opens a pass, asked at its first ``next()``;
+                None opens every pass. A non-callable is refused with TypeError.
+        """
         if predicate is not None and not callable(predicate):
             raise TypeError(f"predicate={predicate!r} should be a zero-argument callable returning bool")
         self.predicate = predicate

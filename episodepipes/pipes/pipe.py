@@ -93,9 +93,15 @@ class Pipe:
         return _Pass(iter(self._loader), self._root, self._passes)
 
     def state_dict(self) -> dict[str, Any]:
+        """Where the current (or last) pass is, as torchdata's `Loader` saves it; `load_state_dict` resumes there."""
         return self._loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next ``iter()`` continue from ``state``.
+
+        Args:
+            state: a `state_dict` of a pipe built with the same arguments (a train pipe checks it at once).
+        """
         self._loader.load_state_dict(state)
 
     def shutdown(self) -> None:

@@ -19,7 +19,13 @@ SAMPLINGS = ("even", "random")
 
 
 class Item(NamedTuple):
-    """One planned sample. ``valid=False`` marks padding that only keeps ranks even."""
+    """One planned sample. ``valid=False`` marks padding that only keeps ranks even.
+
+    Attributes:
+        episode: the episode's id.
+        frame: the frame's position in the episode, from 0.
+        valid: False for a padding repeat of a real frame (it reaches the batch as ``valid=False``).
+    """
 
     episode: str
     frame: int

@@ -2,20 +2,21 @@
 
 Shards are read one contiguous byte range (`Run`) at a time, so a pinned episode costs its own
 bytes only; the index's frame offsets split a run into samples, each frame's bytes are checked
-against the index's CRC32 (where it has one), and a small header parser (with webdataset's tar
-iterator as fallback) splits a sample into members. The runs of a shard go to the source's
-`read_ranges` in bounded batches, so a remote root (``s3://``...) fetches them as coalesced, concurrent
-ranged GETs, in this process (never in a decode worker). A caller's ``url=`` naming a stream
-(``pipe:``, ``http://``) is read by `episodepipes.pipes._stream` instead.
+against the index's CRC32 (where it has one), and `episodepipes.tarmembers` parses the tar headers
+of a sample's byte range into its members. The runs of a shard go to the source's `read_ranges` in
+bounded batches, so a remote root (``s3://``...) fetches them as coalesced, concurrent ranged GETs,
+in this process (never in a decode worker). A caller's ``url=`` naming a stream (``pipe:``,
+``http://``) is read by `episodepipes.pipes._stream` instead (webdataset's ``gopen`` and tar
+iterator, without the CRC32 check).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -23,27 +24,11 @@ from torchdata.nodes import BaseNode
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes._stream import is_local, stream_members
 from episodepipes.pipes.plan import Item, Run, read_runs
+from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.videoframes import attach_gop, checked, video_cameras
 from episodepipes.shardio import ByteSource, LocalSource, open_source
 from episodepipes.tarmembers import frame_fields
-
-
-@dataclass
-class RawSample:
-    """One planned item's undecoded members, as a reader hands them to `Decoder`.
-
-    Attributes:
-        item: the planned item (episode, frame, valid).
-        shard: the shard file's name, for messages.
-        members: field (``"front.jpg"``, ``"state.npy"``, ``"json"``) -> bytes.
-        damaged: why the frame's bytes are not the ones written (``"crc32 mismatch"``), or None. A damaged
-            sample is corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
-    """
-
-    item: Item
-    shard: str
-    members: dict[str, bytes]
-    damaged: str | None = None
 
 
 class ShardReader(BaseNode[RawSample]):
@@ -54,8 +39,7 @@ class ShardReader(BaseNode[RawSample]):
         items: the plan (see `episodepipes.pipes.plan`).
         stats: counters to add ``bytes_read`` and ``frames_read`` to.
         source: the byte source the shards are read from; by default the index folder's, which the
-            reader opens and closes itself, or a remote index's own (``index.source``, kept open across passes
-            for its connections); a source passed in is the caller's to close.
+            reader opens and closes itself (a source passed in is the caller's to close).
         url: maps a shard number to a copy webdataset's ``gopen`` opens (``pipe:``, ``http://``: streamed;
             a local path: read through a byte source on its folder). Only the caller chooses it.
     """
@@ -69,7 +53,7 @@ class ShardReader(BaseNode[RawSample]):
         self.index, self.items, self.stats = index, items, stats if stats is not None else Stats()
         self.url = url
         if source is None and index.remote:
-            source = index.source
+            source = index.source  # the index's own: kept open across passes, for its connections
         self._own = source is None
         self.source = source if source is not None else open_source(index.root)
         self._copies: dict[str, LocalSource] = {}  # folder -> source, for local paths that url= gives
@@ -113,6 +97,9 @@ class ShardReader(BaseNode[RawSample]):
             if url is None or is_local(url):
                 source, name = self._where(shard, url)
                 yield from self._read_runs(list(group), source, name)
+            elif self._video:
+                raise ValueError(f"{url=} streams shard {shard}, but {self.index.root} has video-codec cameras, "
+                                 "whose GOPs are read by byte range; pass a local url= (or none) for them")
             else:  # one forward stream per consecutive use of a shard
                 name = os.path.basename(url)
                 for item, members in stream_members([i for r in group for i in r.items], url, self.stats):
@@ -128,13 +115,36 @@ class ShardReader(BaseNode[RawSample]):
             self._copies[folder] = LocalSource(folder or ".")
         return self._copies[folder], name
 
+    @functools.cached_property
+    def _video(self) -> bool:
+        return bool(video_cameras(self.index))
+
+    def _earlier(self, seen: dict, episode: str, frame: int, source: ByteSource, name: str,
+                 shard: int) -> dict[str, bytes] | None:
+        """An earlier frame of a GOP: from this run, or read (and CRC-checked) from its shard; None if damaged."""
+        got = seen.get((episode, frame))
+        if got is not None:
+            return got
+        at, a, b = self.index.episode(episode).frame_range(frame)
+        if at != shard:
+            source, name = self.source, self.index.shards[at].name
+        data = source.read(name, a, b - a)
+        self.stats.add("bytes_read", len(data))
+        if not checked(self.index, episode, frame, data):
+            return None
+        try:
+            got, _ = frame_fields(lambda size, off: data[off - a:off - a + size], a, b, episode, frame, where=name)
+        except ValueError:
+            return None
+        seen[episode, frame] = got
+        return got
+
     def _read_runs(self, runs: list[Run], source: ByteSource, name: str) -> Iterator[RawSample]:
         """The runs of one shard, ``BATCH_BYTES`` of them per `read_ranges` call.
 
         A remote source fetches a batch's ranges together (coalesced, in flight at once), so per-request
         latency is paid once per batch rather than once per run; the bound keeps a long pass's memory bounded.
         """
-        where = f"shard {os.path.join(str(source.root), name)}"
         batch: list[Run] = []
         size = 0
         for k, run in enumerate(runs):
@@ -143,17 +153,22 @@ class ShardReader(BaseNode[RawSample]):
             if size < self.BATCH_BYTES and k + 1 < len(runs):
                 continue
             for r, data in zip(batch, source.read_ranges(name, [(r.start, r.end - r.start) for r in batch])):
-                self.stats.add("bytes_read", len(data))
-                yield from self._split(r, data, name, where)
+                yield from self._read_run(r, source, name, data)
             batch, size = [], 0
 
-    def _split(self, run: Run, data: bytes, name: str, where: str) -> Iterator[RawSample]:
-        """The samples of one run from its bytes, each frame checked against the index's crc32."""
+    def _read_run(self, run: Run, source: ByteSource, name: str, data: bytes | None = None) -> Iterator[RawSample]:
+        """The samples of one run, from its bytes (``data``, read here if not given)."""
+        if data is None:
+            data = source.read(name, run.start, run.end - run.start)
+        self.stats.add("bytes_read", len(data))
+        where = f"shard {os.path.join(str(source.root), name)}"
 
         def pread(size: int, offset: int) -> bytes:  # the run is in memory: frames are slices of it
             return data[offset - run.start:offset - run.start + size]
 
         view = memoryview(data)
+        seen: dict[tuple[str, int], dict[str, bytes]] = {}  # this run's frames, for video cameras' GOPs
+        video = self._video
         for k, item in enumerate(run.items):  # each frame's byte range is known: split, no grouping by name
             a, b = run.bounds[k], run.bounds[k + 1]
             want = self.index.episode(item.episode).frame_crc(item.frame)
@@ -166,5 +181,11 @@ class ShardReader(BaseNode[RawSample]):
                 if damaged is None:
                     raise
                 members = {}  # the damage hit a tar header: the decoder fills the whole sample with zeros
+            if video and damaged is None:
+                if len(seen) > 256:  # a GOP's frames are the last few: an earlier one missing is read again
+                    seen.clear()
+                seen[item.episode, item.frame] = dict(members)
+                damaged = attach_gop(self.index, item.episode, item.frame, members,
+                                     lambda f, e=item.episode: self._earlier(seen, e, f, source, name, run.shard))
             self.stats.add("frames_read")
             yield RawSample(item, name, members, damaged)

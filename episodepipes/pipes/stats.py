@@ -13,4 +13,10 @@ class Stats(dict):
         super().__init__((k, 0) for k in KEYS)
 
     def add(self, key: str, n: int = 1) -> None:
+        """Add to a counter.
+
+        Args:
+            key: the counter's name (one of `KEYS`; another name starts at 0).
+            n: the amount to add, 1 by default.
+        """
         self[key] = self.get(key, 0) + n

@@ -1,10 +1,11 @@
 """`train_pipe`: shuffled training frames with history/horizon windows, even over ranks, exactly resumable.
 
-Graph: `TrainReader` (planned permutation, read by seeking through the byte-range index) -> `Decoder`
-(with `WindowDecode` as its worker function, so the transform runs in the workers too) -> `BatchStacker`.
+Graph: `TrainReader` (keyed permutation, read by seeking through the byte-range index) -> `Decoder`
+(its `SampleDecode` runs the transform in the workers too) -> `BatchStacker`.
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
-of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop}`` and
-the settings it is valid under, which ``load_state_dict`` checks (`TrainReader`).
+of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop, consumed}``
+and the settings it is valid under, which ``load_state_dict`` checks, allowing another world size at the same
+global batch (`TrainReader`).
 """
 
 from __future__ import annotations
@@ -24,19 +25,15 @@ from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.options import DecodeOptions
+from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, resume_point, steps_per_epoch
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.read import RawSample
-from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, rank_order
+from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.select import Where, select
+from episodepipes.pipes.shuffle import FrameTable
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.window import (
-    Window,
-    WindowDecode,
-    damaged_members,
-    fields_by_step,
-    plan_windows,
-    window_members,
-)
+from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
 
@@ -44,40 +41,55 @@ log = logging.getLogger(__name__)
 
 
 class TrainReader(BaseNode[RawSample]):
-    """Yield this rank's window samples, epoch after epoch, in the seeded order of `rank_order`.
+    """Yield this rank's window samples, epoch after epoch, in the seeded elastic order of `permute`.
 
     A pass runs ``epochs`` epochs (forever when None). ``reset(None)`` starts a new pass at the first
     epoch not yet begun; a restored state continues its pass, and one saved at the end of a pass is
     exhausted (torchdata's contract: the `Loader` then starts the next pass).
 
-    The state is a cursor, ``{seed, epoch, pos, stop}``, plus what the cursor depends on: ``world_size``,
-    ``batch_size``, ``frames`` and ``plan`` (`FrameTable.fingerprint`), ``windows`` (key -> [first, last])
-    and ``rank``. `check_state` refuses a state that differs in any of them but ``rank``: every rank is at
-    the same ``pos`` (Lightning saves rank 0's state and every rank loads it). ``pos`` samples on each of
-    ``world_size`` ranks are the first ``pos * world_size`` entries of the epoch's permutation.
+    Epoch ``e``'s global stream is `IndexShuffle.of(frames, seed=seed, epoch=e)` (nothing per frame is
+    stored); global step ``s`` is its block ``[s*G, (s+1)*G)``, ``G = world_size * batch_size``, and this
+    rank takes the entries `rank_positions` gives it (every ``world_size``-th from ``rank``), so ``pos``
+    samples on each rank are the first ``consumed = pos * world_size`` entries of the stream.
+
+    The state is that cursor, ``{seed, epoch, pos, stop, consumed}``, plus what it depends on:
+    ``world_size``, ``batch_size``, ``global_batch``, ``frames`` and ``plan`` (`FrameTable.fingerprint`),
+    ``windows`` (key -> [first, last]) and ``rank``. `check_state` refuses a state that differs in
+    ``seed``, ``frames``, ``plan`` or ``windows``. ``rank`` may differ (Lightning saves rank 0's state and
+    every rank loads it), and so may ``world_size`` and ``batch_size`` at the same ``global_batch``: the
+    global stream then continues at step ``consumed // G`` (elastic resume, exact, from a batch boundary).
+    Another ``global_batch`` is refused unless ``on_resize`` is ``"next_step"`` or ``"next_epoch"``
+    (`resume_point`: exact where the new ``G`` divides ``consumed``, else a logged skip).
     """
 
     SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = "seed", "epoch", "pos", "stop"
     WORLD_KEY, RANK_KEY, BATCH_KEY = "world_size", "rank", "batch_size"
     FRAMES_KEY, PLAN_KEY, WINDOWS_KEY = "frames", "plan", "windows"
+    CONSUMED_KEY, GLOBAL_KEY = "consumed", "global_batch"
 
     def __init__(self, index: EpisodeIndex, episodes: Sequence[Episode], *, windows: Mapping[str, Window], seed: int,
-                 rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None) -> None:
+                 rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None,
+                 on_resize: str = "refuse") -> None:
         super().__init__()
         self.index, self.episodes, self.windows = index, list(episodes), dict(windows)
         self.seed, self.rank, self.world_size, self.batch_size, self.epochs = seed, rank, world_size, batch_size, epochs
         self.stats = stats if stats is not None else Stats()
         self.table = FrameTable([e.id for e in self.episodes], [e.length for e in self.episodes])
-        self.per_epoch = batches_per_epoch(len(self.table), world_size=world_size, batch_size=batch_size) * batch_size
+        if on_resize not in MISMATCH:
+            raise ValueError(f"{on_resize=} should be one of {MISMATCH}")
+        self.on_resize = on_resize
+        self.per_epoch = steps_per_epoch(len(self.table), world_size=world_size, batch_size=batch_size) * batch_size
         if self.per_epoch == 0:
             raise ValueError(f"{len(self.table)} frames make no full batch of batch_size={batch_size} on each of "
                              f"world_size={world_size} ranks; lower batch_size")
         self._setup = {self.WORLD_KEY: world_size, self.RANK_KEY: rank, self.BATCH_KEY: batch_size,
-                       self.FRAMES_KEY: len(self.table), self.PLAN_KEY: self.table.fingerprint(),
+                       self.GLOBAL_KEY: world_size * batch_size, self.FRAMES_KEY: len(self.table),
+                       self.PLAN_KEY: self.table.fingerprint(),
                        self.WINDOWS_KEY: {k: [w.first, w.last] for k, w in sorted(self.windows.items())}}
         self._epoch = self._pos = 0
         self._stop: int | None = None
-        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): recomputed, never saved
+        self._shuffle: tuple[int, IndexShuffle] | None = None  # (epoch, its order): O(1), never saved
+        self._batch: tuple[int, int, np.ndarray] | None = None  # (epoch, step, this rank's frames in it)
         # a local folder's descriptors are closed in close() and reopened on demand; a remote index's own source
         # stays open (its connections), and is read only here, in the main process
         self.source = index.source if index.remote else open_source(index.root)
@@ -91,38 +103,68 @@ class TrainReader(BaseNode[RawSample]):
         if initial_state is None:
             epoch, pos = self._epoch + (self._pos > 0), 0
         else:
-            self.check_state(initial_state)
-            epoch, pos, stop = (initial_state[k] for k in (self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY))
+            epoch, pos = self._resume_at(initial_state, skip=True)
+            stop = initial_state[self.STOP_KEY]
         self._epoch, self._pos = int(epoch), int(pos)
         self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
 
     def check_state(self, state: Mapping[str, Any]) -> None:
         """Refuse a saved state this reader cannot continue exactly, saying what differs and what to do."""
+        self._resume_at(state, skip=False)
+
+    def _resume_at(self, state: Mapping[str, Any], *, skip: bool) -> tuple[int, int]:
+        """``(epoch, pos)`` where this reader continues ``state``, after `check_state`'s checks; a skip
+        ``on_resize`` allows is taken (and logged) only with ``skip``, as `reset` does."""
         if not isinstance(state, Mapping):
             raise ValueError(f"the saved train state is a {type(state).__name__}, not a dict; pass the pipe's own "
                              "state_dict()")
-        missing = [k for k in (self.SEED_KEY, self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, *self._setup)
+        missing = [k for k in (self.SEED_KEY, self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.CONSUMED_KEY,
+                               *self._setup)
                    if k not in state]
         if missing:
             raise ValueError(f"the saved train state has no {missing} (saved by an older episodepipes?), so it "
                              "cannot be checked against this pipe; resume with the version that saved it, or start "
                              "the run afresh")
-        diffs = state_mismatch(state, {self.SEED_KEY: self.seed, **self._setup})
+        epoch, pos, stop, world, batch, consumed, g = (state[k] for k in (
+            self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.WORLD_KEY, self.BATCH_KEY, self.CONSUMED_KEY,
+            self.GLOBAL_KEY))
+        if not all(_count(v) for v in (epoch, pos, consumed)) or not (stop is None or _count(stop)):
+            raise ValueError(f"the saved train state has epoch={epoch!r}, pos={pos!r}, stop={stop!r}, "
+                             f"consumed={consumed!r}: not non-negative ints; pass the pipe's own state_dict()")
+        if not (_count(world) and _count(batch) and _count(g) and world and batch and g == world * batch
+                and consumed == pos * world and pos < steps_per_epoch(len(self.table), world_size=world,
+                                                                      batch_size=batch) * batch):
+            raise ValueError(f"the saved train state has world_size={world!r}, batch_size={batch!r}, "
+                             f"global_batch={g!r}, pos={pos!r}, consumed={consumed!r}: global_batch should be "
+                             "world_size*batch_size, consumed pos*world_size, and pos within the epoch's "
+                             f"{len(self.table)} frames; pass the pipe's own state_dict()")
+        mine = {self.SEED_KEY: self.seed, **self._setup}
+        if self.on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
+            del mine[self.GLOBAL_KEY]
+        diffs = state_mismatch(state, mine)
         if diffs:
             raise ValueError(f"the saved train state does not fit this pipe: {'; '.join(d for d, _ in diffs)}. "
                              f"{' '.join(dict.fromkeys(f for _, f in diffs))}")
-        epoch, pos, stop = (state[k] for k in (self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY))
-        if not all(_count(v) for v in (epoch, pos)) or not (stop is None or _count(stop)):
-            raise ValueError(f"the saved train state has epoch={epoch!r}, pos={pos!r}, stop={stop!r}: not "
-                             "non-negative ints; pass the pipe's own state_dict()")
-        if not pos < self.per_epoch:
-            raise ValueError(f"the saved state is at sample {pos} of an epoch, but this pipe has {self.per_epoch} "
-                             "per epoch and rank; resume with the checkpoint's batch_size and world_size")
+        if (world, batch) == (self.world_size, self.batch_size):
+            return int(epoch), int(pos)
+        if pos % batch:
+            raise ValueError(f"the saved train state is inside a batch (pos={pos}, batch_size={batch}), and a "
+                             f"resume under another size (world_size={world} -> {self.world_size}, batch_size="
+                             f"{batch} -> {self.batch_size}) starts at a batch boundary; resume with the "
+                             "checkpoint's world_size and batch_size, or from a state saved between batches")
+        if not skip and self.on_resize != "refuse":
+            return int(epoch), int(pos)  # not the cursor: reset() computes it (and logs the skip) once
+        elastic = {"seed": self.seed, "epoch": int(epoch), "consumed": int(consumed), "global_batch": int(g),
+                   "n": len(self.table)}
+        epoch, step = resume_point(elastic, world_size=self.world_size, batch_size=self.batch_size,
+                                   n=len(self.table), seed=self.seed, on_mismatch=self.on_resize)
+        return epoch, step * self.batch_size
 
     def next(self) -> RawSample:
         if self._stop is not None and self._epoch >= self._stop:
             raise StopIteration
-        raw = self._sample(int(self._order_of(self._epoch)[self._pos]))
+        step, i = divmod(self._pos, self.batch_size)
+        raw = self._sample(int(self._frames_of(self._epoch, step)[i]))
         self._pos += 1
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0
@@ -131,18 +173,21 @@ class TrainReader(BaseNode[RawSample]):
     def get_state(self) -> dict[str, Any]:
         # called before every sample read (Decoder): one flat dict; the windows dict is shared, never changed
         return {self.SEED_KEY: self.seed, self.EPOCH_KEY: self._epoch, self.POS_KEY: self._pos,
-                self.STOP_KEY: self._stop, **self._setup}
+                self.STOP_KEY: self._stop, self.CONSUMED_KEY: self._pos * self.world_size, **self._setup}
 
     def close(self) -> None:
         """Close shard files; they are reopened on demand."""
         if not self.index.remote:
             self.source.close()
 
-    def _order_of(self, epoch: int) -> np.ndarray:
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, rank_order(len(self.table), seed=self.seed, epoch=epoch, rank=self.rank,
-                                             world_size=self.world_size, batch_size=self.batch_size))
-        return self._order[1]
+    def _frames_of(self, epoch: int, step: int) -> np.ndarray:
+        """This rank's flat frame numbers at global ``step`` of ``epoch`` (one batch's worth, cached)."""
+        if self._batch is None or self._batch[:2] != (epoch, step):
+            if self._shuffle is None or self._shuffle[0] != epoch:
+                self._shuffle = (epoch, IndexShuffle.of(len(self.table), seed=self.seed, epoch=epoch))
+            at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
+            self._batch = (epoch, step, self._shuffle[1](at))
+        return self._batch[2]
 
     def _sample(self, flat: int) -> RawSample:
         e, t = self.table.locate(flat)
@@ -154,10 +199,9 @@ class TrainReader(BaseNode[RawSample]):
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
         shard = self.index.shards[ep.frame_range(t)[0]].name
-        if damaged:  # nothing of it is decoded: WindowDecode gives zeros, the Decoder counts it corrupt
-            members = damaged_members(item, ep.length, ep.prompt, self.windows, damaged[0])
-            return RawSample(item, shard, members, damaged=damaged[0])
-        return RawSample(item, shard, window_members(item, ep.length, ep.prompt, self.windows, read))
+        if damaged:  # nothing of it is decoded: the Decoder gives zeros and counts it corrupt
+            return damaged_sample(item, shard, ep.length, self.windows, damaged[0])
+        return window_sample(item, shard, ep.length, self.windows, read)
 
     def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
         """The whole bytes of each step's frame through the index's byte source (a remote root).
@@ -215,16 +259,19 @@ def _count(v: Any) -> bool:
 
 _FIXES = {
     "seed": "Build the pipe with the checkpoint's seed.",
-    "world_size": "Resume with the checkpoint's world_size and batch_size: resuming under another world size or "
-                  "batch size (elastic resume) is not supported yet.",
+    "global_batch": "Resume with world_size*batch_size equal to the checkpoint's global_batch (any world size "
+                    "and batch size with that product continue its stream exactly), or build the pipe with "
+                    "on_resize='next_step' or 'next_epoch' to skip ahead to a step of the new size.",
     "frames": "Resume on the index and split the checkpoint was trained on (same episodes and lengths).",
     "windows": "Build the pipe with the checkpoint's history and horizon.",
 }
-_FIXES.update(batch_size=_FIXES["world_size"], plan=_FIXES["frames"])
+_FIXES.update(plan=_FIXES["frames"])
+_ELASTIC = (TrainReader.RANK_KEY, TrainReader.WORLD_KEY, TrainReader.BATCH_KEY)  # checked by check_state
 
 
 def state_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(what differs, its fix) for each setting in ``mine`` that ``saved`` has otherwise; ``rank`` may differ."""
+    """(what differs, its fix) for each setting in ``mine`` that ``saved`` has otherwise; ``rank``,
+    ``world_size`` and ``batch_size`` may differ (elastic resume: ``global_batch`` decides)."""
     out = []
     for key, want in mine.items():
         got = saved[key]
@@ -234,8 +281,12 @@ def state_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[tu
             except (AttributeError, TypeError):
                 same = False
         else:
-            same = key == TrainReader.RANK_KEY or got == want
-        if not same:
+            same = key in _ELASTIC or got == want
+        if not same and key == TrainReader.GLOBAL_KEY:
+            sizes = [f"(world_size={d.get(TrainReader.WORLD_KEY)!r} x batch_size={d.get(TrainReader.BATCH_KEY)!r})"
+                     for d in (saved, mine)]
+            out.append((f"{key}={got!r} {sizes[0]} in the state, {want!r} {sizes[1]} here", _FIXES[key]))
+        elif not same:
             out.append((f"{key}={got!r} in the state, {want!r} here", _FIXES[key]))
     return out
 
@@ -275,18 +326,24 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
                history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None,
                rank: int | None = None, world_size: int | None = None, num_workers: int = 2, method: str = "thread",
                transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, epochs: int | None = 1,
-               resize: tuple[int, int] | None = None, on_corrupt: str = "skip") -> TrainPipe:
+               resize: tuple[int, int] | None = None, on_corrupt: str = "skip", on_resize: str = "refuse",
+               episodes: Sequence[str] | None = None, where: Where | None = None) -> TrainPipe:
     """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
 
-    Order: epoch ``e`` is a permutation of every frame drawn from ``SeedSequence(seed, spawn_key=(e,))``;
-    rank ``r`` takes every ``world_size``-th entry from ``r``, trimmed to ``len(pipe) // epochs`` full
-    batches (drop-last: at most ``world_size * batch_size - 1`` frames sit out an epoch, different ones
-    each epoch). Each ``iter()`` continues with the next epochs; ``epochs=None`` is one endless pass.
+    Order: epoch ``e`` is a keyed permutation of every frame (`permute.IndexShuffle`, from ``seed`` and
+    ``e``, computed per batch, never stored); rank ``r`` takes every ``world_size``-th entry from ``r``,
+    trimmed to ``len(pipe) // epochs`` full batches (drop-last: at most ``world_size * batch_size - 1``
+    frames sit out an epoch, different ones each epoch). Each ``iter()`` continues with the next epochs;
+    ``epochs=None`` is one endless pass.
 
     Windows (see `episodepipes.pipes.window`): ``history={"state": K}`` gives steps ``t-K+1..t`` (the
     current step last), ``horizon={"action": H}`` gives ``t..t+H-1`` (the current step first), both
     padded at episode edges with the nearest real step and marked in ``<key>_pad``. Only the returned
     steps' members are read and decoded.
+
+    ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes: split,
+    length, fps, prompt, cameras, arrays and the extra ``meta.json`` keys, see
+    `episodepipes.pipes.select.attributes`) narrow the episodes, resolved from the index alone.
 
     Every episode of the split must have the same cameras, and arrays of the same keys, dtypes and shapes:
     a mismatch is refused when the pipe is built, naming both episodes and the key (nothing is cast).
@@ -295,11 +352,52 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
 
     ``transform(sample) -> sample`` runs per sample in the decode workers, before collation (so it must
     pickle for ``method="process"``); ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt``
-    are restored after it. ``state_dict()``/``load_state_dict()`` resume exactly, in any step, a pipe
-    built with the same ``seed``, ``batch_size``, ``world_size``, windows and episodes; ``load_state_dict``
-    refuses a state saved under others, saying what differs (another rank's state is accepted: every rank
-    is at the same position).
+    are restored after it.
+
+    State: ``state_dict()`` holds a cursor (epoch, this rank's ``pos``, and ``consumed``, the samples taken
+    globally in the epoch) and what it depends on (seed, world size, batch size, their product the global
+    batch, frame count and plan fingerprint, windows); see `TrainReader`. ``load_state_dict`` resumes it
+    exactly, in any step, in a pipe of the same ``seed``, windows and episodes, and refuses others by name.
+    Elastic rule: the global stream depends on ``world_size * batch_size`` only, so a state saved at one
+    world size resumes at another with the same product (any ``batch_size``), from a batch boundary, with no
+    sample repeated or skipped against an uninterrupted run at the new size; any rank's state will do (every
+    rank is at the same global position). Another global batch is refused, saying what differs, unless
+    ``on_resize`` is ``"next_step"`` (exact where the new global batch divides ``consumed``, else skip to its
+    next step) or ``"next_epoch"`` (start the next epoch); a skip is logged as a warning.
+
+    Args:
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
+        split: the split whose frames are shuffled; one with no episodes is refused, naming the splits there.
+        batch_size: samples per batch, an int >= 1; every batch is full (drop-last), and a split with too
+            few frames for one full batch on every rank is refused.
+        seed: a non-negative int fixing every epoch's order (required: a resumed run must use the same).
+        history: ``{key: K}``, K >= 1 steps ending at the current one, per camera or array key; None: none.
+            An unknown key is refused, listing the known ones.
+        horizon: ``{key: H}``, H >= 1 steps starting at the current one, per camera or array key; None: none.
+        rank: this process's rank, ``0 <= rank < world_size``. None (with ``world_size``): taken from
+            torch.distributed when it is initialised, else 0; a pipe whose rank was inferred checks it
+            against the running process group at each ``iter()`` (a pipe built before the group started
+            would give every rank the same batches).
+        world_size: the number of ranks the frames are split over, an int >= 1; None as for ``rank``.
+        num_workers: decode workers (threads or processes), an int >= 1.
+        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
+            stages hold the GIL); anything else is refused.
+        transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
+            collation; with ``method="process"`` it must pickle (checked when the pipe is built). The
+            ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt`` entries are restored after it.
+            None: no transform.
+        epochs: epochs per ``iter()``, a positive int, and ``len()`` is ``epochs`` times the batches per
+            epoch; None is one endless pass with no ``len()`` (bound training by steps).
+        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
+            every episode's cameras must have the same size.
+        on_corrupt: ``"skip"`` (a sample with a frame that fails its crc32 or does not decode comes as zeros
+            with ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
+        episodes: ids of the episodes to read, all in ``split``; None for every one.
+        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
+        on_resize: what ``load_state_dict`` does with a state of another global batch: ``"refuse"`` (the
+            default), ``"next_step"`` or ``"next_epoch"``, as above.
     """
+    options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     idx = open_index(index)
     inferred = rank is None or world_size is None  # then iter() checks them against torch.distributed's
     rank, world_size = dist_rank_world(rank, world_size)
@@ -309,24 +407,23 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
     if transform is not None and not callable(transform):
         raise TypeError(f"transform={transform!r} should be a callable taking and returning a sample dict")
-    episodes = idx.split(split)
-    if not episodes:
-        raise ValueError(f"split={split!r} has no episodes in {idx.root}; splits there: "
-                         f"{sorted({e.split for e in idx.episodes})}")
+    episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
+    video = sorted({c for e in episodes for c, cam in e.cameras.items() if cam.codec != "jpeg"})
+    if video:
+        raise ValueError(f"train_pipe reads JPEG shards; video-codec cameras come next: cameras {video} of "
+                         f"{idx.root} are h264/av1; re-shard with --codec jpeg to train on them today")
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
     stats = Stats()
     reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
-                         batch_size=batch_size, epochs=epochs, stats=stats)
-    fn = WindowDecode(windows, transform, arrays={k: (a.dtype, a.shape) for k, a in episodes[0].arrays.items()})
-    if method == "process":
+                         batch_size=batch_size, epochs=epochs, stats=stats, on_resize=on_resize)
+    if method == "process" and transform is not None:
         try:
-            pickle.dumps(fn)
+            pickle.dumps(transform)
         except Exception as e:
             raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
                             "module-level function or a picklable callable object, or method='thread'") from None
-    dec = Decoder(reader, idx, num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt,
-                  stats=stats, fn=fn)
+    dec = Decoder(reader, idx, options, stats=stats, transform=transform)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)

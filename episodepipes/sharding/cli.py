@@ -5,6 +5,7 @@ Commands::
     write SRC OUT    shard a dataset (raw folders, zarr, lerobot); re-running an interrupted write resumes it
     info OUT         summary table of a finished output (frames and bytes per split); --episodes lists them
     verify OUT       check every shard's sha256, every frame's crc32, and that every frame is where the index says
+    stats OUT        normalization statistics per split and array key (--recompute: for older indexes)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
     upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
                      add every frame's crc32)
@@ -67,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--shard-size", default="512MB", help="target shard size, e.g. 512MB, 1GiB (default 512MB)")
     w.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
     w.add_argument("--resize", default=None, metavar="HxW", help="resize every frame to height x width")
+    w.add_argument("--codec", default="jpeg", choices=("jpeg", "h264", "av1"),
+                   help="frames as JPEG (default), or h264/AV1 packets in GOPs of --gop frames")
+    w.add_argument("--gop", type=int, default=2, help="h264/av1: frames per keyframe, 1..1000 (default 2)")
+    w.add_argument("--crf", type=int, default=None,
+                   help="h264/av1: quality, lower is better (h264 0..51, default 18; av1 0..63, default 30)")
     split = w.add_mutually_exclusive_group()
     split.add_argument("--val-fraction", type=float, default=None, metavar="F",
                        help="for episodes whose metadata gives no split: val if among round(F * episodes) "
@@ -93,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("out", type=Path, metavar="OUT")
     u.add_argument("--crc", action="store_true",
                    help="also read every shard (its sha256 checked first) to add each frame's crc32")
+    st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
+    st.add_argument("out", type=Path, metavar="OUT")
+    st.add_argument("--recompute", action="store_true",
+                    help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
     m.add_argument("out", type=Path, metavar="OUT")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
@@ -107,6 +117,10 @@ def _root(text: str) -> Path | str:
 def _check_write_args(a: argparse.Namespace) -> None:
     if not 1 <= a.jpeg_quality <= 100:
         raise ValueError(f"--jpeg-quality {a.jpeg_quality} must be within 1..100")
+    if a.codec != "jpeg":
+        from episodepipes.codec import CodecOptions
+
+        CodecOptions(codec=a.codec, gop=a.gop, crf=a.crf)  # its ValueError names the option and its range
     most = 4 * (os.cpu_count() or 1)
     if not 1 <= a.workers <= most:  # encoding is CPU-bound: more processes only cost memory
         raise ValueError(f"--workers {a.workers} must be within 1..{most} (4 per core)")
@@ -143,7 +157,7 @@ def _write(a: argparse.Namespace) -> int:
     opts = WriteOptions(format=fmt, shard_size=parse_size(a.shard_size), jpeg_quality=a.jpeg_quality,
                         resize=parse_resize(a.resize), val_fraction=a.val_fraction,
                         val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None,
-                        seed=a.seed, skip_bad=a.skip_bad)
+                        seed=a.seed, skip_bad=a.skip_bad, codec=a.codec, gop=a.gop, crf=a.crf)
     if a.tolerance_s is not None and fmt != "lerobot":
         raise ValueError(f"--tolerance-s applies to LeRobot datasets only, and {root} is {fmt}; drop the option")
     reader = FORMATS[fmt].factory(root, **({} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}))
@@ -177,6 +191,11 @@ def _run(a: argparse.Namespace) -> int:
         index = upgrade(a.out, crc=a.crc)
         print(f"upgraded {a.out} to index version 2: {len(index.episodes)} episodes, {index.frames} frames, "
               f"{'crc32 per frame' if index.has_crc else 'no crc32 (upgrade --crc adds them)'}")
+        return 0
+    if a.command == "stats":
+        from episodepipes.sharding.stats_cli import run
+
+        print("\n".join(run(a.out, recompute=a.recompute)))
         return 0
     if a.command == "verify":
         problems = inspect.verify(a.out)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from episodepipes.codec.encode import CodecOptions, encode_frames
 from episodepipes.format import BLOCK, npy_header, safe_episode_id, safe_field, tar_header, tar_headers
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
 
@@ -24,6 +25,10 @@ class EncodeOptions:
 
     Attributes:
         jpeg_quality: JPEG quality 1-100 of every camera frame.
+        codec: "jpeg" (a JPEG per frame), or "h264"/"av1": each camera encoded in GOPs, each frame's packet its
+            own member; the index records codec and GOP per camera.
+        gop: h264/av1: frames per keyframe (a frame decodes from its GOP's keyframe on).
+        crf: h264/av1: quality, lower is better (`episodepipes.codec.CodecOptions`); None for the codec's default.
         resize: ``(H, W)`` every frame is resized to before encoding, or None to keep the source size. The
             size before resizing is kept in the index (``source_height``/``source_width``), so pixel labels
             can be rescaled.
@@ -31,6 +36,9 @@ class EncodeOptions:
 
     jpeg_quality: int = 90
     resize: tuple[int, int] | None = None  # (H, W)
+    codec: str = "jpeg"
+    gop: int = 2
+    crf: int | None = None
 
 
 @dataclass
@@ -54,6 +62,26 @@ def _jpeg(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool = Fal
     if not ok:
         raise EpisodeError(f"{where}: JPEG encoding failed")
     return buf.reshape(-1)  # 1-D, so len() is its size; its buffer is joined as is, not copied to bytes
+
+
+def _sized(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool) -> np.ndarray:
+    """An RGB frame at ``opts.resize``, for the video encoder (which takes one size per camera)."""
+    if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
+        raise EpisodeError(f"{where}: expected HxWx3 uint8 {'BGR' if bgr else 'RGB'}, got {frame.dtype} {frame.shape}")
+    if opts.resize is not None:
+        frame = cv2.resize(frame, (opts.resize[1], opts.resize[0]), interpolation=cv2.INTER_AREA)
+    return cv2.cvtColor(frame, cv2.COLOR_BGR2RGB) if bgr else frame
+
+
+def _packets(frames: list[np.ndarray], opts: EncodeOptions, where: str) -> list[bytes]:
+    """One camera's frames as one packet per frame, a keyframe every ``opts.gop`` frames exactly."""
+    try:
+        p = encode_frames(frames, CodecOptions(codec=opts.codec, gop=opts.gop, crf=opts.crf))
+    except ValueError as e:
+        raise EpisodeError(f"{where}: {e}") from None
+    if p.extradata or len(p.data) != len(frames) or np.any(p.key != np.arange(len(frames)) // opts.gop * opts.gop):
+        raise EpisodeError(f"{where}: the {opts.codec} encoder did not give one packet per frame in GOPs of {opts.gop}")
+    return p.data
 
 
 def _npy_rows(a: np.ndarray) -> list:
@@ -114,7 +142,12 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
             elif size != first and opts.resize is None:  # the index records one (H, W) per camera
                 raise EpisodeError(f"{where} frame {i} is {size}, frame 0 was {first}; a camera's frames must "
                                    "share one size: pass --resize HxW, or fix the source")
-            out.append(_jpeg(frame, opts, f"{where} frame {i}", bgr=bgr))
+            if opts.codec == "jpeg":
+                out.append(_jpeg(frame, opts, f"{where} frame {i}", bgr=bgr))
+            else:
+                out.append(_sized(frame, opts, f"{where} frame {i}", bgr=bgr))
+        if opts.codec != "jpeg" and out:
+            out = _packets(out, opts, where)
         if first is not None:
             shapes[cam], sources[cam] = opts.resize or first, first
         per_cam[cam] = out
@@ -137,7 +170,8 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     info = [b'{"episode": %s, "frame": %d, "timestamp": %s}' % (prefix, i, _timestamp(round(i / fps, 9)))
             for i in range(n)]
     # member suffix -> payload per frame; sorting suffixes sorts the member names, which share the key
-    fields = {f".{cam}.jpg": v for cam, v in per_cam.items()}
+    ext = "jpg" if opts.codec == "jpeg" else opts.codec
+    fields = {f".{cam}.{ext}": v for cam, v in per_cam.items()}
     fields.update({f".{k}.npy": _npy_rows(a) for k, (_, a) in arrays.items()})
     fields[".json"] = info
     parts, sizes = _layout(eid.encode(), n, [(s.encode(), fields[s]) for s in sorted(fields)])
@@ -148,7 +182,8 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
         "fps": fps,
         "prompt": ep.prompt,
         "cameras": {c: {"height": shapes[c][0], "width": shapes[c][1], "source": ep.sources.get(o, o),
-                        "source_height": sources[c][0], "source_width": sources[c][1]}
+                        "source_height": sources[c][0], "source_width": sources[c][1],
+                        **({} if opts.codec == "jpeg" else {"codec": opts.codec, "gop": opts.gop})}
                     for c, (o, _) in cams.items()},
         "arrays": {k: {"dtype": a.dtype.str,
                        "shape": list(a.shape[1:]), "source": ep.sources.get(o, o)}

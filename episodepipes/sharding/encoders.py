@@ -16,8 +16,10 @@ from pathlib import Path
 
 import cv2
 
+from episodepipes.format import safe_field
 from episodepipes.sharding.encode import EncodedEpisode, encode_episode
 from episodepipes.sharding.episode import EpisodeError
+from episodepipes.statsfields import episode_part
 
 _IOV_MAX = 1024  # POSIX's minimum IOV_MAX is 16, but Linux, macOS and the BSDs take 1024
 _decode_threads = 0  # 0: the decoder's own choice (a thread per core); a worker gets its share of the cores
@@ -34,7 +36,8 @@ def _encode(task: tuple) -> tuple:
 
     ``split`` is the split chosen by an option; it replaces the episode's own split when ``override``
     (``--val-episodes``), else only fills it in (``--val-fraction``). The result says where the split
-    came from: "option", "metadata" or "default" (train).
+    came from: "option", "metadata" or "default" (train), and carries the episode's array statistics
+    (`episode_part`), made here in parallel so that the single writer only folds them in.
 
     With a ``spool`` folder the tar bytes go to a file there and only its name and the frame sizes
     return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
@@ -54,15 +57,16 @@ def _encode(task: tuple) -> tuple:
     except (EpisodeError, ValueError, OSError, cv2.error) as e:
         msg = str(e) if isinstance(e, EpisodeError) else f"episode {eid!r}: {type(e).__name__}: {e}"
         return "bad", eid, msg
+    stats = episode_part(enc.meta["id"], {safe_field(k): v for k, v in ep.arrays.items()})
     if spool is None:
-        return "ok", enc.meta, (enc.data(), enc.sizes), origin
+        return "ok", enc.meta, (enc.data(), enc.sizes), origin, stats
     path = Path(spool) / f"{enc.meta['id']}.samples"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_parts(fd, enc)
     finally:
         os.close(fd)
-    return "ok", enc.meta, (str(path), enc.sizes), origin
+    return "ok", enc.meta, (str(path), enc.sizes), origin, stats
 
 
 def _write_parts(fd: int, enc: EncodedEpisode) -> None:

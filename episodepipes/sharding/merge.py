@@ -19,8 +19,10 @@ from episodepipes.format import INDEX_NAME
 from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import JOBS_DIR, clear
+from episodepipes.sharding.recompute import recompute
 from episodepipes.sharding.writer import ShardWriter
 from episodepipes.shardio import ByteSource, LocalSource
+from episodepipes.statsfields import STATS, StatsFields
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +129,8 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
             raise ValueError(f"job {jobs[0][0].name}: options.shard_size={size!r} is not a positive integer; "
                              "re-run that job with --overwrite")
         skipped = [s for _, data in jobs for s in data.get("skipped", [])]
-        with ShardWriter(out, shard_size=size, options=options,
-                         extra={"skipped": skipped} if skipped else {}) as writer:
+        extra = dict(_job_stats(jobs).to_json(), **({"skipped": skipped} if skipped else {}))
+        with ShardWriter(out, shard_size=size, options=options, extra=extra) as writer:
             for d, data in jobs:
                 with LocalSource(d) as job:
                     for entry in data["episodes"]:
@@ -137,6 +139,16 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
         shutil.rmtree(out / JOBS_DIR)
     log.info("merged %d jobs into %s", len(jobs), out)
     return json.loads((out / INDEX_NAME).read_text())
+
+
+def _job_stats(jobs: list[tuple[Path, dict]]) -> StatsFields:
+    """The jobs' statistics folded in job order, as a single job folds its episodes: the same fields."""
+    out = StatsFields()
+    for d, data in jobs:
+        if STATS not in data:  # a job written by an older episodepipes: read its arrays back
+            data = recompute(d, data["shards"], data["episodes"]).to_json()
+        out.add_fields(data, where=f"job {d.name}: {d / INDEX_NAME}")
+    return out
 
 
 def _frames(job: ByteSource, shards: list[dict], segments: list[dict]) -> tuple[bytes, list[int]]:

@@ -34,6 +34,7 @@ class Progress:
     frame: int = 0  # first frame of that episode not in a finished shard
     segments: list[dict] = field(default_factory=list)  # that episode's segments in finished shards
     splits: dict = field(default_factory=dict)  # where the finished episodes' splits came from: origin -> count
+    stats: dict | None = None  # the finished episodes' `StatsFields.to_json()`; None from an older episodepipes
 
     def save(self, out: Path) -> None:
         atomic_write_bytes(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())

@@ -9,6 +9,10 @@ sorted episode list into ``out/_jobs/job-NNNN/``; `episodepipes.sharding.merge` 
 Splits: an option's split (``val_episodes``) replaces the episode's own, ``val_fraction`` only fills in
 episodes without one; `WriteResult.split_origins` counts where each came from. One writer per folder
 (`episodepipes.sharding.lock`); a full disk is a `DiskFullError` that keeps every finished shard.
+
+Statistics: each encoder also computes its episode's per-array statistics (`episodepipes.statsfields`),
+and the writer folds them in episode order into the index's ``stats`` (saved with the progress, so a
+resumed write gets the same numbers); `merge` folds the jobs' tables the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from episodepipes.sharding.episode import EpisodeError, EpisodeReader
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.meter import Meter
 from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, Progress, start
+from episodepipes.sharding.recompute import resumed_stats
 from episodepipes.sharding.write_plan import assign_splits, job_block
 from episodepipes.sharding.writer import ShardWriter
 
@@ -53,6 +58,10 @@ class WriteOptions:
         val_episodes: these ids are val and every other episode train, whatever the metadata says.
         seed: seed of the ``val_fraction`` choice.
         skip_bad: skip episodes that fail to read or encode (listed in the index) instead of stopping.
+        codec: "jpeg" (a JPEG per frame), or "h264"/"av1" packets (`EncodeOptions`); the index records it
+            per camera, and leaves these three options out for JPEG.
+        gop: h264/av1: frames per keyframe.
+        crf: h264/av1: quality, lower is better; None for the codec's default.
     """
 
     format: str
@@ -63,11 +72,16 @@ class WriteOptions:
     val_episodes: tuple[str, ...] | None = None
     seed: int = 0
     skip_bad: bool = False
+    codec: str = "jpeg"
+    gop: int = 2
+    crf: int | None = None
 
     def to_dict(self) -> dict:
         """The options as the index's ``options`` record them (JSON lists, ``skip_bad`` left out)."""
         d = asdict(self)
         del d["skip_bad"]
+        if self.codec == "jpeg":  # JPEG indexes stay as they were before video codecs
+            del d["codec"], d["gop"], d["crf"]
         d["resize"] = list(self.resize) if self.resize else None
         d["val_episodes"] = list(self.val_episodes) if self.val_episodes is not None else None
         return d
@@ -206,17 +220,19 @@ class _Run:
         self.skipped = list(prog.skipped)
         self.origins = Counter(prog.splits)
         self.position = prog.position  # relative to the block; read by `save` when a shard finishes
+        self.stats = resumed_stats(target, prog)  # of the finished episodes, folded in output order
 
     def save(self, w: ShardWriter) -> None:
         # no episode in flight happens only at the final flush: every episode has been added
         pend = w.pending or {"segments": [], "frame": 0}
         Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
                  position=self.position if w.pending else len(self.block), frame=pend["frame"],
-                 segments=pend["segments"], splits=dict(self.origins)).save(self.target)
+                 segments=pend["segments"], splits=dict(self.origins), stats=self.stats.to_json()).save(self.target)
 
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
-        enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize)
+        enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize, codec=opts.codec, gop=opts.gop,
+                                 crf=opts.crf)
         spool = target / "_spool"
         shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
         if workers > 1:
@@ -239,13 +255,15 @@ class _Run:
                     first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
                     with samples(res[2]) as (data, sizes):
                         writer.add_frames(res[1], data, sizes, start=first, segments=segs)
+                    self.stats.add(res[1]["split"], *res[4])  # after the episode: `save` sees finished ones only
                     self.origins[res[3]] += 1
                     meter.update(len(sizes) - first)
                 if self.block and len(self.skipped) == len(self.block):
                     raise ValueError(f"every episode of {'this job' if 'job' in self.extra else 'the source'} "
                                      f"is bad ({len(self.skipped)} skipped, first: {self.skipped[0]['error']}); "
                                      f"no index was written to {target}: fix the source and re-run")
-                writer.extra = dict(self.extra, **({"skipped": self.skipped} if self.skipped else {}))
+                writer.extra = dict(self.extra, **self.stats.to_json(),
+                                    **({"skipped": self.skipped} if self.skipped else {}))
         finally:
             shutil.rmtree(spool, ignore_errors=True)
         (target / PROGRESS_NAME).unlink(missing_ok=True)

@@ -101,6 +101,7 @@ class ShardWriter:
 
     @property
     def next_shard(self) -> int:
+        """The number of the shard being written (or opened by the next frame): the finished shards' count."""
         return len(self.shards)
 
     def __enter__(self) -> ShardWriter:
@@ -114,7 +115,15 @@ class ShardWriter:
             self._file.close()
 
     def add(self, enc: EncodedEpisode, *, start: int = 0, segments: list[dict] | None = None) -> dict:
-        """Append one episode; returns its index entry (with byte-range segments)."""
+        """Append one episode; returns its index entry (with byte-range segments).
+
+        Args:
+            enc: the encoded episode (its index metadata, tar bytes and per-frame sizes).
+            start: the first frame not yet written; frames before it are in ``segments`` already (a resumed
+                episode), 0 for a new one.
+            segments: the episode's segments already written (index-entry dicts), continued by the new
+                frames; their ``crc32`` lists are recomputed from ``data``. None for a new episode.
+        """
         return self.add_frames(enc.meta, enc.data(), enc.sizes, start=start, segments=segments)
 
     def add_frames(self, meta: dict, data: bytes | memoryview, sizes: list[int], *, start: int = 0,
@@ -125,6 +134,17 @@ class ShardWriter:
         run of frames that lands in one shard is hashed and written with one call. Every segment gets the
         ``crc32`` of each of its frames, computed here from ``data``, so resumed and merged segments get
         the same checksums as a single run.
+
+        Args:
+            meta: the episode's index entry without ``segments`` (id, split, length, fps, prompt, cameras,
+                arrays); the returned entry is it plus the segments.
+            data: the tar bytes of all the episode's frames, back to back, from frame 0.
+            sizes: each frame's byte count in ``data``, in frame order; a shard ends after the frame that
+                brings it to ``shard_size``, so frames never straddle shards.
+            start: the first frame not yet written; frames before it are in ``segments`` already (a resumed
+                episode), 0 for a new one.
+            segments: the episode's segments already written (index-entry dicts), continued by the new
+                frames; their ``crc32`` lists are recomputed from ``data``. None for a new episode.
         """
         segs = [dict(s, offsets=list(s["offsets"])) for s in segments or []]
         self.pending = {"segments": segs, "frame": start}
@@ -187,5 +207,10 @@ class ShardWriter:
             self.on_shard(self)
 
     def close(self) -> None:
+        """Finish the open shard (end-of-archive, fsync, rename into place), then write the index.
+
+        The context manager calls it on a clean exit only: after an error the unfinished shard stays a
+        ``.tmp`` file and no index is written, so a resumed run continues from the finished shards.
+        """
         self._flush()
         write_index(self.out, self.shards, self.episodes, self.options, extra=self.extra, version=self.version)

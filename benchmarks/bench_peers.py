@@ -1,0 +1,236 @@
+"""The peer libraries side by side on the same frames: conversion, bytes, first batch, train, one episode, resume.
+
+Peers: MosaicML Streaming (``MDSWriter`` + ``StreamingDataset``/``StreamingDataLoader``), LitData
+(``optimize`` + ``StreamingDataset``/``StreamingDataLoader``), WebDataset (``ShardWriter``, then
+``WebDataset(shardshuffle).shuffle(1000)`` + cv2 decode + ``DataLoader``) and LeRobotDataset v3 (its
+own writer, ``LeRobotDataset.create`` + ``add_frame`` + ``save_episode``, read with its PyAV backend).
+Every JPEG peer stores the same JPEG q90 bytes as ours (cv2-encoded from the same RGB frames; the
+digest column checks it) and decodes them with ``cv2.imdecode``; LeRobot stores AV1 video (libsvtav1,
+its writer's default), as its format requires. Shards or chunks target 8 MB everywhere.
+
+Each stage runs in a fresh process: ``convert`` (from frames already in memory, JPEG encoding
+included; ours and LitData with 2 worker processes, the others single-process as their writers
+are), ``train`` (one shuffled epoch, batch 32, 2 DataLoader workers / 2 decode threads for ours;
+time to first batch is from building the dataset, throughput is frames/s after the first batch),
+``pinned`` (every frame of one episode, in order, decoded; bytes are what the process read through
+``read()``, from ``/proc/self/io`` rchar), and resume (stop after 3 batches, save the loader's
+state, restore it in a new process, compare the rest with the uninterrupted order of the same
+seed). Train reps are paired: ours, then each peer, back to back; ratios are per pair.
+
+MosaicML Streaming and LitData need torchvision, and PyPI's torchvision does not import beside
+the CPU torch this project pins, so they run in a virtualenv this benchmark creates (torch 2.14.1 +
+torchvision 0.29.1; Mosaic also caps numpy below 2.2). LeRobot 0.4.4 installs on Python 3.11 but
+requires torch below 2.11 and torchvision below 0.26, which the project's torch 2.13 cannot satisfy, so
+it runs in a second one (torch 2.9.1 + torchvision 0.24.1). Its dataset is local: nothing is fetched
+from a hub (``HF_HUB_OFFLINE=1``). See `benchmarks/peers/venvs.py`; versions are listed under the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.peers import venvs
+from episodepipes.sharding.synthetic import SyntheticReader
+
+PEERS_DIR = Path(__file__).resolve().parent / "peers"
+# name -> (script, venv or None for this interpreter)
+PEERS = {"episodepipes": ("peer_ours.py", None), "episodepipes, method='process'": ("peer_ours.py", None),
+         "MosaicML Streaming": ("peer_mosaic.py", "stream"), "LitData": ("peer_litdata.py", "stream"),
+         "WebDataset": ("peer_wds.py", None), "LeRobotDataset v3": ("peer_lerobot.py", "lerobot")}
+CONVERT_ONCE = {"LeRobotDataset v3"}  # its video encoding takes minutes at full size: one conversion, not three
+VARIANTS = {"episodepipes, method='process'": ("episodepipes", ["--method", "process"])}  # train-only reruns
+
+
+def make_frames(data: Path, *, episodes: int, length: int, size: int = 224) -> dict:
+    """DATA for the peer scripts: frames.npy (N, 2, H, W, 3) RGB, state.npy, meta.json."""
+    data.mkdir(parents=True, exist_ok=True)
+    if (data / "meta.json").exists():
+        return json.loads((data / "meta.json").read_text())
+    syn = SyntheticReader(num_episodes=episodes, length=length, height=size, width=size)
+    n = episodes * length
+    frames = np.lib.format.open_memmap(data / "frames.npy", mode="w+", dtype=np.uint8, shape=(n, 2, size, size, 3))
+    state = np.zeros((n, 7), np.float32)
+    eps, first = [], 0
+    for eid in syn.episode_ids():
+        ep = syn.read(eid)
+        for k, cam in enumerate(("front", "wrist")):
+            frames[first:first + length, k] = np.stack(list(ep.cameras[cam]))
+        state[first:first + length] = np.asarray(ep.arrays["state"], np.float32)[:, :7]
+        eps.append({"id": eid, "first": first, "length": length})
+        first += length
+    frames.flush()
+    del frames
+    np.save(data / "state.npy", state)
+    meta = {"episodes": eps, "fps": float(syn.fps), "size": size}
+    (data / "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+def _call(peer: str, stage: str, data: Path, out: Path, *extra: str, log: Path, timeout: float = 1200) -> dict:
+    """Run one stage of one peer in a fresh process; its JSON result, or {"error": ...}."""
+    script, venv = PEERS[peer]
+    try:
+        py = sys.executable if venv is None else str(venvs.ensure(venv, log=log))
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        return {"error": f"could not install: {e}"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    try:
+        r = subprocess.run([py, str(PEERS_DIR / script), stage, str(data), str(out), *extra], capture_output=True,
+                           text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{stage} timed out after {timeout:.0f} s"}
+    with open(log, "a") as f:
+        f.write(f"== {peer} {stage} rc={r.returncode}\n{r.stderr[-4000:]}\n")
+    for line in r.stdout.splitlines():
+        if line.startswith("EPBENCH "):
+            return json.loads(line[8:])
+    tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"{stage} exited {r.returncode}: {tail[:300]}"}
+
+
+def _mid(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _span(xs: list[float], fmt: str = "{:,.0f}") -> str:
+    if not xs:
+        return "–"
+    m = fmt.format(statistics.median(xs))
+    return m if len(xs) == 1 else f"{m} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+
+def run(workdir: Path, quick: bool) -> dict:
+    eps, length = (12, 50) if quick else (24, 150)
+    reps, conv_reps = (2, 1) if quick else (7, 3)
+    data = workdir / "data"
+    meta = make_frames(data, episodes=eps, length=length)
+    n = eps * length
+    log = workdir / "peers.log"
+    pinned_ep = eps // 2
+    res: dict[str, dict] = {p: {"convert": [], "train": [], "pinned": []} for p in PEERS}
+    for peer in PEERS:
+        if peer in VARIANTS:
+            continue
+        out = workdir / peer.split()[0].lower()
+        for _ in range(1 if peer in CONVERT_ONCE else conv_reps):
+            c = _call(peer, "convert", data, out, log=log)
+            if "error" in c:
+                res[peer]["error"] = c["error"]
+                break
+            res[peer]["convert"].append(c)
+        res[peer]["out"] = out
+        print(f"    peers: {peer} converted: {res[peer].get('error') or 'ok'}", flush=True)
+    for peer, (of, _) in VARIANTS.items():
+        res[peer].update({k: v for k, v in res[of].items() if k in ("error", "out")}, same_as=of)
+    live = [p for p in PEERS if "error" not in res[p]]
+    for _ in range(reps):  # paired: every peer back to back, each in a fresh process
+        for peer in live:
+            t = _call(peer, "train", data, res[peer]["out"], *VARIANTS.get(peer, ("", []))[1], log=log)
+            if "error" in t:
+                res[peer]["train_error"] = t["error"]
+            else:
+                res[peer]["train"].append(t)
+    live = [p for p in live if p not in VARIANTS]
+    for _ in range(1 if quick else 3):
+        for peer in live:
+            pn = _call(peer, "pinned", data, res[peer]["out"], "--episode", str(pinned_ep), log=log)
+            if "error" in pn:
+                res[peer]["pinned_error"] = pn["error"]
+            else:
+                res[peer]["pinned"].append(pn)
+    for peer in live:
+        if PEERS[peer][0] in ("peer_ours.py", "peer_mosaic.py", "peer_litdata.py"):
+            s = _call(peer, "resume-save", data, res[peer]["out"], log=log)
+            r = _call(peer, "resume-load", data, res[peer]["out"], log=log) if "error" not in s else s
+            res[peer]["resume"] = ("yes, exact" if r.get("exact") else "same frames, other order" if r.get("same_set")
+                                   else f"no ({r.get('error') or str(r.get('got')) + ' of ' + str(r.get('expected'))})")
+        else:
+            res[peer]["resume"] = {"peer_wds.py": "no: a tar stream with a shuffle buffer has no state to save",
+                                   "peer_lerobot.py": "no: a torch DataLoader + RandomSampler keep no position"}[
+                                       PEERS[peer][0]]
+    print(f"    peers: done ({', '.join(live)})", flush=True)
+    return _report(res, meta, n=n, eps=eps, length=length, reps=reps, pinned_ep=pinned_ep)
+
+
+def _report(res: dict, meta: dict, *, n: int, eps: int, length: int, reps: int, pinned_ep: int) -> dict:
+    names = list(PEERS)
+    ours = res["episodepipes"]
+
+    def col(peer: str, fn, train: bool) -> str:  # noqa: ANN001
+        r = res[peer]
+        if "error" in r:
+            return "not run"
+        if "same_as" in r and not train:
+            return f"as {r['same_as']}"
+        try:
+            return fn(r)
+        except (KeyError, TypeError, ValueError, statistics.StatisticsError):
+            return r.get("train_error") or r.get("pinned_error") or "–"
+
+    fps = {p: [t["fps"] for t in res[p]["train"] if t.get("fps")] for p in names}
+    first = {p: [t["first_batch_s"] for t in res[p]["train"]] for p in names}
+    uniform = eps * (1 - (1 - 1 / eps) ** 32)
+    ourdig = (ours["convert"] or [{}])[0].get("jpeg_digest")
+    rows = [
+        ["conversion (s)", lambda r: _span([c["convert_s"] for c in r["convert"]], "{:.2f}")],
+        ["how it converts", lambda r: r["convert"][0]["how"]],
+        ["bytes on disk (MB)", lambda r: f"{r['convert'][0]['bytes'] / 1e6:.1f}"],
+        ["same JPEG bytes as ours", lambda r: ("video, not JPEG" if r["convert"][0]["jpeg_digest"] is None else
+                                               "yes" if r["convert"][0]["jpeg_digest"] == ourdig else "no")],
+        ["frames per epoch", lambda r: _span([t["frames"] for t in r["train"]])],
+        ["time to first batch (s)", lambda r: _span([t["first_batch_s"] for t in r["train"]], "{:.2f}")],
+        ["shuffled train, frames/s after the first batch", lambda r: _span([t["fps"] for t in r["train"]])],
+        ["distinct episodes per batch of 32", lambda r: _span([t["distinct_episodes_per_batch"] for t in r["train"]],
+                                                               "{:.1f}")],
+        [f"one pinned episode ({length} frames), s", lambda r: _span([p["seconds"] for p in r["pinned"]], "{:.3f}")],
+        ["... from disk, MB (page cache dropped first)", lambda r: _span([p["disk_bytes"] / 1e6 for p in r["pinned"]],
+                                                                         "{:.2f}")],
+        ["... through read(), MB (rchar)", lambda r: _span([p["rchar"] / 1e6 for p in r["pinned"]], "{:.2f}")],
+        ["... how", lambda r: r["pinned"][0]["how"]],
+        ["resumes mid-epoch exactly", lambda r: r["resume"]],
+    ]
+    train_rows = ("frames per epoch", "time to first batch (s)", "shuffled train, frames/s after the first batch",
+                  "distinct episodes per batch of 32")
+    table = [[label, *(col(p, fn, label in train_rows) for p in names)] for label, fn in rows]
+    ratio_rows = []
+    for p in names[1:]:
+        if "error" in res[p]:
+            continue
+        pairs = [a / b for a, b in zip(fps["episodepipes"], fps[p]) if a and b]
+        fb = [b / a for a, b in zip(first["episodepipes"], first[p]) if a and b]
+        ratio_rows.append([p, _span(pairs, "{:.2f}x"), _span(fb, "{:.2f}x")])
+    versions = {p: ", ".join(f"{k} {v}" for k, v in res[p]["convert"][0]["versions"].items())
+                for p in names if res[p].get("convert")}
+    errors = {p: res[p]["error"] for p in names if "error" in res[p]}
+    intro = (__doc__.split("\n\n", 1)[1].strip() +
+             f"\n\n{n} frames ({eps} episodes x {length}) of 2 cameras 224x224 plus a 7-float state; {reps} paired "
+             f"train reps; median (range). A uniform shuffle would put about {uniform:.1f} distinct episodes in a "
+             f"batch of 32; the pinned episode is number {pinned_ep}.")
+    if errors:
+        intro += "\n\nNot run: " + "; ".join(f"{p}: {e}" for p, e in errors.items())
+    return {"section": "peers", "intro": intro, "rows": [],
+            "tables": [{"title": "Each library on the same frames", "columns": ["", *names], "rows": table},
+                       {"title": "Ratios ours / peer, per paired rep: median (range)",
+                        "columns": ["peer", "train frames/s, ours / peer", "time to first batch, peer / ours"],
+                        "rows": ratio_rows}],
+            "versions": versions,
+            "series": {p: {k: v for k, v in r.items() if k != "out"} for p, r in res.items()}}
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        print(json.dumps(run(Path(tmp), "--quick" in sys.argv), indent=1, default=str)[:20000])
+        print(f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""Frame decoders: a camera's stored frame member to a uint8 RGB ``[3, H, W]`` array (the decoding seam).
+
+`FrameDecoder` is what the per-sample decode (`episodepipes.pipes.sample_decode`) calls for every camera
+frame; `JpegFrames` (``cv2.imdecode``) is the one shards hold today, and video packets plug in beside it.
+Where the target size is at most 1/2, 1/4 or 1/8 of the source, libjpeg's reduced decode
+(`cv2.IMREAD_REDUCED_COLOR_*`) does most of the resize for free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import cv2
+import numpy as np
+
+_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+
+
+class FrameDecoder(Protocol):
+    """Decodes one camera frame; runs in decode workers, so it must pickle for ``method="process"``."""
+
+    def field(self, camera: str) -> str:
+        """The member field that holds ``camera``'s frame (``"front.jpg"``)."""
+        ...
+
+    def decode(self, camera: str, data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
+               out: np.ndarray | None = None) -> np.ndarray | None:
+        """uint8 RGB ``[3, H, W]`` at ``size`` (or ``src``), into ``out`` when given; None when ``data`` is
+        not a frame of the index's source size ``src`` (corrupt)."""
+        ...
+
+
+@dataclass(frozen=True)
+class JpegFrames:
+    """`FrameDecoder` of JPEG members (``<camera>.jpg``), through `decode_jpeg`."""
+
+    def field(self, camera: str) -> str:
+        return f"{camera}.jpg"
+
+    def decode(self, camera: str, data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
+               out: np.ndarray | None = None) -> np.ndarray | None:
+        return decode_jpeg(data, src=src, size=size, out=out)
+
+
+JPEG = JpegFrames()
+
+
+def reduced_flag(src: tuple[int, int], dst: tuple[int, int] | None) -> int:
+    """The cheapest `cv2.imdecode` flag whose output is still at least ``dst`` in both dimensions."""
+    return _reduced(src, dst)[0]
+
+
+def _reduced(src: tuple[int, int], dst: tuple[int, int] | None) -> tuple[int, int]:
+    """(`reduced_flag`, the factor libjpeg divides each dimension by, rounding up)."""
+    if dst is not None:
+        for f, flag in _REDUCED:
+            if dst[0] * f <= src[0] and dst[1] * f <= src[1]:
+                return flag, f
+    return cv2.IMREAD_COLOR, 1
+
+
+def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
+                out: np.ndarray | None = None) -> np.ndarray | None:
+    """uint8 RGB ``[3, H, W]`` at ``size`` (or the source size), written into ``out`` if given;
+    None when the bytes do not decode, or decode to another size than ``src`` (the index's): such a
+    frame is not the one the index describes, so it is corrupt, never resized into place.
+
+    Args:
+        data: the JPEG file's bytes.
+        src: ``(H, W)`` the index records for the frame; a decode of any other size is refused (None).
+        size: ``(H, W)`` to return; None returns the source size. libjpeg's reduced decode does what it
+            can of a downscale, `cv2.INTER_AREA` the rest.
+        out: a uint8 ``[3, H, W]`` array to write into (a batch buffer's row); used only when its shape
+            is the result's, else a new array is returned.
+    """
+    flag, f = _reduced(src, size)
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+    if bgr is None or bgr.shape[0] != -(-src[0] // f) or bgr.shape[1] != -(-src[1] // f):
+        return None
+    if size is not None and bgr.shape[:2] != tuple(size):
+        bgr = cv2.resize(bgr, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    if out is None or out.shape != (3, *bgr.shape[:2]):
+        out = np.empty((3, *bgr.shape[:2]), np.uint8)
+    cv2.split(bgr, [out[2], out[1], out[0]])  # BGR HWC -> RGB CHW in one SIMD pass, into out's planes
+    return out

@@ -1,0 +1,49 @@
+"""`RawSample`: one planned item's undecoded bytes, as a reader hands them to the `Decoder`.
+
+A training sample with history/horizon windows carries each windowed key as a `StepWindow` (the
+member of every window step, which steps are padding), not as extra members with magic names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from episodepipes.pipes.plan import Item
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """One windowed key of a sample.
+
+    Attributes:
+        steps: the episode step each window position shows, clamped into the episode (padding repeats
+            the nearest real step, so a step may appear more than once: it is decoded once).
+        pad: per position, True where it lies outside the episode (the sample's ``<key>_pad`` mask).
+        data: step -> that step's member bytes; empty in a damaged sample.
+    """
+
+    steps: tuple[int, ...]
+    pad: tuple[bool, ...]
+    data: Mapping[int, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class RawSample:
+    """One planned item's undecoded members, as a reader hands them to `Decoder`.
+
+    Attributes:
+        item: the planned item (episode, frame, valid).
+        shard: the shard file's name, for messages.
+        members: field (``"front.jpg"``, ``"state.npy"``, ``"json"``) -> bytes of the item's own step; a
+            windowed key's field is not here but in ``windows``.
+        damaged: why the frame's bytes are not the ones written (``"crc32 mismatch"``), or None. A damaged
+            sample is corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
+        windows: windowed key -> its `StepWindow` (training samples with ``history``/``horizon`` only).
+    """
+
+    item: Item
+    shard: str
+    members: dict[str, bytes]
+    damaged: str | None = None
+    windows: dict[str, StepWindow] = field(default_factory=dict)

@@ -1,0 +1,207 @@
+"""The per-sample decode: a `RawSample`'s bytes to the fields of one sample, as a pure function.
+
+`SampleDecode` runs in the decode workers (threads or processes) and returns a `Decoded`: the fields,
+which cameras and arrays are corrupt, and how many frames it decoded. It decides nothing about
+reporting: the `Decoder` counts, logs or raises in the parent. Camera frames go through a
+`FrameDecoder` (JPEG today) into the rows a frame sink handed out, or into fresh arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from episodepipes.format import npy_header, npy_load
+from episodepipes.index import Episode
+from episodepipes.pipes.frames import JPEG, FrameDecoder
+from episodepipes.pipes.sample import RawSample
+
+Rows = dict[str, np.ndarray]  # camera -> the [3, H, W] array its frame is decoded into
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What decoding needs of an episode: camera source sizes, array (dtype, shape), fps and prompt."""
+
+    cameras: dict[str, tuple[int, int]]
+    arrays: dict[str, tuple[str, tuple[int, ...]]]
+    fps: float
+    prompt: str
+
+    @classmethod
+    def of(cls, ep: Episode) -> EpisodeSpec:
+        return cls({c: (cam.height, cam.width) for c, cam in ep.cameras.items()},
+                   {k: (a.dtype, tuple(a.shape)) for k, a in ep.arrays.items()}, ep.fps, ep.prompt)
+
+
+@dataclass
+class Decoded:
+    """One sample decoded.
+
+    Attributes:
+        fields: key -> value (cameras ``[3, H, W]`` or ``[W, 3, H, W]`` uint8, arrays, ``timestamp``...).
+        corrupt: the cameras and arrays that did not decode to what the index describes (zeros instead).
+        frames: camera frames decoded (a window step repeated as padding once).
+    """
+
+    fields: dict[str, Any]
+    corrupt: list[str]
+    frames: int
+
+
+@dataclass(frozen=True)
+class SampleDecode:
+    """Decode one `RawSample`; picklable (for processes) when ``transform`` and ``frames`` are.
+
+    Args:
+        resize: (height, width) of every camera frame, or None for the source size.
+        frames: the `FrameDecoder` of camera members.
+        transform: ``sample -> sample``, run after decoding (train_pipe); ``episode``, ``frame``,
+            ``valid``, ``prompt`` and ``timestamp`` are set before it and restored after it.
+
+    A damaged sample (``RawSample.damaged``) decodes nothing: every camera and array is zeros of its
+    shape (windows with their step axis) and every camera is corrupt.
+    """
+
+    resize: tuple[int, int] | None = None
+    frames: FrameDecoder = JPEG
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def __call__(self, raw: RawSample, spec: EpisodeSpec, rows: Rows | None = None) -> Decoded:
+        if raw.damaged is not None:
+            out = Decoded(self._zeros(raw, spec, rows), sorted(spec.cameras), 0)
+        else:
+            out = self._decode(raw, spec, rows)
+        f = out.fields
+        f.setdefault("timestamp", raw.item.frame / spec.fps)
+        f.update(episode=raw.item.episode, frame=raw.item.frame, valid=raw.item.valid, prompt=spec.prompt)
+        if self.transform is not None:
+            kept = {k: f[k] for k in ("episode", "frame", "valid", "prompt", "timestamp")}
+            f = self.transform(f)
+            if not isinstance(f, dict):
+                raise TypeError(f"transform={self.transform!r} returned {type(f).__name__}; it should return "
+                                "the sample dict")
+            f.update(kept)
+            if raw.damaged is not None:  # what a transform made of zeros is not data either
+                _zero(f, [*spec.cameras, *spec.arrays])
+            out.fields = f
+        return out
+
+    def _decode(self, raw: RawSample, spec: EpisodeSpec, rows: Rows | None) -> Decoded:
+        f: dict[str, Any] = {}
+        bad: list[str] = []
+        n = 0
+        copy = self.transform is not None  # views of the members are read-only; a transform may write
+        for cam, src in spec.cameras.items():
+            if cam in raw.windows:
+                continue
+            data = raw.members.get(self.frames.field(cam))
+            slot = rows.get(cam) if rows else None
+            img = None if data is None else self.frames.decode(cam, data, src=src, size=self.resize, out=slot)
+            if img is None:
+                bad.append(cam)
+                img = slot if slot is not None else np.empty((3, *(self.resize or src)), np.uint8)
+                img[...] = 0
+            else:
+                n += 1
+            f[cam] = img
+        for name, data in raw.members.items():
+            if name.endswith(".npy"):
+                f[name[:-4]] = self._array(name[:-4], data, spec, bad, copy)
+        if "json" in raw.members:
+            f["timestamp"] = float(json.loads(raw.members["json"])["timestamp"])
+        for key, w in raw.windows.items():
+            done: dict[int, np.ndarray] = {}  # a step repeated as padding is decoded once
+            for s in w.steps:
+                if s in done:
+                    continue
+                if key in spec.cameras:
+                    img = self.frames.decode(key, w.data[s], src=spec.cameras[key], size=self.resize)
+                    if img is None:
+                        bad.append(key)
+                        img = np.zeros((3, *(self.resize or spec.cameras[key])), np.uint8)
+                    else:
+                        n += 1
+                    done[s] = img
+                else:
+                    done[s] = self._array(key, w.data[s], spec, bad, False)
+            f[key] = np.stack([done[s] for s in w.steps])
+            f[f"{key}_pad"] = np.array(w.pad, bool)
+        return Decoded(f, bad, n)
+
+    def _array(self, key: str, data: bytes, spec: EpisodeSpec, bad: list[str], copy: bool) -> np.ndarray:
+        """An .npy member as the index says it is, or zeros of that dtype and shape (and ``key`` corrupt)."""
+        want = spec.arrays.get(key)
+        if want is None:
+            return npy_load(data)
+        try:
+            a = load_npy(data, *want)
+        except ValueError:
+            bad.append(key)
+            return np.zeros(want[1], np.dtype(want[0]).newbyteorder("="))
+        return a.copy() if copy else a
+
+    def _zeros(self, raw: RawSample, spec: EpisodeSpec, rows: Rows | None) -> dict[str, Any]:
+        """A damaged sample's fields: zeros of every camera's and array's shape, windows with their step axis."""
+        f: dict[str, Any] = {}
+        for cam, src in spec.cameras.items():
+            slot = rows.get(cam) if rows and cam not in raw.windows else None
+            if slot is not None:
+                slot[...] = 0
+            f[cam] = slot if slot is not None else np.zeros((3, *(self.resize or src)), np.uint8)
+        for key, (dtype, shape) in spec.arrays.items():
+            f[key] = np.zeros(shape, np.dtype(dtype).newbyteorder("="))  # native order, as npy_load gives them
+        for key, w in raw.windows.items():
+            f[key] = np.zeros((len(w.steps), *f[key].shape), f[key].dtype)
+            f[f"{key}_pad"] = np.array(w.pad, bool)
+        return f
+
+
+@functools.lru_cache(maxsize=1024)
+def _npy_layout(dtype: str, shape: tuple[int, ...]) -> tuple[np.dtype, bytes, int]:
+    """(dtype, the exact .npy header the writer puts before such an array, data bytes)."""
+    dt = np.dtype(dtype)
+    return dt, npy_header(dt, shape), dt.itemsize * int(np.prod(shape, dtype=np.int64))
+
+
+def load_npy(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An .npy member that must hold exactly ``dtype`` (a full dtype string such as ``">f4"``) and ``shape``,
+    returned in native byte order (torch takes no other; the swap is exact).
+
+    A member whose header is byte for byte the one the writer makes for them is a view of its tail,
+    with no header parse (`np.lib.format.read_array` parses it with `ast.literal_eval`). Anything else
+    is parsed, and kept only if it holds that dtype (byte order included) and shape: a member that
+    does not is a ValueError, never reinterpreted.
+    """
+    dt, head, nbytes = _npy_layout(dtype, tuple(shape))
+    if len(data) == len(head) + nbytes and data[:len(head)] == head:
+        a = np.frombuffer(data, dt, offset=len(head)).reshape(shape)
+    else:
+        try:
+            a = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+        except Exception as e:  # data from a shard: any failure to parse it is a corrupt member
+            raise ValueError(f"not a readable .npy member ({type(e).__name__}: {e})") from None
+        if a.dtype != dt or a.shape != tuple(shape):
+            raise ValueError(f"the .npy member holds {a.dtype.str} {a.shape}, the index says {dt.str} {tuple(shape)}")
+    return a if dt.isnative else a.astype(dt.newbyteorder("="))
+
+
+def _zero(fields: dict[str, Any], keys: list[str]) -> None:
+    """Replace the named array fields by zeros of the same shape and dtype (in place where writable:
+    a frame in a batch buffer stays where the batch expects it)."""
+    for k in keys:
+        v = fields.get(k)
+        if isinstance(v, np.ndarray):
+            if v.flags.writeable:
+                v[...] = 0
+            else:
+                fields[k] = np.zeros_like(v)
+        elif hasattr(v, "zero_") and hasattr(v, "clone"):  # a tensor a transform returned
+            fields[k] = v.clone().zero_()
+

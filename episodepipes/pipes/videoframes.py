@@ -1,0 +1,120 @@
+"""Video-codec cameras (h264/AV1): the reader attaches each frame's GOP, and `VideoFrames` decodes it.
+
+A shard holds one packet member per frame (``<camera>.h264``), and frame ``t`` depends on the frames from
+its keyframe ``t - t % gop``: those are adjacent in the shard, before it. The reader (`attach_gop`) replaces
+the frame's member by `episodepipes.codec.pack` of ``[GOP id, packet of the keyframe, ..., packet of t]``, each
+earlier packet checked against the index's CRC32 as the frame's own is, so the `FrameDecoder` seam stays one
+member in, one frame out. `VideoFrames` decodes through a `PacketDecoder` per camera and thread that lives for
+the pass and keeps the last GOPs, so consecutive frames of one GOP in one worker decode each packet once.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+
+from episodepipes.codec.decode import PacketDecoder
+from episodepipes.codec.pack import pack, unpack
+from episodepipes.index import EpisodeIndex
+from episodepipes.pipes.frames import decode_jpeg
+
+_local = threading.local()  # per thread: (camera, codec, size) -> PacketDecoder
+
+
+def video_cameras(index: EpisodeIndex) -> dict[str, tuple[str, int]]:
+    """camera -> (codec, gop) of every camera that is not JPEG; one codec per camera name across episodes."""
+    seen: dict[str, tuple[str, int]] = {}
+    for cameras, _ in index._schemas:  # episodes share their schema's cameras: one look per schema, not episode
+        for c, cam in cameras.items():
+            got = seen.setdefault(c, (cam.codec, cam.gop))
+            if got[0] != cam.codec:
+                raise ValueError(f"camera {c!r} is {got[0]} in some episodes of {index.root} and {cam.codec} in "
+                                 "others; re-shard them with one --codec")
+    return {c: v for c, v in seen.items() if v[0] != "jpeg"}
+
+
+def attach_gop(index: EpisodeIndex, episode: str, frame: int, members: dict[str, bytes],
+               earlier: Callable[[int], dict[str, bytes] | None]) -> str | None:
+    """Replace each video camera's member of ``frame`` by its packed GOP up to it; returns why not, or None.
+
+    ``earlier(f)``: frame ``f``'s members (from the reader's run, or read and CRC-checked), None when damaged.
+    """
+    ep = index.episode(episode)
+    for c, cam in ep.cameras.items():
+        if cam.codec == "jpeg":
+            continue
+        name = f"{c}.{cam.codec}"
+        key = frame - frame % cam.gop
+        packets = []
+        for f in range(key, frame):
+            got = earlier(f)
+            if got is None:
+                return f"crc32 mismatch or unreadable members in frame {f}, which this frame's GOP needs"
+            if name not in got:
+                return f"frame {f} of the GOP has no {name} member"
+            packets.append(got[name])
+        if name in members:
+            shard, start, _ = ep.frame_range(key)  # the GOP by content: its keyframe's shard (sha256) and offset
+            gid = f"{index.shards[shard].sha256}:{start}".encode()
+            members[name] = pack([gid, *packets, members[name]])
+    return None
+
+
+def checked(index: EpisodeIndex, episode: str, frame: int, data: bytes) -> bool:
+    """Whether ``data`` (frame ``frame``'s bytes) matches the index's CRC32 (True without checksums)."""
+    want = index.episode(episode).frame_crc(frame)
+    return want is None or zlib.crc32(data) == want
+
+
+@dataclass(frozen=True)
+class VideoFrames:
+    """`FrameDecoder` of shards with video cameras (``cameras``: name -> (codec, gop)); others are JPEG.
+
+    A video member is the packed GOP `attach_gop` made; frames come back as uint8 RGB ``[3, H, W]``.
+    """
+
+    cameras: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def field(self, camera: str) -> str:
+        v = self.cameras.get(camera)
+        return f"{camera}.jpg" if v is None else f"{camera}.{v[0]}"
+
+    def decode(self, camera: str, data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
+               out: np.ndarray | None = None) -> np.ndarray | None:
+        v = self.cameras.get(camera)
+        if v is None:
+            return decode_jpeg(data, src=src, size=size, out=out)
+        try:
+            gid, *packets = unpack(data, where=f"camera {camera!r}")
+        except ValueError:
+            return None
+        if not packets or len(packets) > v[1]:
+            return None
+        img = _decoder(camera, v[0], src).frame(bytes(gid), packets, len(packets) - 1)
+        if img is None:
+            return None
+        want = tuple(size or src)
+        if out is None or out.shape != (3, *want):
+            out = np.empty((3, *want), np.uint8)
+        if want == tuple(src):
+            out[...] = img  # the decoder keeps its frames: never hand them out
+        else:
+            hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
+            cv2.split(hwc, [out[0], out[1], out[2]])
+        return out
+
+
+def _decoder(camera: str, codec: str, src: tuple[int, int]) -> PacketDecoder:
+    cache = getattr(_local, "decoders", None)
+    if cache is None:
+        cache = _local.decoders = {}
+    key = (camera, codec, tuple(src))
+    dec = cache.get(key)
+    if dec is None:
+        dec = cache[key] = PacketDecoder(codec, size=tuple(src))
+    return dec

@@ -1,0 +1,108 @@
+"""Statistics read back from finished shards: for an index written before statistics existed
+(``episodepipes-shard stats OUT --recompute``) and for resuming a write whose progress file has none.
+
+The arrays are read through the same tar member parser as the pipes, each frame checked against the
+index's crc32 first, and folded in index order with the writer's rule (`StatsFields`), so recomputed
+fields equal the ones a fresh write would have stored.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from episodepipes.format import INDEX_NAME
+from episodepipes.index import EpisodeIndex, mapped
+from episodepipes.sharding.lock import write_lock
+from episodepipes.sharding.progress import PROGRESS_NAME, Progress
+from episodepipes.sharding.writer import atomic_write_bytes
+from episodepipes.statsfields import MISSING, STATS, StatsFields, episode_part
+from episodepipes.tarmembers import frame_fields
+
+log = logging.getLogger(__name__)
+
+
+def _npy(data: bytes, spec: dict, where: str) -> np.ndarray:
+    try:
+        a = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, SyntaxError) as e:
+        raise ValueError(f"{where}: not a readable .npy member ({e}); re-shard it") from None
+    if a.dtype.str != np.dtype(spec["dtype"]).str or list(a.shape) != list(spec["shape"]):
+        raise ValueError(f"{where}: holds {a.dtype.str}{a.shape}, the index says {spec['dtype']}"
+                         f"{tuple(spec['shape'])}; re-shard it")
+    return a
+
+
+def episode_arrays(root: Path, shards: list[dict], entry: dict) -> dict[str, np.ndarray]:
+    """Every array of one episode (index entry ``entry``), read from its shards under ``root``."""
+    keys = sorted(entry["arrays"])
+    rows: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    if not keys:
+        return {}
+    want = {f"{k}.npy" for k in keys}
+    for seg in entry["segments"]:
+        name = shards[seg["shard"]]["name"]
+        bounds = [*seg["offsets"], seg["end"]]
+        crcs = seg.get("crc32") or [None] * seg["count"]
+        with mapped(root / name) as view:
+            def pread(size: int, off: int) -> bytes:
+                return bytes(view[off:off + size])
+
+            for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+                where = f"shard {root / name}: episode {entry['id']!r} frame {seg['first'] + k}"
+                if b > len(view) or (crcs[k] is not None and zlib.crc32(view[a:b]) != crcs[k]):
+                    raise ValueError(f"{where}: its bytes do not match the index's crc32 (or the shard is "
+                                     "truncated); restore the shard or re-shard")
+                fields, _ = frame_fields(pread, a, b, entry["id"], seg["first"] + k, want, where=where)
+                for key in keys:
+                    rows[key].append(_npy(fields[f"{key}.npy"], entry["arrays"][key], f"{where} {key}.npy"))
+    return {k: np.stack(v) for k, v in rows.items()}
+
+
+def recompute(root: Path, shards: list[dict], episodes: list[dict]) -> StatsFields:
+    """The statistics of ``episodes`` (index entries, in index order) read from their shards."""
+    out = StatsFields()
+    for e in episodes:
+        out.add(e["split"], *episode_part(e["id"], episode_arrays(root, shards, e)))
+    return out
+
+
+def resumed_stats(target: Path, prog: Progress) -> StatsFields:
+    """The statistics of the episodes an interrupted write finished: saved with its progress, or read back."""
+    out = StatsFields()
+    file = target / PROGRESS_NAME
+    if prog.stats is not None:
+        try:
+            if not isinstance(prog.stats, dict):
+                raise ValueError(f"{file}: stats should be an object, found {type(prog.stats).__name__}")
+            out.add_fields(prog.stats, where=str(file))
+        except ValueError as e:
+            raise ValueError(f"{e}; the progress file is damaged: pass --overwrite to start over") from None
+    elif prog.episodes:
+        log.info("%s has no statistics (an older episodepipes); reading them from the finished shards", file)
+        out = recompute(target, prog.shards, prog.episodes)
+    return out
+
+
+def add_stats(out: str | Path) -> dict[str, Any]:
+    """Compute the statistics of a finished output from its shards and rewrite its index atomically with them.
+
+    Returns the new statistics fields. Only ``index.json`` is rewritten (a v2 index keeps its columns),
+    with every other field as it was and in the writer's layout (sorted keys, compact), so a recomputed
+    index equals one written with statistics.
+    """
+    root = Path(out)
+    with write_lock(root):
+        index = EpisodeIndex.open(root)
+        data = index.data
+        fields = recompute(root, data["shards"], data["episodes"]).to_json()
+        base = index.meta if index.version == 2 else data
+        new = dict({k: v for k, v in base.items() if k not in (STATS, MISSING)}, **fields)
+        atomic_write_bytes(root / INDEX_NAME, json.dumps(new, sort_keys=True, separators=(",", ":")).encode())
+    return fields

@@ -1,0 +1,48 @@
+"""The ``stats`` command: print an output's normalization statistics, computing them first with ``--recompute``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from episodepipes.format import INDEX_NAME
+from episodepipes.index import EpisodeIndex
+from episodepipes.sharding.recompute import add_stats
+
+FIELDS = ("mean", "std", "min", "max", "q01", "q10", "q50", "q90", "q99")
+MAX_SHOWN = 8  # elements per row; wider keys end with "..."
+
+
+def _row(values: np.ndarray) -> str:
+    flat = values.reshape(-1)
+    text = " ".join(f"{v:>10.4g}" for v in flat[:MAX_SHOWN].tolist())
+    return text + (f" ... ({len(flat)} elements)" if len(flat) > MAX_SHOWN else "")
+
+
+def table(index: EpisodeIndex) -> list[str]:
+    """A compact table per split and key: the count and shape, then one row per statistic."""
+    data = index.meta
+    keys = sorted({(s, k) for s, keys in data.get("stats", {}).items() for k in keys}
+                  | {(s, k) for s, keys in data.get("stats_missing", {}).items() for k in keys})
+    lines = []
+    for split, key in keys:
+        try:
+            s = index.stats(key, split=split)
+        except KeyError as e:
+            lines.append(f"{split}/{key}: no statistics: {e.args[0].split(': ', 1)[-1]}")
+            continue
+        lines.append(f"{split}/{key}  count={s['count']}  shape={tuple(s['mean'].shape)}")
+        lines += [f"  {name:<4} {_row(s[name])}" for name in FIELDS]
+    return lines or ["no arrays: nothing to normalize"]
+
+
+def run(out: Path, *, recompute: bool) -> list[str]:
+    """The lines to print for ``stats OUT [--recompute]``; an index without statistics is refused by name."""
+    if recompute:
+        add_stats(out)
+    index = EpisodeIndex.open(out)
+    if "stats" not in index.meta:
+        raise ValueError(f"{Path(out) / INDEX_NAME} has no statistics (written by an older episodepipes); "
+                         f"compute them with: episodepipes-shard stats {out} --recompute")
+    return table(index)

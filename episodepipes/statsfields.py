@@ -1,0 +1,139 @@
+"""The ``stats`` and ``stats_missing`` fields of an index: exact per-(split, key) statistics, built in episode order.
+
+A write folds each episode's statistics (made in its encoder process) into a `StatsFields` in episode
+order; `merge` folds the job tables in job order with the same rule, so the merged fields equal a
+single job's, byte for byte. The rule, per (split, key): while no episode has failed, parts merge; the
+first failure (NaN or infinite values, a non-numeric dtype, a step shape that differs from the earlier
+episodes') records its reason in ``stats_missing`` and freezes the entry. A frozen entry stays in
+``stats`` (a later job's merge needs it to find the same first failure) but is never served.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from episodepipes.normstats import ArrayStats, StatsTable
+
+log = logging.getLogger(__name__)
+
+STATS = "stats"
+MISSING = "stats_missing"
+Part = tuple[dict[str, ArrayStats], dict[str, str]]  # one episode's statistics per key, and its failures
+MAX_ELEMENTS = 1024  # per step; the exact sums' scratch grows with elements (an image stored as an array has 10**5)
+
+
+def episode_part(eid: str, arrays: Mapping[str, Any]) -> Part:
+    """One episode's statistics per array key; a key whose values cannot have statistics gets a reason instead."""
+    stats, failed = {}, {}
+    for key, values in sorted(arrays.items()):
+        a = np.asarray(values)
+        if a.ndim and math.prod(a.shape[1:]) > MAX_ELEMENTS:
+            failed[key] = (f"array {key!r} has {math.prod(a.shape[1:])} elements per step, more than the "
+                           f"{MAX_ELEMENTS} statistics are kept for (normalize such arrays another way)")
+            continue
+        try:
+            acc = ArrayStats(a.shape[1:])
+            acc.add(a, where=f"episode {eid!r} array {key!r}")
+        except ValueError as e:
+            failed[key] = str(e)
+        else:
+            stats[key] = acc
+    return stats, failed
+
+
+class StatsFields:
+    """Per (split, key): the statistics so far, and the reason they stopped (None while they are complete)."""
+
+    def __init__(self) -> None:
+        self.stats: dict[tuple[str, str], ArrayStats] = {}
+        self.missing: dict[tuple[str, str], str] = {}
+
+    def add(self, split: str, stats: Mapping[str, ArrayStats], failed: Mapping[str, str]) -> None:
+        """Fold in the statistics of the next episode (or job) of ``split``, in output order."""
+        for key in sorted(stats.keys() | failed.keys()):
+            at = (split, key)
+            if at in self.missing:
+                continue
+            part = stats.get(key)
+            if part is not None:
+                have = self.stats.get(at)
+                if have is None:
+                    self.stats[at] = ArrayStats(part.shape)
+                    self.stats[at].update(part)
+                elif have.shape != part.shape:
+                    self.missing[at] = (f"array {key!r} has steps of shape {part.shape} in some episodes and "
+                                        f"{have.shape} in earlier ones")
+                    continue
+                else:
+                    have.update(part)
+            if key in failed:
+                self.missing[at] = failed[key]
+
+    def add_fields(self, data: Mapping[str, Any], *, where: str) -> None:
+        """Fold in the fields of a job's index (or of saved progress), checked first."""
+        table, missing = load(data, where=where)
+        if table is None:
+            raise ValueError(f"{where} has no statistics (written by an older episodepipes?); re-run it with "
+                             "--overwrite")
+        for split in sorted({s for s, _ in table.keys()} | {s for s, _ in missing}):
+            self.add(split, {k: table.get(k, split=s) for s, k in table.keys() if s == split},
+                     {k: r for (s, k), r in missing.items() if s == split})
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"stats": ..., "stats_missing": ...}``, the second only when some key failed."""
+        out: dict[str, Any] = {STATS: StatsTable(self.stats).to_json()}
+        if self.missing:
+            by: dict[str, dict[str, str]] = {}
+            for (split, key), reason in sorted(self.missing.items()):
+                by.setdefault(split, {})[key] = reason
+            out[MISSING] = by
+        return out
+
+
+def load(data: Mapping[str, Any], *, where: str) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+    """(table or None when ``data`` has no ``stats``, (split, key) -> reason), every field checked by name."""
+    raw_missing = data.get(MISSING, {})
+    if not isinstance(raw_missing, dict) or not all(
+            isinstance(keys, dict) and all(isinstance(k, str) and isinstance(r, str) for k, r in keys.items())
+            for keys in raw_missing.values()):
+        raise ValueError(f"{where}: {MISSING} should be an object of splits, each an object of key -> reason")
+    missing = {(s, k): r for s, keys in raw_missing.items() for k, r in keys.items()}
+    if STATS not in data:
+        if missing:
+            raise ValueError(f"{where}: {MISSING} is set but {STATS} is not")
+        return None, {}
+    return StatsTable.from_json(data[STATS], where=where), missing
+
+
+def check_counts(table: StatsTable, missing: Mapping[tuple[str, str], str], lengths: np.ndarray,
+                 schema: np.ndarray, split: np.ndarray, schemas: list[dict], splits: list[str], where: str) -> None:
+    """Each served entry counts exactly the steps of its split's episodes that have the key.
+
+    Args:
+        lengths, schema, split: per episode, its length and its schema and split codes (the v2 tables).
+        schemas: each schema's ``arrays``; splits: the split names the codes number.
+    """
+    per = np.zeros((len(schemas), len(splits)), np.uint64)
+    np.add.at(per, (schema.astype(np.int64), split.astype(np.int64)), lengths.astype(np.uint64))
+    steps: dict[tuple[str, str], int] = {}
+    for (j, t), n in np.ndenumerate(per):
+        for key in schemas[j]:
+            steps[(splits[t], key)] = steps.get((splits[t], key), 0) + int(n)
+    for sp, key in table.keys():
+        if (sp, key) in missing:
+            continue
+        got, want = table.get(key, split=sp).count, steps.get((sp, key), 0)
+        if got != want:
+            raise ValueError(f"{where}: stats[{sp!r}][{key!r}] count={got}, but the index's {sp} episodes "
+                             f"with {key!r} have {want} steps")
+
+
+def no_stats_hint(file: Path) -> str:
+    return (f"{file} has no statistics (written before episodepipes computed them); compute them with: "
+            f"episodepipes-shard stats {file.parent} --recompute")

@@ -1,0 +1,236 @@
+"""Normalization statistics written by `write_shards`, merged by `merge_jobs`, served by `EpisodeIndex.stats`,
+printed and recomputed by ``episodepipes-shard stats``, and used end to end by `Normalize`."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from episodepipes.index import EpisodeIndex, IndexFormatError
+from episodepipes.normstats import QUANTILES, REL_ERROR
+from episodepipes.pipes.normalize import Normalize
+from episodepipes.pipes.train import train_pipe
+from episodepipes.sharding import cli
+from episodepipes.sharding.merge import merge_jobs
+from episodepipes.sharding.progress import PROGRESS_NAME
+from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.write import WriteOptions, write_shards
+
+SYN = SyntheticReader(num_episodes=7, length=9, height=32, width=40, lengths=(9, 5, 12, 7, 9, 3, 10))
+OPTS = WriteOptions(format="synthetic", shard_size=20_000)
+
+
+def _raw(reader, split, key):
+    eps = [reader.read(e) for e in reader.episode_ids()]
+    return np.concatenate([e.arrays[key] for e in eps if e.split == split]).astype(np.float64)
+
+
+def _check_against_numpy(s, x):
+    x = x.reshape(len(x), *s["mean"].shape)
+    assert s["count"] == len(x)
+    np.testing.assert_allclose(s["mean"], x.mean(0), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(s["std"], x.std(0), rtol=1e-12, atol=1e-15)
+    assert np.array_equal(s["min"], x.min(0)) and np.array_equal(s["max"], x.max(0))
+    for name, q in QUANTILES.items():
+        want = np.quantile(x, q, axis=0, method="lower")
+        assert (np.abs(s[name] - want) <= REL_ERROR * np.abs(want)).all(), name
+
+
+def _index_bytes(d):
+    return (d / "index.json").read_bytes()
+
+
+class _NanReader(SyntheticReader):
+    """ep0003's state holds a NaN: its key gets no statistics, the write goes on."""
+
+    def read(self, episode_id):
+        ep = super().read(episode_id)
+        if episode_id == "ep0003":
+            ep.arrays["state"] = ep.arrays["state"].copy()
+            ep.arrays["state"][1, 2] = np.nan
+        return ep
+
+
+def test_write_stores_per_split_statistics_equal_to_numpy_on_the_raw_arrays(tmp_path):
+    write_shards(SYN, tmp_path / "s", OPTS, workers=2)
+    index = EpisodeIndex.open(tmp_path / "s")
+    for split in ("train", "val"):
+        for key in ("action", "state", "keypoints"):
+            _check_against_numpy(index.stats(key, split=split), _raw(SYN, split, key))
+    assert index.stats("keypoints")["mean"].shape == (1, 2)  # per element of the step shape
+    with pytest.raises(KeyError, match=r"no statistics for 'gripper' in split 'train'; it has \[.*'train/action'"):
+        index.stats("gripper")
+
+
+@pytest.mark.parametrize("num_jobs", [2, 3])
+def test_merged_jobs_carry_the_single_job_statistics_byte_for_byte(tmp_path, num_jobs):
+    write_shards(SYN, tmp_path / "one", OPTS)
+    for i in range(num_jobs):
+        write_shards(SYN, tmp_path / "multi", OPTS, num_jobs=num_jobs, job_index=i)
+    merge_jobs(tmp_path / "multi")
+    one = json.loads(_index_bytes(tmp_path / "one"))
+    assert set(one["stats"]) == {"train", "val"} and _index_bytes(tmp_path / "multi") == _index_bytes(tmp_path / "one")
+
+
+def test_a_key_with_nan_is_listed_with_its_episode_and_merges_to_the_same_bytes(tmp_path):
+    nan = _NanReader(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width", "lengths")})
+    write_shards(nan, tmp_path / "one", OPTS, workers=2)
+    for i in range(3):  # ep0003 is in job 1: job 0's state statistics merge, then job 1's failure wins
+        write_shards(nan, tmp_path / "multi", OPTS, num_jobs=3, job_index=i)
+    merge_jobs(tmp_path / "multi")
+    assert _index_bytes(tmp_path / "multi") == _index_bytes(tmp_path / "one")
+    index = EpisodeIndex.open(tmp_path / "one")
+    with pytest.raises(KeyError, match="for 'state' in split 'train': episode 'ep0003' array 'state'.*NaN"):
+        index.stats("state")
+    _check_against_numpy(index.stats("action"), _raw(SYN, "train", "action"))
+    _check_against_numpy(index.stats("state", split="val"), _raw(SYN, "val", "state"))  # ep0003 is train
+
+
+def test_a_resumed_write_keeps_the_statistics_of_the_finished_episodes(tmp_path):
+    write_shards(SYN, tmp_path / "ref", OPTS)
+
+    class Crash(RuntimeError):
+        pass
+
+    class Crashing(SyntheticReader):
+        def read(self, episode_id):
+            if episode_id == "ep0005":
+                raise Crash(episode_id)
+            return super().read(episode_id)
+
+    crashing = Crashing(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width", "lengths")})
+    for drop_saved_stats in (False, True):  # True: progress from an episodepipes without statistics
+        with pytest.raises(Crash):
+            write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
+        prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
+        assert prog["episodes"] and prog["stats"]["stats"]
+        if drop_saved_stats:
+            del prog["stats"]
+            (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
+        assert write_shards(SYN, tmp_path / "out", OPTS).resumed
+        assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
+    with pytest.raises(Crash):
+        write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
+    prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
+    prog["stats"] = {"stats": {"train": {"state": {}}}}
+    (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
+    with pytest.raises(ValueError, match=r"_progress.json: stats\['train'\]\['state'\].*damaged.*--overwrite"):
+        write_shards(SYN, tmp_path / "out", OPTS)
+
+
+def _rewrite(d, edit):
+    data = json.loads(_index_bytes(d))
+    edit(data)
+    (d / "index.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(stats=[]), "stats should be an object of splits"),
+    (lambda d: d["stats"]["train"].update(action=7), r"stats\['train'\]\['action'\]: should be an object"),
+    (lambda d: d["stats"]["train"]["action"]["sum"].__setitem__(0, "1e9"),
+     r"stats\['train'\]\['action'\]: sum should be a list of 7 hex strings"),
+    (lambda d: d["stats"]["train"]["action"]["sketch"][0][1].__setitem__(0, 10**6),
+     r"stats\['train'\]\['action'\]: sketch\[0\] should be"),
+    (lambda d: d["stats"]["val"]["state"].update(min=[float(v) + 1 for v in d["stats"]["val"]["state"]["max"]]),
+     r"stats\['val'\]\['state'\]: element 0 has inconsistent"),
+    (lambda d: d["stats"]["train"].update(action=d["stats"]["val"]["action"]),
+     r"stats\['train'\]\['action'\] count=\d+, but the index's train episodes with 'action' have \d+ steps"),
+    (lambda d: d.update(stats_missing={"train": {"state": 3}}), "stats_missing should be an object of splits"),
+])
+def test_hostile_statistics_are_refused_at_open_naming_the_field(tmp_path, edit, message):
+    write_shards(SYN, tmp_path / "s", OPTS)
+    _rewrite(tmp_path / "s", edit)
+    with pytest.raises(IndexFormatError, match=message + ".*stats .*--recompute"):
+        EpisodeIndex.open(tmp_path / "s")
+
+
+def test_the_stats_command_prints_refuses_and_recomputes_an_older_index(tmp_path, capsys):
+    write_shards(SYN, tmp_path / "s", OPTS)
+    fresh = _index_bytes(tmp_path / "s")
+    assert cli.main(["stats", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    n = sum(SYN.lengths[i] for i in range(7) if i % 3 != 2)
+    assert f"train/action  count={n}  shape=(7,)" in out and "val/keypoints  count=15  shape=(1, 2)" in out
+    assert len([line for line in out if line.startswith("  q50 ")]) == 6
+
+    _rewrite(tmp_path / "s", lambda d: d.pop("stats"))  # an index written before statistics
+    older = EpisodeIndex.open(tmp_path / "s")
+    with pytest.raises(KeyError, match="has no statistics.*episodepipes-shard stats .* --recompute"):
+        older.stats("action")
+    assert cli.main(["stats", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no statistics" in err and "--recompute" in err
+    assert cli.main(["stats", str(tmp_path / "s"), "--recompute"]) == 0
+    assert _index_bytes(tmp_path / "s") == fresh  # the same fields a write with statistics stores
+
+
+def test_recompute_refuses_a_shard_whose_bytes_changed(tmp_path, capsys):
+    write_shards(SYN, tmp_path / "s", OPTS)
+    _rewrite(tmp_path / "s", lambda d: d.pop("stats"))
+    before = _index_bytes(tmp_path / "s")
+    shard = tmp_path / "s" / "shard-000000.tar"
+    blob = bytearray(shard.read_bytes())
+    blob[3000] ^= 0xFF
+    shard.write_bytes(bytes(blob))
+    assert cli.main(["stats", str(tmp_path / "s"), "--recompute"]) == 2
+    assert "crc32" in capsys.readouterr().err
+    assert _index_bytes(tmp_path / "s") == before  # nothing written
+
+
+def test_normalize_from_index_stats_end_to_end_in_a_train_pipe(tmp_path):
+    write_shards(SYN, tmp_path / "s", OPTS, workers=2)
+    index = EpisodeIndex.open(tmp_path / "s")
+    stats = {k: index.stats(k, split="train") for k in ("action", "state")}
+    for k in stats:
+        _check_against_numpy(stats[k], _raw(SYN, "train", k))
+    norm = Normalize.from_stats(stats)
+    q = Normalize.from_stats(stats, mode="quantile")
+    kw = dict(batch_size=4, seed=1, rank=0, world_size=1, num_workers=2)
+    raw, done, qd = (list(train_pipe(index, transform=t, **kw)) for t in (None, norm, q))
+    assert len(raw) == len(done) == len(qd) > 0
+    seen = 0
+    for r, d, y in zip(raw, done, qd):
+        for k, s in stats.items():
+            x = r[k].double().numpy()
+            np.testing.assert_allclose(d[k].numpy(), (x - s["mean"]) / s["std"], rtol=1e-5, atol=1e-5)
+            half = (s["q99"] - s["q01"]) / 2
+            np.testing.assert_allclose(y[k].numpy(), (x - (s["q01"] + s["q99"]) / 2) / half, rtol=1e-4, atol=1e-4)
+            assert torch.allclose(norm.inverse(d)[k].double(), r[k].double(), rtol=1e-5, atol=1e-6)
+        seen += len(r["action"])
+    assert seen == index.stats("action")["count"]  # one epoch of train: every step the statistics counted
+
+
+def test_recompute_on_a_v1_index_and_upgrade_keeps_the_statistics(tmp_path):
+    from helpers import as_v1
+
+    from episodepipes.sharding.upgrade import upgrade
+
+    write_shards(SYN, tmp_path / "s", OPTS)
+    want = EpisodeIndex.open(tmp_path / "s").stats("state", split="val")
+    with_stats = _index_bytes(as_v1(tmp_path / "s"))
+    _rewrite(tmp_path / "s", lambda d: d.pop("stats"))  # a v1 index as an older episodepipes wrote it
+    with pytest.raises(KeyError, match="--recompute"):
+        EpisodeIndex.open(tmp_path / "s").stats("state", split="val")
+    assert cli.main(["stats", str(tmp_path / "s"), "--recompute"]) == 0
+    assert _index_bytes(tmp_path / "s") == with_stats and EpisodeIndex.open(tmp_path / "s").version == 1
+    got = upgrade(tmp_path / "s").stats("state", split="val")  # v2's JSON part carries them over
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+class _WideReader(SyntheticReader):
+    """Adds a 40x30 "depth" array per step: more elements than statistics are kept for."""
+
+    def read(self, episode_id):
+        ep = super().read(episode_id)
+        ep.arrays["depth"] = np.ones((len(ep.arrays["state"]), 40, 30), np.float32)
+        return ep
+
+
+def test_an_array_with_too_many_elements_per_step_is_listed_not_summed(tmp_path):
+    wide = _WideReader(num_episodes=3, length=4, height=16, width=16)
+    write_shards(wide, tmp_path / "s", WriteOptions(format="synthetic"))
+    index = EpisodeIndex.open(tmp_path / "s")
+    with pytest.raises(KeyError, match="'depth' has 1200 elements per step, more than the 1024"):
+        index.stats("depth")
+    assert index.stats("state")["count"] == 8  # ep0002 is val
