@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import as_v1, make_shards
+from helpers import as_v1, make_shards, write_raw
 from s3server import CREDENTIALS, FaultProxy, MotoS3, s3_env
 
 from episodepipes.format import COLUMNS
@@ -17,6 +17,7 @@ from episodepipes.pipes.plan import metric_items, read_runs
 from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
+from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.shardio import ShardMissingError
 
 BUCKET = "pipes"
@@ -207,3 +208,17 @@ def test_cli_info_and_verify_read_a_remote_root(moto, shards, proxy, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"no index.json at s3://{BUCKET}/nothing-here" in err
     _secrets_absent(out, cap.err, err)
+
+
+def test_h264_shards_read_from_s3_as_locally(moto, proxy, tmp_path):
+    src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=6, length=9, height=48, width=64))
+    out = tmp_path / "h264"
+    assert main(["write", str(src), str(out), "--workers", "1", "--shard-size", "30kB", "--codec", "h264",
+                 "--gop", "4"]) == 0
+    assert len(EpisodeIndex.open(out).shards) > 1  # GOPs straddle shards: earlier packets come from another one
+    moto.upload_dir(out, BUCKET, "h264")
+    url = f"s3://{BUCKET}/h264"
+    video = dict(episodes=["ep0001", "ep0004"], batch_size=4, max_batches=100)
+    assert _plain(video_pipe(url, **video)) == _plain(video_pipe(out, **video))
+    metric = dict(frames_per_episode=3, batch_size=2, split="train", rank=0, world_size=1)  # mid-GOP frames
+    assert _plain(metric_pipe(url, **metric)) == _plain(metric_pipe(out, **metric))
