@@ -29,8 +29,9 @@ def synthetic_index(root: Path, episodes: int, *, length: int = 50, frame_bytes:
                                   "offsets": [base + f * frame_bytes for f in range(length)],
                                   "end": base + length * frame_bytes}]})
     for s in range(-(-episodes // per_shard)):
+        in_shard = min(per_shard, episodes - s * per_shard)  # the last shard may hold fewer episodes
         shards.append({"name": f"shard-{s:06d}.tar", "bytes": per_shard * length * frame_bytes, "sha256": "0" * 64,
-                       "samples": per_shard * length})
+                       "samples": in_shard * length})
     return EpisodeIndex(root, {"format": FORMAT_NAME, "version": 1, "options": {},
                                "shards": shards, "episodes": eps})
 

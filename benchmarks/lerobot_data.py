@@ -7,11 +7,9 @@ LeRobot's writer lays them out. Used by tests/test_lerobot.py and benchmarks/ben
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from episodepipes.codec.encode import same_scheduling
 from episodepipes.sharding.synthetic import SyntheticReader
 
 T = TypeVar("T")
@@ -57,25 +56,6 @@ class SourceEpisode:
     task: str
     frames: dict[str, np.ndarray]  # LeRobot key -> (n, H, W, 3) uint8 RGB, as fed to the encoder
     arrays: dict[str, np.ndarray]  # LeRobot key -> (n, ...) as written to parquet
-
-
-@contextlib.contextmanager
-def same_scheduling() -> Iterator[None]:
-    """Undo what libsvtav1 does to the thread that encodes: run as root, it switches it to SCHED_FIFO 99.
-
-    Every thread and forked worker started afterwards inherits that, and under SCHED_FIFO the pool's
-    ``_handle_workers`` thread busy-polls the result pipe that ``_handle_results`` never gets the core
-    to drain: the parent burned 16-25 CPU-s per run and 2 workers came out slower than 1.
-    """
-    if not hasattr(os, "sched_getscheduler"):
-        yield
-        return
-    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
-    try:
-        yield
-    finally:
-        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
-            os.sched_setscheduler(0, policy, param)
 
 
 def restores_scheduling(fn: Callable[..., T]) -> Callable[..., T]:

@@ -4,8 +4,6 @@ every builder argument in the table; the Lightning snippet is the checked file."
 import inspect
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -55,12 +53,19 @@ def test_custom_graph_example_runs_on_the_readme_data_and_transforms_before_batc
     assert batches[0]["front"].shape[-2:] == (48, 64) and batches[0]["wrist"].shape[-2:] == (96, 128)
 
 
-def test_episode_id_listing_command_prints_ids_and_splits(tmp_path, monkeypatch):
+def test_info_episodes_lists_ids_splits_and_lengths(tmp_path, monkeypatch, capsys):
+    # "`episodepipes-shard info --episodes shards/` also lists every episode id with its split, length and task"
+    from episodepipes.sharding.cli import main
+
+    assert "episodepipes-shard info --episodes shards/" in README
     monkeypatch.chdir(tmp_path)
     _run(_block("SyntheticReader(num_episodes=6)"), "data")
-    (cmd,) = re.findall(r'`python -c "(.*?)"`', README)
-    out = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True, check=True, cwd=tmp_path)
-    assert eval(out.stdout) == [(f"ep{i:04d}", "val" if i % 3 == 2 else "train") for i in range(6)]
+    assert main(["info", "--episodes", "shards/"]) == 0
+    out = capsys.readouterr().out
+    index = EpisodeIndex.open("shards/")
+    for e in index.episodes:
+        line = next(ln for ln in out.splitlines() if e.id in ln.split())
+        assert e.split in line.split() and str(e.length) in line.split(), line
 
 
 def test_demo_data_is_what_the_readme_says():

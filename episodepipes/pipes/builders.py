@@ -72,7 +72,13 @@ def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None)
     if not episodes:
         return
     first = episodes[0]
+    checked: set[tuple[int, int]] = set()
     for e in episodes:
+        # a v2 index gives the episodes of one schema the same cameras and arrays dicts: check each schema once
+        same = (id(e.cameras), id(e.arrays))
+        if same in checked:
+            continue
+        checked.add(same)
         why = stack_mismatch(first, e)
         if why:
             raise ValueError(f"episodes {first.id!r} and {e.id!r} cannot share a batch: {why}; re-shard them with "
