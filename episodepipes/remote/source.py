@@ -253,10 +253,17 @@ _LIVE: weakref.WeakSet[RemoteSource] = weakref.WeakSet()
 _STARTED_IN: int | None = None  # the pid whose obstore runtime is running (one global runtime per process)
 
 
+_INHERITED: list[object] = []  # in a forked child: the parent's store and pool, kept so their destructors never run
+
+
 def _after_fork() -> None:
     # A forked worker inherits neither the worker threads nor usable connections: start afresh on demand.
+    # The inherited objects are kept alive, not dropped: dropping the obstore store would run Rust destructors
+    # against a runtime whose threads did not survive the fork (a lock held by one of them at fork time
+    # would never be released), which can hang the child.
     for src in list(_LIVE):
         src._lock = threading.Lock()
+        _INHERITED.append((src._store, src._pool))
         src._store, src._pool = None, None
 
 
