@@ -74,3 +74,26 @@ def as_v1(out: Path) -> Path:
     for file, _, _ in COLUMNS.values():
         (Path(out) / file).unlink(missing_ok=True)
     return Path(out)
+
+
+def spawn_two_ranks(rank_main, out, *args, deadline: float = 120.0) -> list[dict]:  # noqa: ANN001
+    """Run ``rank_main(rank, *args, port, out)`` in 2 spawned processes (a real gloo group on 127.0.0.1) and return
+    each rank's ``<out>/rank<r>.json``. A hang fails the test instead of the suite."""
+    import json
+    import socket
+
+    import pytest
+    import torch.multiprocessing as tmp_mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = tmp_mp.spawn(rank_main, args=(*args, port, str(out)), nprocs=2, join=False)
+    try:
+        if not ctx.join(timeout=deadline) and not ctx.join(timeout=deadline):
+            pytest.fail("the 2-rank run did not finish")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from datetime import timedelta
 
-import pytest
 import torch.distributed as dist
-import torch.multiprocessing as tmp_mp
-from helpers import make_shards
+from helpers import make_shards, spawn_two_ranks
 
 from episodepipes.pipes import metric_pipe
 
@@ -38,23 +35,9 @@ def _rank_main(rank: int, root: str, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_pipe_built_before_ddp_started_refuses_to_iterate(tmp_path):
     root = make_shards(tmp_path / "s", num_episodes=3, length=8, height=16, width=24)  # val: ep0002
-    ctx = tmp_mp.spawn(_rank_main, args=(str(root), _free_port(), str(tmp_path)), nprocs=2, join=False)
-    try:
-        if not ctx.join(timeout=DEADLINE) and not ctx.join(timeout=DEADLINE):
-            pytest.fail("the 2-rank run did not finish")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = spawn_two_ranks(_rank_main, tmp_path, str(root), deadline=DEADLINE)
     for r, got in enumerate(ranks):
         assert got["error"] is not None and "built for rank=0, world_size=1" in got["error"]
         assert f"rank={r} of world_size=2" in got["error"] and "val_dataloader()" in got["error"]
