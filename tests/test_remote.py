@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from s3server import CREDENTIALS, FaultProxy, Faults, MotoS3, RangeHTTPServer, s3_env
+from s3server import CREDENTIALS, Faults, RangeHTTPServer
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.remote import RangeCache, RemoteOptions, RemoteSource
@@ -23,28 +23,12 @@ FAST = RemoteOptions(backoff=0.001, max_backoff=0.01, timeout=5.0)
 
 
 @pytest.fixture(scope="module")
-def moto():
-    server = MotoS3()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("remote") / "shards"
     write_shards(SyntheticReader(num_episodes=4, length=10, height=48, width=64), out,
                  WriteOptions(format="test", shard_size=60_000))
     moto.upload_dir(out, BUCKET, PREFIX)
     return out
-
-
-@pytest.fixture
-def proxy(moto, monkeypatch):
-    p = FaultProxy(moto.endpoint)
-    for k, v in s3_env(p.endpoint).items():  # only the standard environment, as a user would set it
-        monkeypatch.setenv(k, v)
-    yield p
-    p.close()
 
 
 def _frames(index: EpisodeIndex) -> list[tuple[str, int, int]]:

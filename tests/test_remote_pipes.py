@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import as_v1, make_shards, write_raw
-from s3server import CREDENTIALS, FaultProxy, MotoS3, s3_env
+from s3server import CREDENTIALS
 
 from episodepipes.format import COLUMNS
 from episodepipes.index import EpisodeIndex, IndexFormatError
@@ -26,26 +26,10 @@ WINDOWS = dict(history={"state": 3, "front": 2}, horizon={"action": 4})
 
 
 @pytest.fixture(scope="module")
-def moto():
-    server = MotoS3()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory) -> Path:
     out = make_shards(tmp_path_factory.mktemp("remote-pipes") / "s", shard_size=20_000, **SHAPE)
     moto.upload_dir(out, BUCKET, "v1")
     return out
-
-
-@pytest.fixture
-def proxy(moto, monkeypatch):
-    p = FaultProxy(moto.endpoint)
-    for k, v in s3_env(p.endpoint).items():  # only the standard environment, as a user would set it
-        monkeypatch.setenv(k, v)
-    yield p
-    p.close()
 
 
 URL = f"s3://{BUCKET}/v1"
