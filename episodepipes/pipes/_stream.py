@@ -29,8 +29,12 @@ def is_local(url: str) -> bool:
 def stream_members(items: Sequence[Item], url: str, stats: Stats) -> Iterator[tuple[Item, dict[str, bytes]]]:
     """``(item, members)`` in plan order from one forward stream of ``url``, stopping after the last wanted sample.
 
-    Closing the generator closes the stream (a ``pipe:`` subprocess, a socket).
+    Closing the generator closes the stream (a ``pipe:`` subprocess, a socket). ``url`` is what the caller's
+    ``url=`` callable returned: nothing read from an index reaches ``gopen`` (shard names there are plain file
+    names, read through a byte source).
     """
+    if not isinstance(url, str):
+        raise TypeError(f"url(shard) returned {url!r}; it should return a str (a path, pipe: command or URL)")
     stream = _Counting(gopen(url, "rb"), stats)
     try:
         yield from group(items, tar_file_iterator(stream), url, stats)
