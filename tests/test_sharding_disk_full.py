@@ -62,3 +62,21 @@ def test_full_disk_with_two_workers_is_one_line_and_resumes(tmp_path, small_disk
     assert done.returncode == 0 and "resumed" in done.stdout, done.stderr
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
     assert files == {p.name: p.read_bytes() for p in sorted(ref.iterdir()) if p.is_file()}
+
+
+def test_a_shard_whose_progress_cannot_be_recorded_keeps_no_final_name(tmp_path):
+    # the race CI hit: a worker renamed its shard into place, then the disk filled while saving _progress.json
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.writer import ShardWriter
+
+    def full_disk(writer):
+        raise OSError(28, "No space left on device")
+
+    reader = SyntheticReader(num_episodes=2, length=20, height=32, width=32)
+    w = ShardWriter(tmp_path, shard_size=4096, options={}, on_shard=full_disk)
+    with pytest.raises(OSError, match="No space"):
+        for eid in reader.episode_ids():
+            w.add(encode_episode(reader.read(eid), EncodeOptions()))
+    assert w.shards == [] and not list(tmp_path.glob("shard-*.tar"))
+    assert [p.name for p in tmp_path.glob("shard-*.tar.tmp")] == ["shard-000000.tar.tmp"]

@@ -204,7 +204,12 @@ class ShardWriter:
                             "samples": self._samples})
         self._file, self._hash, self._pos, self._synced, self._samples = None, hashlib.sha256(), 0, 0, 0
         if self.on_shard is not None:
-            self.on_shard(self)
+            try:
+                self.on_shard(self)
+            except BaseException:  # not recorded (a full disk, say): no final name for it, a resume rewrites it
+                self.shards.pop()
+                os.replace(self.out / name, self.out / (name + ".tmp"))
+                raise
 
     def close(self) -> None:
         """Finish the open shard (end-of-archive, fsync, rename into place), then write the index.
