@@ -19,6 +19,7 @@ from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, s
 from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.transform import SampleTransform, Transform, sample_transform
 from episodepipes.pipes.videoframes import VideoFrames, video_cameras
 
 RESERVED = ("episode", "frame", "timestamp", "valid", "prompt")
@@ -92,8 +93,10 @@ def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None)
 
 
 def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int,
-                  decode: DecodeOptions, read: ReadOptions) -> Callable[[], BatchStacker]:
-    """A zero-argument builder of reader -> decoder -> stacker over ``items`` (what a `Gate` holds)."""
+                  decode: DecodeOptions, read: ReadOptions,
+                  transform: SampleTransform | None = None) -> Callable[[], BatchStacker]:
+    """A zero-argument builder of reader -> decoder -> stacker over ``items`` (what a `Gate` holds);
+    ``transform`` runs per sample in the decode workers, as in train_pipe."""
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
     video = video_cameras(index)
@@ -104,7 +107,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
             index.verify(shards=shards_of(index, items))
             verified.append(True)
         reader = ShardReader(index, items, stats=stats, url=read.url)
-        dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames)
+        dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames, transform=transform)
         return BatchStacker(dec, batch_size=batch_size, stats=stats)
 
     return build
@@ -115,7 +118,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 sampling: str = "even", num_workers: int = 2, method: str = "thread",
                 resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
                 url: Callable[[int], str] | None = None, episodes: Sequence[str] | None = None,
-                where: Where | None = None) -> Pipe:
+                where: Where | None = None, transform: Transform | None = None) -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
 
     ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes, see
@@ -158,6 +161,10 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
             index folder. Only the caller chooses it, never the index.
         episodes: ids of the episodes to read, all in ``split``; None for every one.
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
+        transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
+            collation, as in `train_pipe`: it must return a dict, and pickle with ``method="process"`` (checked
+            when the pipe is built). ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt`` are
+            restored after it (padding and corrupt samples stay ``valid=False``). None: no transform.
     """
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     read = ReadOptions(verify=verify, url=url)
@@ -169,7 +176,8 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     chosen = metric_items(eps, frames_per_episode, sampling=sampling, seed=seed)
     items = split_even(chosen, rank=rank, world_size=world_size)
     stats = Stats()
-    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read)
+    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
+                          transform=sample_transform(transform, method=method, pipe="metric_pipe"))
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
     return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False,
                 rank_world=(rank, world_size) if inferred else None)
@@ -178,7 +186,8 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
 def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str] | None = None, batch_size: int,
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
-               verify: bool = False, url: Callable[[int], str] | None = None, where: Where | None = None) -> Pipe:
+               verify: bool = False, url: Callable[[int], str] | None = None, where: Where | None = None,
+               transform: Transform | None = None) -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
 
     ``where=`` (a predicate over each episode's attributes, `episodepipes.pipes.select.attributes`) keeps
@@ -212,6 +221,10 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
             ``http://``: streamed, without the crc32 check; a local path: read by seeking). None reads the
             index folder. Only the caller chooses it, never the index.
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
+        transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
+            collation, as in `train_pipe`: it must return a dict, and pickle with ``method="process"`` (checked
+            when the pipe is built). ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt`` are
+            restored after it (padding and corrupt samples stay ``valid=False``). None: no transform.
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(
@@ -227,6 +240,7 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
     check_batchable(eps, resize)
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()
-    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read)
+    build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
+                          transform=sample_transform(transform, method=method, pipe="video_pipe"))
     length = num_batches(len(items), batch_size, max_batches)
     return Pipe(Gate(build, gate, stats=stats), length=length, index=idx, stats=stats, gated=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,6 +32,7 @@ from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.shuffle import FrameTable
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.transform import sample_transform
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
@@ -405,8 +405,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         raise ValueError(f"seed={seed!r} should be a non-negative int (it fixes every epoch's order)")
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
-    if transform is not None and not callable(transform):
-        raise TypeError(f"transform={transform!r} should be a callable taking and returning a sample dict")
+    checked = sample_transform(transform, method=method, pipe="train_pipe")
     episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     video = sorted({c for e in episodes for c, cam in e.cameras.items() if cam.codec != "jpeg"})
@@ -417,13 +416,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     stats = Stats()
     reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
                          batch_size=batch_size, epochs=epochs, stats=stats, on_resize=on_resize)
-    if method == "process" and transform is not None:
-        try:
-            pickle.dumps(transform)
-        except Exception as e:
-            raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
-                            "module-level function or a picklable callable object, or method='thread'") from None
-    dec = Decoder(reader, idx, options, stats=stats, transform=transform)
+    dec = Decoder(reader, idx, options, stats=stats, transform=checked)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
