@@ -19,6 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from episodepipes import episode_attrs
+from episodepipes.episode_attrs import BUILTIN
+
 SHARD_NAME = re.compile(r"shard-\d{6,}\.tar")  # what `format.shard_name` writes: a plain base name, nothing else
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _ID = re.compile(r"[A-Za-z0-9_\-.]+")
@@ -218,6 +221,10 @@ def _episode(w: Where, e: Any, k: int, sizes: list[int], held: list[int]) -> str
     check_fps(w, w.get(e, "fps", where), where)
     check_schema(w, w.get(e, "cameras", where), w.get(e, "arrays", where), where)
     _segments(w, w.seq(e, "segments", where), where, length, sizes, held)
+    if len(e) > len(BUILTIN) - 1:  # more keys than the fields: v1 keeps attributes beside them
+        why = episode_attrs.problem({k: v for k, v in e.items() if k not in BUILTIN})
+        if why:
+            raise w.fail(where, why)
     return eid
 
 

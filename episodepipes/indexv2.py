@@ -47,6 +47,7 @@ from episodepipes._indexcheck import (
     check_schema,
     check_shards,
 )
+from episodepipes.episode_attrs import problem
 from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, npy_bytes
 from episodepipes.shardio import ByteSource, ShardMissingError
 
@@ -183,6 +184,9 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
                 or type(entry[1]) is not dict or any(k in EPISODE_KEYS for k in entry[1]):
             raise w.fail("the index", f"episode_meta entry {str(entry)[:60]!r} should be [episode number, "
                                       "{attribute: value}], in order, naming no built-in field")
+        why = problem(entry[1])
+        if why:
+            raise w.fail(f"episode {ids[entry[0]]!r}", f"episode_meta {why}")
         last = entry[0]
     check_extras(w, data)
     cols = w.get(data, "columns", "the index")

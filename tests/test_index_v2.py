@@ -24,7 +24,7 @@ def _write(out, version, *, robot=True):
                      extra={"skipped": [{"id": "ep9", "error": "bad"}]}) as w:
         for eid in reader.episode_ids():
             enc = encode_episode(reader.read(eid), EncodeOptions())
-            meta = dict(enc.meta, robot_type="aloha", scene={"table": 2}) if robot and eid == "ep0001" else enc.meta
+            meta = dict(enc.meta, robot_type="aloha", scene_table=2) if robot and eid == "ep0001" else enc.meta
             w.add_frames(meta, enc.data(), enc.sizes)
     return out
 
@@ -47,7 +47,7 @@ def test_v2_holds_every_field_v1_holds(pair):
     assert len(v2.shards) > 2 and v1.shards == v2.shards and v1.options == v2.options
     assert list(v1.episodes) == list(v2.episodes)  # id, split, length, fps, prompt, cameras, arrays, segments, meta
     assert any(len(e.segments) > 1 for e in v2.episodes) and all(s.crc32 for e in v2.episodes for s in e.segments)
-    assert v2.episode("ep0001").meta == {"robot_type": "aloha", "scene": {"table": 2}}
+    assert v2.episode("ep0001").meta == {"robot_type": "aloha", "scene_table": 2}
     assert v2.data == json.loads((pair[0] / "index.json").read_text())  # the v1 layout, rebuilt from the columns
     assert v2.frames == 45 and v2.has_crc and v2.meta["skipped"] == [{"id": "ep9", "error": "bad"}]
     for a, b in zip(v1.episodes, v2.episodes):
@@ -137,8 +137,11 @@ def test_info_lists_episodes_and_frames_and_bytes_per_split(pair, capsys):
     val = [e for e in index.episodes if e.split == "val"]
     assert f"frames    45 (train {45 - 9 * len(val)}, val {9 * len(val)})" in out
     assert f"val {sum(e.nbytes for e in val)}" in out and "version 2, crc32 per frame" in out
+    attrs = 'robot_type="aloha" scene_table=2'  # ep0001's attributes; the others have none ("-")
+    assert f"id      split  length  {'attributes':<{len(attrs)}}  task" in out
     for e in index.episodes:
-        assert f"{e.id}  {e.split:<5}  {e.length}       {e.prompt}" in out
+        shown = attrs if e.id == "ep0001" else "-"
+        assert f"{e.id}  {e.split:<5}  {e.length}       {shown:<{len(attrs)}}  {e.prompt}" in out
 
 
 def _save(root, name, arr, **kw):

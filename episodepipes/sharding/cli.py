@@ -181,9 +181,9 @@ def _run(a: argparse.Namespace) -> int:
         index = EpisodeIndex.open(a.out)
         print(_table([("output", str(a.out)), *inspect.summarize(index)]))
         if a.episodes:
-            rows = [("id", "split", "length", "task"), *inspect.episode_rows(index)]
-            widths = [max(len(r[k]) for r in rows) for k in range(3)]
-            print("\n".join("  ".join(f"{v:<{w}}" for v, w in zip(r, widths)) + "  " + r[3] for r in rows))
+            rows = inspect.episode_rows(index)  # the last column (the task) is free text: not padded
+            widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
+            print("\n".join("  ".join(f"{v:<{w}}" for v, w in zip(r, widths)) + "  " + r[-1] for r in rows))
         return 0
     if a.command == "upgrade":
         from episodepipes.sharding.upgrade import upgrade

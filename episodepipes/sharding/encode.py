@@ -188,6 +188,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
         "arrays": {k: {"dtype": a.dtype.str,
                        "shape": list(a.shape[1:]), "source": ep.sources.get(o, o)}
                    for k, (o, a) in arrays.items()},
+        **ep.extra,  # the reader's further metadata (meta.json keys, zarr attrs): episode attributes in the index
     }
     return EncodedEpisode(meta, parts, sizes)
 

@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from episodepipes import episode_attrs
 from episodepipes.format import safe_field
 
 # Fields a camera or array must not become once tar-safe: the per-frame ``json`` member, the batch keys
@@ -170,6 +171,9 @@ class EpisodeData:
         check_text("prompt", self.prompt, where)
         check_text("split", self.split, where, optional=True)
         self.extra = check_extra(self.extra, where)
+        why = episode_attrs.problem(self.extra)  # what the index would refuse is refused here, before writing
+        if why:
+            raise EpisodeError(f"{where}: metadata {why}")
 
 
 @runtime_checkable

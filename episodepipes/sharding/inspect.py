@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -46,9 +47,18 @@ def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
     return rows
 
 
-def episode_rows(index: EpisodeIndex) -> list[tuple[str, str, str, str]]:
-    """(id, split, length, task) of every episode, in index order (``info --episodes``)."""
-    return [(e.id, e.split, str(e.length), e.prompt) for e in index.episodes]
+def episode_rows(index: EpisodeIndex) -> list[tuple[str, ...]]:
+    """A header and (id, split, length, task) of every episode, in index order (``info --episodes``); with an
+    ``attributes`` column before the task (``robot="franka" success=true``) when some episode has attributes."""
+    meta = index._episode_meta  # episode number -> attributes, only for episodes that have some
+    if not meta:
+        return [("id", "split", "length", "task"), *((e.id, e.split, str(e.length), e.prompt) for e in index.episodes)]
+    return [("id", "split", "length", "attributes", "task"),
+            *((e.id, e.split, str(e.length), _attributes(meta.get(e.number, {})), e.prompt) for e in index.episodes)]
+
+
+def _attributes(attrs: dict) -> str:
+    return " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(attrs.items())) or "-"
 
 
 def verify(out: str | Path) -> list[str]:

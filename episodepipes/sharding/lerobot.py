@@ -59,6 +59,10 @@ class LeRobotReader:
         where = str(info_path)
         self.info = meta.read_json(self._file("meta/info.json", where, ValueError), info_path)
         self.version, self.fps, feats = meta.check_info(self.info, where)
+        robot = self.info.get("robot_type")
+        if robot is not None and not isinstance(robot, str):
+            raise ValueError(f"{where}: robot_type={str(robot)[:60]!r} must be a string or null; fix meta/info.json")
+        self.extra = {} if robot is None else {"robot_type": robot}  # every episode's attributes in the index
         self.video_keys = sorted(k for k, f in feats.items() if f["dtype"] == "video")
         self.image_keys = sorted(k for k, f in feats.items() if f["dtype"] == "image")
         self.array_keys = sorted(k for k, f in feats.items() if k not in INDEX_COLUMNS and _numeric(f["dtype"]))
@@ -117,7 +121,7 @@ class LeRobotReader:
                   for k in self.array_keys}
         tasks = ep.tasks or self._tasks_of(table, episode_id)
         return EpisodeData(id=episode_id, cameras=cameras, arrays=arrays, fps=self.fps, prompt="; ".join(tasks),
-                           sources={v: k for k, v in self.names.items()}, files=files)
+                           sources={v: k for k, v in self.names.items()}, files=files, extra=dict(self.extra))
 
     def _file(self, rel: str, what: str, error: type[ValueError]) -> Path:
         """The resolved path of ``rel`` under the root; refused unless it is inside it (symlinks too)."""

@@ -2,8 +2,9 @@
 
 Layout: ``images/<camera>`` uint8 (T, H, W, 3); any other array, at any depth, is per-step
 (T, ...) and keeps its path as its name (``obs/state``); attrs ``fps``, ``prompt``, ``split``.
-Other attrs that are JSON scalars are kept in `EpisodeData.extra`; structured ones (lists, objects)
-are skipped with a log line. Each array is read with one ``[:]`` (one pass over its chunks), never
+Other attrs that are JSON scalars are kept in `EpisodeData.extra` (episode attributes in the index, which
+``where=`` sees); structured ones (lists, objects) and ones named like a built-in field (``length``) are
+skipped with a log line. Each array is read with one ``[:]`` (one pass over its chunks), never
 frame by frame, which on chunked, compressed stores is the difference between reading a chunk once and T times.
 
 Arrays must hold numbers or booleans: text, bytes and object arrays are refused by name before they are
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from episodepipes.episode_attrs import BUILTIN
 from episodepipes.sharding.episode import (
     EpisodeData,
     EpisodeError,
@@ -124,6 +126,10 @@ class ZarrReader:
         structured = sorted(k for k, v in attrs.items() if isinstance(v, (list, dict)))
         if structured:
             log.info("%s: attrs %s are not JSON scalars; not kept", file, structured)
+        builtin = sorted(set(attrs) & set(BUILTIN) - set(structured))  # the index has its own id, length...
+        if builtin:
+            log.info("%s: attrs %s name built-in episode fields; not kept", file, builtin)
+            structured += builtin
         extra = check_extra({k: v for k, v in attrs.items() if k not in structured}, file)
         return EpisodeData(
             id=episode_id, cameras={c: ZarrImages(store, f"images/{c}", where) for c in cams}, arrays=arrays,
