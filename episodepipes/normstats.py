@@ -18,6 +18,7 @@ Values must be finite; integers above ``2**53`` (not exact in float64) are refus
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -93,7 +94,21 @@ class ArrayStats:
         self.count = 0
         self._sum, self._sq = [0] * d, [0] * d
         self._min, self._max = np.full(d, np.inf), np.full(d, -np.inf)
-        self._sketch: list[dict[int, int]] = [{} for _ in range(d)]
+        self._sketch_dicts: list[dict[int, int]] | None = [{} for _ in range(d)]
+        self._sketch_lists: list | None = None  # checked [keys, counts] pairs from JSON, made dicts on first use
+
+    @property
+    def _sketch(self) -> list[dict[int, int]]:
+        """Per element, bucket key -> count. An index opened only to serve summaries never needs the dicts of
+        every element, so those read from JSON are built when first used."""
+        if self._sketch_dicts is None:
+            self._sketch_dicts = [dict(zip(*b)) for b in self._sketch_lists or ()]
+            self._sketch_lists = None
+        return self._sketch_dicts
+
+    @_sketch.setter
+    def _sketch(self, value: list[dict[int, int]]) -> None:
+        self._sketch_dicts, self._sketch_lists = value, None
 
     def add(self, values: Any, *, where: str = "values") -> None:
         """Add ``values`` of shape ``(steps, *shape)``; ``where`` names them in errors (episode and key)."""
@@ -214,7 +229,10 @@ class ArrayStats:
         sketch = obj["sketch"]
         if not isinstance(sketch, list) or len(sketch) != d:
             raise ValueError(f"{where}: sketch should be a list of {d} [keys, counts] pairs")
-        out._sketch = [_bucket(b, count, f"{where}: sketch[{i}]") for i, b in enumerate(sketch)]
+        if _sketch_ok(sketch, count):
+            out._sketch_dicts, out._sketch_lists = None, sketch
+        else:  # find the entry to name
+            out._sketch = [_bucket(b, count, f"{where}: sketch[{i}]") for i, b in enumerate(sketch)]
         for i in range(d):
             s, q = out._sum[i], out._sq[i]
             if q < 0 or count * q < s * s or (count and not out._min[i] <= out._max[i]) or (not count and (s or q)):
@@ -227,16 +245,46 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _only(v: list, kind: type) -> bool:
+    """Every item of ``v`` is exactly ``kind`` (a bool is no int here); one C-level pass, no per-item Python."""
+    return set(map(type, v)) <= {kind}
+
+
 def _hexes(v: Any, d: int, where: str) -> list[int]:
-    if not isinstance(v, list) or len(v) != d or not all(isinstance(s, str) and _HEX.fullmatch(s) for s in v):
+    if not isinstance(v, list) or len(v) != d or not _only(v, str) or not all(map(_HEX.fullmatch, v)):
         raise ValueError(f"{where} should be a list of {d} hex strings like '0x1f' or '-0x1f'")
     return [int(s, 16) for s in v]
 
 
 def _floats(v: Any, d: int, where: str) -> np.ndarray:
-    if not isinstance(v, list) or len(v) != d or not all(isinstance(x, float) and math.isfinite(x) for x in v):
+    out = np.array(v, np.float64) if isinstance(v, list) and len(v) == d and _only(v, float) else None
+    if out is None or not np.isfinite(out).all():
         raise ValueError(f"{where} should be a list of {d} finite floats")
-    return np.array(v, np.float64)
+    return out
+
+
+def _sketch_ok(sketch: list, count: int) -> bool:
+    """Every entry is what `_bucket` accepts, checked for all elements at once: a wide array has thousands of
+    entries, each with hundreds of keys, and per-key Python made this most of an index's open time."""
+    if not all(type(b) is list and len(b) == 2 and type(b[0]) is list and type(b[1]) is list
+               and len(b[0]) == len(b[1]) for b in sketch):
+        return False
+    keys = list(itertools.chain.from_iterable(b[0] for b in sketch))
+    counts = list(itertools.chain.from_iterable(b[1] for b in sketch))
+    if not (_only(keys, int) and _only(counts, int)) or (counts and min(counts) <= 0):
+        return False
+    if any(sum(b[1]) != count for b in sketch):
+        return False
+    if not keys:
+        return True
+    try:
+        k = np.array(keys, np.int64)
+    except OverflowError:  # beyond int64: far outside the keys' range
+        return False
+    starts = np.cumsum([len(b[0]) for b in sketch])[:-1]  # where each element's keys begin, after the first's
+    up = np.diff(k) > 0
+    up[starts[(starts > 0) & (starts < len(k))] - 1] = True  # one element's last key and the next's first: no order
+    return bool(up.all()) and -_KMAX < int(k.min()) and int(k.max()) < _KMAX
 
 
 def _bucket(v: Any, count: int, where: str) -> dict[int, int]:

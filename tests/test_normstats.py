@@ -97,6 +97,17 @@ def test_json_round_trips_exactly_and_is_plain_json():
     assert ArrayStats.from_json(json.loads(json.dumps(empty.to_json())), where="x") == empty
 
 
+def test_stats_read_from_json_merge_and_update_as_the_originals():
+    """The sketches read back are checked all at once and built lazily; every use sees the same buckets."""
+    rng = np.random.default_rng(5)
+    a, b = _stats(rng.normal(0, 2, (300, 4))), _stats(rng.normal(5, 1, (200, 4)))  # keys fall across elements
+    back_a, back_b = (ArrayStats.from_json(json.loads(json.dumps(s.to_json())), where="x") for s in (a, b))
+    assert back_a.merge(back_b) == a.merge(b) and back_b.merge(a) == b.merge(a)
+    back_a.update(back_b)
+    assert back_a == a.merge(b)
+    assert np.array_equal(ArrayStats.from_json(b.to_json(), where="x").quantile(0.9), b.quantile(0.9))
+
+
 def _good():
     return _stats(np.array([[1.0, -2.0], [3.0, 0.5], [0.0, 7.0]])).to_json()
 
@@ -134,6 +145,11 @@ def _mutate(path, value):
     (_mutate(["sketch", 0, 0], [5, 4, 3]), r"sketch\[0\] should be"),
     (_mutate(["sketch", 1, 1], [1, 1, 2]), r"summing to count=3"),
     (_mutate(["sketch", 1, 0], [1, 2, 10**9]), r"sketch\[1\] should be"),
+    (_mutate(["sketch", 1, 0], [1, 2, 2**70]), r"sketch\[1\] should be"),
+    (_mutate(["sketch", 1, 1], [True, 1, 1]), r"sketch\[1\] should be"),
+    (_mutate(["sketch", 0, 0], [1.0, 2, 3]), r"sketch\[0\] should be"),
+    (_mutate(["sketch", 1], [[1, 2, 3], [1, 1, 1], []]), r"sketch\[1\] should be"),
+    (_mutate(["sketch", 0, 1], ["1", 1, 1]), r"sketch\[0\] should be"),
     (_mutate(["sumsq", 0], "0x0"), "element 0 has inconsistent sum, sumsq"),
     (_mutate(["min", 1], 99.0), "element 1 has inconsistent"),
 ])
