@@ -234,3 +234,27 @@ def test_an_array_with_too_many_elements_per_step_is_listed_not_summed(tmp_path)
     with pytest.raises(KeyError, match="'depth' has 1200 elements per step, more than the 1024"):
         index.stats("depth")
     assert index.stats("state")["count"] == 8  # ep0002 is val
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_normalize_in_a_metric_pipe_and_its_inverse_against_numpy_on_the_raw_arrays(tmp_path, method):
+    from episodepipes.pipes import metric_pipe
+
+    write_shards(SYN, tmp_path / "s", OPTS, workers=1)
+    index = EpisodeIndex.open(tmp_path / "s")
+    stats = {k: index.stats(k, split="val") for k in ("action", "state")}  # the val split's own statistics
+    for k, s in stats.items():
+        _check_against_numpy(s, _raw(SYN, "val", k))
+    norm = Normalize.from_stats(stats)
+    pipe = metric_pipe(index, frames_per_episode=4, batch_size=3, rank=0, world_size=2, method=method,
+                       transform=norm)
+    seen = 0
+    for b in pipe:
+        for k, s in stats.items():
+            raw = np.stack([SYN.read(e).arrays[k][t] for e, t in zip(b["episode"], b["frame"].tolist())])
+            assert b[k].dtype == torch.float32  # float32 stays float32
+            np.testing.assert_allclose(b[k].numpy(), (raw.astype(np.float64) - s["mean"]) / s["std"],
+                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(norm.inverse(b)[k].numpy(), raw, rtol=1e-5, atol=1e-5)
+        seen += int(b["valid"].sum())
+    assert seen > 0
