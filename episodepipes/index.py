@@ -170,7 +170,8 @@ class Episode:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """Further attributes the episode's entry carried (e.g. ``robot_type``); empty for most."""
+        """The episode's attributes (raw ``meta.json`` keys, zarr attrs, LeRobot's ``robot_type``): flat JSON
+        scalars, checked at open (`episodepipes.episode_attrs`); empty when the source had none."""
         return dict(self._ix._episode_meta.get(self.number, {}))
 
     @property

@@ -19,7 +19,9 @@ Where = Callable[[dict[str, Any]], bool]
 
 def attributes(e: Episode) -> dict[str, Any]:
     """What ``where=`` sees of an episode: id, split, length, fps, prompt (its task), camera and array names,
-    and every extra attribute the writer carried into the index (``meta.json`` keys such as ``robot_type``)."""
+    and its attributes (`Episode.meta`): the extra keys of a raw ``meta.json`` (``"robot": "franka"``), a zarr
+    group's scalar attrs, LeRobot's ``robot_type``, which the writer carries into the index. An attribute never
+    shadows a built-in field: the writer refuses such names (`episodepipes.episode_attrs`)."""
     return {**e.meta, "id": e.id, "split": e.split, "length": e.length, "fps": e.fps, "prompt": e.prompt,
             "cameras": sorted(e.cameras), "arrays": sorted(e.arrays)}
 
