@@ -47,13 +47,13 @@ from episodepipes._indexcheck import (
     check_schema,
     check_shards,
 )
-from episodepipes.episode_attrs import problem
+from episodepipes.episode_attrs import BUILTIN, problem
 from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, npy_bytes
 from episodepipes.shardio import ByteSource, ShardMissingError
 
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
 SHARD, ROW, COUNT = range(3)  # columns of the segments table
-EPISODE_KEYS = ("id", "split", "length", "fps", "prompt", "cameras", "arrays", "segments")  # v1 entry fields
+EPISODE_KEYS = BUILTIN  # v1 entry fields; no episode attribute takes their names
 V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "columns")
 _MAX_FRAMES = 2**40
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line

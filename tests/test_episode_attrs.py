@@ -181,3 +181,11 @@ def test_two_jobs_merged_keep_the_attributes_byte_for_byte(tmp_path):
     assert main(["merge", str(tmp_path / "two")]) == 0
     assert (tmp_path / "two" / "index.json").read_bytes() == (tmp_path / "one" / "index.json").read_bytes()
     assert [e.meta["robot"] for e in EpisodeIndex.open(tmp_path / "two").episodes] == [_robot(n) for n in range(6)]
+
+
+def test_the_built_in_names_are_the_index_entry_fields(written):
+    """What where= sees besides the attributes: every built-in name the writer keeps attributes from."""
+    from episodepipes import episode_attrs
+
+    seen = attributes(EpisodeIndex.open(written).episodes[0])
+    assert set(episode_attrs.BUILTIN) - {"segments"} <= set(seen)  # so no attribute may take one of these names

@@ -90,3 +90,22 @@ def test_a_closed_gate_with_a_transform_starts_no_worker(shards, method):
     assert not (set(threading.enumerate()) | set(multiprocessing.active_children())) - before
     assert pipe.stats["workers_started"] == 0 and pipe.stats["frames_decoded"] == 0
     assert pipe.stats["closed_passes"] == 2
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_transform_on_h264_shards_in_both_pipes(tmp_path, method):
+    """Video-codec cameras decode through another frame decoder; the transform runs after it the same way."""
+    from helpers import write_raw
+
+    from episodepipes.sharding.cli import main
+    from episodepipes.sharding.synthetic import SyntheticReader
+
+    src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=3, length=8, height=32, width=32))
+    assert main(["write", str(src), str(tmp_path / "out"), "--workers", "1", "--codec", "h264", "--gop", "4"]) == 0
+    out = tmp_path / "out"
+    for build in (lambda **kw: video_pipe(out, episodes=["ep0001"], batch_size=4, max_batches=4, **kw),
+                  lambda **kw: metric_pipe(out, frames_per_episode=3, batch_size=2, rank=0, world_size=1, **kw)):
+        plain, changed = list(build(method=method)), list(build(method=method, transform=plus_frame))
+        assert len(plain) == len(changed) > 0
+        for a, b in zip(plain, changed):
+            assert torch.equal(a["front"], b["front"]) and torch.equal(b["extra"], a["frame"].float() * 10)
