@@ -22,17 +22,19 @@ from torchdata.nodes import BaseNode
 from torchdata.nodes.loader import LoaderIterator
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.pipes import train_state as ts
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.options import DecodeOptions
-from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, resume_point, steps_per_epoch
+from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, steps_per_epoch
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.shuffle import FrameTable
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.train_state import resume_at
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
@@ -62,10 +64,10 @@ class TrainReader(BaseNode[RawSample]):
     (`resume_point`: exact where the new ``G`` divides ``consumed``, else a logged skip).
     """
 
-    SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = "seed", "epoch", "pos", "stop"
-    WORLD_KEY, RANK_KEY, BATCH_KEY = "world_size", "rank", "batch_size"
-    FRAMES_KEY, PLAN_KEY, WINDOWS_KEY = "frames", "plan", "windows"
-    CONSUMED_KEY, GLOBAL_KEY = "consumed", "global_batch"
+    SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = ts.SEED, ts.EPOCH, ts.POS, ts.STOP
+    WORLD_KEY, RANK_KEY, BATCH_KEY = ts.WORLD, ts.RANK, ts.BATCH
+    FRAMES_KEY, PLAN_KEY, WINDOWS_KEY = ts.FRAMES, ts.PLAN, ts.WINDOWS
+    CONSUMED_KEY, GLOBAL_KEY = ts.CONSUMED, ts.GLOBAL
 
     def __init__(self, index: EpisodeIndex, episodes: Sequence[Episode], *, windows: Mapping[str, Window], seed: int,
                  rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None,
@@ -115,50 +117,8 @@ class TrainReader(BaseNode[RawSample]):
     def _resume_at(self, state: Mapping[str, Any], *, skip: bool) -> tuple[int, int]:
         """``(epoch, pos)`` where this reader continues ``state``, after `check_state`'s checks; a skip
         ``on_resize`` allows is taken (and logged) only with ``skip``, as `reset` does."""
-        if not isinstance(state, Mapping):
-            raise ValueError(f"the saved train state is a {type(state).__name__}, not a dict; pass the pipe's own "
-                             "state_dict()")
-        missing = [k for k in (self.SEED_KEY, self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.CONSUMED_KEY,
-                               *self._setup)
-                   if k not in state]
-        if missing:
-            raise ValueError(f"the saved train state has no {missing} (saved by an older episodepipes?), so it "
-                             "cannot be checked against this pipe; resume with the version that saved it, or start "
-                             "the run afresh")
-        epoch, pos, stop, world, batch, consumed, g = (state[k] for k in (
-            self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.WORLD_KEY, self.BATCH_KEY, self.CONSUMED_KEY,
-            self.GLOBAL_KEY))
-        if not all(_count(v) for v in (epoch, pos, consumed)) or not (stop is None or _count(stop)):
-            raise ValueError(f"the saved train state has epoch={epoch!r}, pos={pos!r}, stop={stop!r}, "
-                             f"consumed={consumed!r}: not non-negative ints; pass the pipe's own state_dict()")
-        if not (_count(world) and _count(batch) and _count(g) and world and batch and g == world * batch
-                and consumed == pos * world and pos < steps_per_epoch(len(self.table), world_size=world,
-                                                                      batch_size=batch) * batch):
-            raise ValueError(f"the saved train state has world_size={world!r}, batch_size={batch!r}, "
-                             f"global_batch={g!r}, pos={pos!r}, consumed={consumed!r}: global_batch should be "
-                             "world_size*batch_size, consumed pos*world_size, and pos within the epoch's "
-                             f"{len(self.table)} frames; pass the pipe's own state_dict()")
-        mine = {self.SEED_KEY: self.seed, **self._setup}
-        if self.on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
-            del mine[self.GLOBAL_KEY]
-        diffs = state_mismatch(state, mine)
-        if diffs:
-            raise ValueError(f"the saved train state does not fit this pipe: {'; '.join(d for d, _ in diffs)}. "
-                             f"{' '.join(dict.fromkeys(f for _, f in diffs))}")
-        if (world, batch) == (self.world_size, self.batch_size):
-            return int(epoch), int(pos)
-        if pos % batch:
-            raise ValueError(f"the saved train state is inside a batch (pos={pos}, batch_size={batch}), and a "
-                             f"resume under another size (world_size={world} -> {self.world_size}, batch_size="
-                             f"{batch} -> {self.batch_size}) starts at a batch boundary; resume with the "
-                             "checkpoint's world_size and batch_size, or from a state saved between batches")
-        if not skip and self.on_resize != "refuse":
-            return int(epoch), int(pos)  # not the cursor: reset() computes it (and logs the skip) once
-        elastic = {"seed": self.seed, "epoch": int(epoch), "consumed": int(consumed), "global_batch": int(g),
-                   "n": len(self.table)}
-        epoch, step = resume_point(elastic, world_size=self.world_size, batch_size=self.batch_size,
-                                   n=len(self.table), seed=self.seed, on_mismatch=self.on_resize)
-        return epoch, step * self.batch_size
+        return resume_at(state, seed=self.seed, setup=self._setup, n=len(self.table), world_size=self.world_size,
+                         batch_size=self.batch_size, on_resize=self.on_resize, skip=skip)
 
     def next(self) -> RawSample:
         if self._stop is not None and self._epoch >= self._stop:
@@ -251,44 +211,6 @@ class TrainReader(BaseNode[RawSample]):
         if crc is not None and zlib.crc32(reads[0]) != crc:
             return f"frame {step} does not match its crc32 in the index"
         return None
-
-
-def _count(v: Any) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 0
-
-
-_FIXES = {
-    "seed": "Build the pipe with the checkpoint's seed.",
-    "global_batch": "Resume with world_size*batch_size equal to the checkpoint's global_batch (any world size "
-                    "and batch size with that product continue its stream exactly), or build the pipe with "
-                    "on_resize='next_step' or 'next_epoch' to skip ahead to a step of the new size.",
-    "frames": "Resume on the index and split the checkpoint was trained on (same episodes and lengths).",
-    "windows": "Build the pipe with the checkpoint's history and horizon.",
-}
-_FIXES.update(plan=_FIXES["frames"])
-_ELASTIC = (TrainReader.RANK_KEY, TrainReader.WORLD_KEY, TrainReader.BATCH_KEY)  # checked by check_state
-
-
-def state_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(what differs, its fix) for each setting in ``mine`` that ``saved`` has otherwise; ``rank``,
-    ``world_size`` and ``batch_size`` may differ (elastic resume: ``global_batch`` decides)."""
-    out = []
-    for key, want in mine.items():
-        got = saved[key]
-        if key == TrainReader.WINDOWS_KEY:  # a state saved as JSON has lists where this one may have tuples
-            try:
-                same = {k: list(v) for k, v in got.items()} == want
-            except (AttributeError, TypeError):
-                same = False
-        else:
-            same = key in _ELASTIC or got == want
-        if not same and key == TrainReader.GLOBAL_KEY:
-            sizes = [f"(world_size={d.get(TrainReader.WORLD_KEY)!r} x batch_size={d.get(TrainReader.BATCH_KEY)!r})"
-                     for d in (saved, mine)]
-            out.append((f"{key}={got!r} {sizes[0]} in the state, {want!r} {sizes[1]} here", _FIXES[key]))
-        elif not same:
-            out.append((f"{key}={got!r} in the state, {want!r} here", _FIXES[key]))
-    return out
 
 
 class TrainPipe(Pipe):
