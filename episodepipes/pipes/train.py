@@ -14,7 +14,7 @@ import logging
 import os
 import pickle
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -220,13 +220,15 @@ class TrainPipe(Pipe):
     next ``iter()``; a state saved at the end of a pass makes that ``iter()`` the next pass.
     """
 
-    def __init__(self, root: BatchStacker, *, length: int | None, index: EpisodeIndex, stats: Stats,
-                 reader: TrainReader, rank_world: tuple[int, int] | None = None) -> None:
+    def __init__(self, root: BaseNode, *, length: int | None, index: EpisodeIndex, stats: Stats,
+                 reader: TrainReader | Any, rank_world: tuple[int, int] | None = None,
+                 state_path: tuple[str, ...] = (BatchStacker.SOURCE_KEY, Decoder.SOURCE_KEY)) -> None:
         # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
         super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world,
                          restart=True)
         self.infinite = length is None
-        self.reader = reader
+        self.reader = reader  # a TrainReader, or a mixture's MixReader
+        self._path = state_path  # where the reader's state sits below the loader's root key
 
     def __len__(self) -> int:
         if self.infinite:
@@ -236,7 +238,9 @@ class TrainPipe(Pipe):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
-            saved = state[LoaderIterator.ROOT_KEY][BatchStacker.SOURCE_KEY][Decoder.SOURCE_KEY]
+            saved = state[LoaderIterator.ROOT_KEY]
+            for key in self._path:
+                saved = saved[key]
         except (KeyError, TypeError, IndexError):
             raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
                              "one the pipe (or the Lightning checkpoint) saved") from None
@@ -244,12 +248,14 @@ class TrainPipe(Pipe):
         super().load_state_dict(state)
 
 
-def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train", batch_size: int, seed: int,
+def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, split: str = "train",
+               batch_size: int, seed: int,
                history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None,
                rank: int | None = None, world_size: int | None = None, num_workers: int = 2, method: str = "thread",
                transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, epochs: int | None = 1,
                resize: tuple[int, int] | None = None, on_corrupt: str = "skip", on_resize: str = "refuse",
-               episodes: Sequence[str] | None = None, where: Where | None = None) -> TrainPipe:
+               episodes: Sequence[str] | None = None, where: Where | None = None,
+               stop: str | None = None) -> TrainPipe:
     """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
 
     Order: epoch ``e`` is a keyed permutation of every frame (`permute.IndexShuffle`, from ``seed`` and
@@ -320,7 +326,15 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
             default), ``"next_step"`` or ``"next_epoch"``, as above.
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
-    idx = open_index(index)
+    if isinstance(index, Sequence | Set) and not isinstance(index, str | bytes):
+        raise TypeError(f"train_pipe got a {type(index).__name__} of sources; a mixture is a dict "
+                        "{name: Source(root, weight)} (from episodepipes.pipes import Source)")
+    mixture = isinstance(index, Mapping)
+    if not mixture and stop is not None:
+        raise ValueError(f"{stop=} is a mixture's stop rule; train_pipe of one source takes stop=None")
+    if mixture and (episodes is not None or where is not None):
+        raise ValueError("episodes= and where= choose one source's episodes; for a mixture pass them per source: "
+                         "Source(root, weight, episodes=..., where=...)")
     inferred = rank is None or world_size is None  # then iter() checks them against torch.distributed's
     rank, world_size = dist_rank_world(rank, world_size)
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
@@ -329,6 +343,19 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
     if transform is not None and not callable(transform):
         raise TypeError(f"transform={transform!r} should be a callable taking and returning a sample dict")
+    if method == "process" and transform is not None:
+        try:
+            pickle.dumps(transform)
+        except Exception as e:
+            raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
+                            "module-level function or a picklable callable object, or method='thread'") from None
+    if mixture:
+        from episodepipes.pipes.train_mix import mixture_pipe  # it builds on this module
+
+        return mixture_pipe(index, split=split, batch_size=batch_size, seed=int(seed), history=history,
+                            horizon=horizon, rank=rank, world_size=world_size, inferred=inferred, options=options,
+                            transform=transform, epochs=epochs, on_resize=on_resize, stop=stop or "cycle")
+    idx = open_index(index)
     episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     video = sorted({c for e in episodes for c, cam in e.cameras.items() if cam.codec != "jpeg"})
@@ -339,12 +366,6 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     stats = Stats()
     reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
                          batch_size=batch_size, epochs=epochs, stats=stats, on_resize=on_resize)
-    if method == "process" and transform is not None:
-        try:
-            pickle.dumps(transform)
-        except Exception as e:
-            raise TypeError(f"transform={transform!r} does not pickle ({e}); with method='process' use a "
-                            "module-level function or a picklable callable object, or method='thread'") from None
     dec = Decoder(reader, idx, options, stats=stats, transform=transform)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,

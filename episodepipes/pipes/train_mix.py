@@ -1,0 +1,360 @@
+"""A weighted mixture of sources in `train_pipe`: `Source`, the mixture reader, and the keys it maps.
+
+Graph: `MixReader` (the `Mixture` interleave over per-source `TrainReader`s, which read the samples) ->
+`Decoder` (over `MixIndex`, each source's episodes as the batch sees them) -> `BatchStacker` ->
+`SourceNames` (``batch["source"]``). Inside the graph a sample's episode is ``"<source number>:<id>"``, so
+episodes of the same id in two sources stay apart; the batch gets the plain ids back, and the transform
+sees them too (with ``sample["source"]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from episodepipes.index import ArraySpec, Camera, Episode, EpisodeIndex
+from episodepipes.pipes import train_state as ts
+from episodepipes.pipes._lifecycle import shutdown_node
+from episodepipes.pipes.batch import BatchStacker
+from episodepipes.pipes.builders import RESERVED, open_index, stack_mismatch
+from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.mixture import Mixture
+from episodepipes.pipes.options import DecodeOptions
+from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, steps_per_epoch
+from episodepipes.pipes.plan import Item
+from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.select import Where, select
+from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.train import TrainPipe, TrainReader
+from episodepipes.pipes.window import Window, plan_windows
+
+log = logging.getLogger(__name__)
+
+_STEP_STREAM = 1 << 31  # the per-step rank deal's stream tag: no source number reaches it
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of a `train_pipe` mixture: ``train_pipe({"droid": Source("s3://b/droid", 0.6), ...})``.
+
+    Attributes:
+        root: the shard folder, its ``index.json``, a remote root (``s3://``, ``gs://``, ``https://``) or an
+            open `EpisodeIndex`.
+        weight: its share of the samples, a positive number (weights are normalised; a float is taken as
+            the decimal it prints as, so ``0.6`` is exactly 3/5).
+        keys: ``{source key: batch key}``: the cameras and arrays to take, renamed (e.g.
+            ``{"observation.images.top": "image", "action": "action"}``); the others are not read. None
+            takes every key as it is.
+        split: the split to read; None: the pipe's ``split``.
+        episodes: ids of this source's episodes to read; None for every one of the split.
+        where: ``where(attributes) -> bool`` over this source's episodes; None keeps all.
+    """
+
+    root: EpisodeIndex | str | os.PathLike
+    weight: Any
+    keys: Mapping[str, str] | None = None
+    split: str | None = None
+    episodes: Sequence[str] | None = None
+    where: Where | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """An episode as the batch sees it: its cameras and arrays under their batch keys (what `EpisodeSpec.of`
+    and `stack_mismatch` read)."""
+
+    id: str
+    cameras: dict[str, Camera]
+    arrays: dict[str, ArraySpec]
+    fps: float
+    prompt: str
+
+
+def parse_sources(sources: Mapping[str, Any]) -> dict[str, Source]:
+    """Check the mapping's form: ``{name: Source(...)}``, names non-empty strs; every other form is refused."""
+    if not sources:
+        raise ValueError("train_pipe got an empty mapping of sources; pass {name: Source(root, weight)}")
+    out = {}
+    for name, src in sources.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"mixture source name {name!r} should be a non-empty str")
+        if not isinstance(src, Source):
+            raise TypeError(f"mixture source {name!r} is a {type(src).__name__}; write {name!r}: Source(root, "
+                            "weight, keys=...) (from episodepipes.pipes import Source): one form for every source")
+        if src.keys is not None and (not isinstance(src.keys, Mapping) or not src.keys or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in src.keys.items())):
+            raise ValueError(f"Source {name!r} keys={src.keys!r} should be a non-empty dict of source key -> "
+                             "batch key (strs)")
+        if src.keys is not None and len(set(src.keys.values())) != len(src.keys):
+            raise ValueError(f"Source {name!r} keys={dict(src.keys)!r} maps two source keys to one batch key")
+        out[name] = src
+    return out
+
+
+def view(ep: Episode, keys: Mapping[str, str] | None) -> View:
+    """``ep`` under ``keys`` (source key -> batch key; the keys not named are dropped)."""
+    if keys is None:
+        return View(ep.id, ep.cameras, ep.arrays, ep.fps, ep.prompt)
+    return View(ep.id, {keys[c]: v for c, v in ep.cameras.items() if c in keys},
+                {keys[a]: v for a, v in ep.arrays.items() if a in keys}, ep.fps, ep.prompt)
+
+
+def check_keys(name: str, ep: Episode, keys: Mapping[str, str] | None) -> None:
+    """Refuse a ``keys`` entry naming a key the source's (first) episode does not have."""
+    known = {*ep.cameras, *ep.arrays}
+    unknown = sorted(set(keys or ()) - known)
+    if unknown:
+        raise ValueError(f"Source {name!r} keys= names {unknown}, not cameras or arrays of its episode {ep.id!r}; "
+                         f"known: {sorted(known)}")
+
+
+def check_mix_batchable(views: Mapping[str, Sequence[tuple[Episode, View]]], resize: tuple[int, int] | None) -> None:
+    """Refuse sources whose mapped episodes cannot share a batch, naming both sources, episodes and the key.
+
+    Each schema of each source is compared (after its ``keys``) with the first source's first episode:
+    the same camera and array keys, array dtypes and shapes, and (without ``resize``) camera sizes.
+    """
+    (first_name, ((_, first),)), *_ = ((n, v[:1]) for n, v in views.items())
+    for name, pairs in views.items():
+        seen: set[tuple[int, int]] = set()
+        for ep, v in pairs:
+            if (id(ep.cameras), id(ep.arrays)) in seen:  # episodes of one schema share their dicts
+                continue
+            seen.add((id(ep.cameras), id(ep.arrays)))
+            why = stack_mismatch(first, v)
+            if why is None and resize is None:
+                sizes = [{c: (cam.height, cam.width) for c, cam in x.cameras.items()} for x in (first, v)]
+                if sizes[0] != sizes[1]:
+                    why = f"camera sizes are {sizes[0]} in episode {first.id!r} but {sizes[1]} in {v.id!r}"
+                    why += "; pass resize=(H, W), or"
+            if why:
+                raise ValueError(f"source {first_name!r} episode {first.id!r} and source {name!r} episode {v.id!r} "
+                                 f"cannot share a batch: {why}; map their keys alike with Source(keys=...), or "
+                                 "re-shard them with the same keys, dtypes and shapes")
+    clash = sorted({*RESERVED, "source"} & {*first.cameras, *first.arrays})
+    if clash:
+        raise ValueError(f"batch keys {clash} of the mixture clash with {sorted({*RESERVED, 'source'})}; rename "
+                         "them with Source(keys=...)")
+
+
+def source_windows(windows: Mapping[str, Window], keys: Mapping[str, str] | None) -> dict[str, Window]:
+    """The batch-key windows under a source's own keys (what its `TrainReader` reads)."""
+    back = {b: a for a, b in keys.items()} if keys is not None else {}
+    out = {}
+    for k, w in windows.items():
+        src = back.get(k, k)
+        out[src] = Window(src, f"{src}{w.field[len(k):]}", w.first, w.last)
+    return out
+
+
+class MixIndex:
+    """What the `Decoder` asks of an index for a mixture: ``episode(token)`` -> the episode's `View`."""
+
+    def __init__(self, indexes: Sequence[EpisodeIndex], keys: Sequence[Mapping[str, str] | None]) -> None:
+        self.indexes, self.keys = list(indexes), list(keys)
+
+    def episode(self, token: str) -> View:
+        i, _, eid = token.partition(":")
+        return view(self.indexes[int(i)].episode(eid), self.keys[int(i)])
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """The pipe's transform, run in the workers on a sample with its plain ``episode`` id and ``source`` name
+    (``sample["source"]``, as `normalize.PerSource` reads it); picklable when ``transform`` is."""
+
+    names: tuple[str, ...]
+    transform: Callable[[dict[str, Any]], dict[str, Any]]
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        i, _, eid = str(sample["episode"]).partition(":")
+        out = self.transform({**sample, "episode": eid, "source": self.names[int(i)]})
+        if isinstance(out, dict):
+            out.pop("source", None)  # the batch gets it as a list (SourceNames), not as a stacked field
+        return out
+
+
+class SourceNames(BaseNode[dict]):
+    """Give each batch ``source`` (the source name of each sample) and the samples' plain episode ids."""
+
+    SOURCE_KEY = "source"
+
+    def __init__(self, source: BaseNode[dict], names: Sequence[str]) -> None:
+        super().__init__()
+        self.source, self.names = source, tuple(names)
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
+
+    def next(self) -> dict:
+        batch = next(self.source)
+        parts = [str(e).partition(":") for e in batch["episode"]]
+        batch["source"] = [self.names[int(i)] for i, _, _ in parts]
+        batch["episode"] = [e for _, _, e in parts]
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        return {self.SOURCE_KEY: self.source.state_dict()}
+
+    def shutdown(self) -> None:
+        shutdown_node(self.source)
+
+    close = shutdown
+
+
+class MixReader(BaseNode[RawSample]):
+    """Yield this rank's samples of a mixture, epoch after epoch: `TrainReader`'s cursor over `Mixture`'s stream.
+
+    Epoch ``e``'s global stream is the interleave (``mixture.samples(g, seed, e)``: which source, and which
+    of its frames, each source in its own keyed order per pass). Global step ``s`` is its block
+    ``[s*G, (s+1)*G)`` (``G = world_size * batch_size``), so each step holds every source's exact share;
+    the block's entries are dealt to the ranks in a keyed order of ``(seed, e, s)`` (a fixed deal would
+    give a rank only one source where the interleave alternates), ``batch_size`` each. Both depend on
+    ``G`` only: the state (`TrainReader`'s cursor and setup, plus ``sources``, ``weights`` and
+    ``stop_rule``; ``frames`` and ``plan`` per source) resumes at another world size of the same ``G``.
+
+    Args:
+        names: the source names, in order.
+        readers: one `TrainReader` per source (of world size 1: only their sample reads are used).
+        keys: per source, ``{source key: batch key}`` or None.
+        mixture: the `Mixture` over the readers' frame counts.
+        windows: the batch-key windows (for the state).
+        seed, rank, world_size, batch_size, epochs, on_resize: as `TrainReader`'s.
+    """
+
+    def __init__(self, names: Sequence[str], readers: Sequence[TrainReader], keys: Sequence[Mapping[str, str] | None],
+                 mixture: Mixture, *, windows: Mapping[str, Window], seed: int, rank: int, world_size: int,
+                 batch_size: int, epochs: int | None, on_resize: str = "refuse") -> None:
+        super().__init__()
+        self.names, self.readers, self.mixture = tuple(names), list(readers), mixture
+        self.seed, self.rank, self.world_size, self.batch_size, self.epochs = seed, rank, world_size, batch_size, epochs
+        if on_resize not in MISMATCH:
+            raise ValueError(f"{on_resize=} should be one of {MISMATCH}")
+        self.on_resize = on_resize
+        self.n = len(mixture)
+        self.per_epoch = steps_per_epoch(self.n, world_size=world_size, batch_size=batch_size) * batch_size
+        if self.per_epoch == 0:
+            raise ValueError(f"the mixture's epoch of {self.n} samples (stop={mixture.stop!r}) makes no full batch "
+                             f"of batch_size={batch_size} on each of world_size={world_size} ranks; lower batch_size")
+        self._fields = [None if k is None else {**{f"{a}.jpg": f"{b}.jpg" for a, b in k.items()},
+                                                **{f"{a}.npy": f"{b}.npy" for a, b in k.items()}, "json": "json"}
+                        for k in keys]
+        self._keys = [None if k is None else dict(k) for k in keys]
+        self._setup = {ts.WORLD: world_size, ts.RANK: rank, ts.BATCH: batch_size, ts.GLOBAL: world_size * batch_size,
+                       ts.FRAMES: {n: len(r.table) for n, r in zip(names, readers)},
+                       ts.PLAN: {n: r.table.fingerprint() for n, r in zip(names, readers)},
+                       ts.WINDOWS: {k: [w.first, w.last] for k, w in sorted(windows.items())},
+                       ts.SOURCES: list(names), ts.WEIGHTS: {n: str(w) for n, w in zip(names, mixture.weights)},
+                       ts.STOP_RULE: mixture.stop}
+        self._epoch = self._pos = 0
+        self._stop: int | None = None
+        self._batch: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (epoch, step, sources, frames)
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        stop: int | None = None
+        if initial_state is None:
+            epoch, pos = self._epoch + (self._pos > 0), 0
+        else:
+            epoch, pos = self._resume_at(initial_state, skip=True)
+            stop = initial_state[ts.STOP]
+        self._epoch, self._pos = int(epoch), int(pos)
+        self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Refuse a saved state this reader cannot continue exactly, saying what differs and what to do."""
+        self._resume_at(state, skip=False)
+
+    def _resume_at(self, state: Mapping[str, Any], *, skip: bool) -> tuple[int, int]:
+        return ts.resume_at(state, seed=self.seed, setup=self._setup, n=self.n, world_size=self.world_size,
+                            batch_size=self.batch_size, on_resize=self.on_resize, skip=skip)
+
+    def next(self) -> RawSample:
+        if self._stop is not None and self._epoch >= self._stop:
+            raise StopIteration
+        step, i = divmod(self._pos, self.batch_size)
+        sources, frames = self._draw(self._epoch, step)
+        s = int(sources[i])
+        raw = self.readers[s]._sample(int(frames[i]))
+        self._pos += 1
+        if self._pos == self.per_epoch:
+            self._epoch, self._pos = self._epoch + 1, 0
+        return self._tag(s, raw)
+
+    def get_state(self) -> dict[str, Any]:
+        return {ts.SEED: self.seed, ts.EPOCH: self._epoch, ts.POS: self._pos, ts.STOP: self._stop,
+                ts.CONSUMED: self._pos * self.world_size, **self._setup}
+
+    def close(self) -> None:
+        """Close every source's shard files; they are reopened on demand."""
+        for r in self.readers:
+            r.close()
+
+    def _draw(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source numbers, frame numbers within them) of this rank's batch at global ``step`` (cached)."""
+        if self._batch is None or self._batch[:2] != (epoch, step):
+            g = self.world_size * self.batch_size
+            at = rank_positions(0, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
+            deal = IndexShuffle.of(g, seed=self.seed, epoch=epoch, stream=(_STEP_STREAM, step))
+            src, frames = self.mixture.samples(step * g + deal(at), seed=self.seed, epoch=epoch)
+            self._batch = (epoch, step, src, frames)
+        return self._batch[2], self._batch[3]
+
+    def _tag(self, s: int, raw: RawSample) -> RawSample:
+        """``raw`` with its episode as ``"<s>:<id>"`` and its members and windows under their batch keys."""
+        item = Item(f"{s}:{raw.item.episode}", raw.item.frame, raw.item.valid)
+        fields, keys = self._fields[s], self._keys[s]
+        if fields is None or keys is None:
+            return RawSample(item, raw.shard, raw.members, raw.damaged, raw.windows)
+        return RawSample(item, raw.shard, {fields[f]: b for f, b in raw.members.items() if f in fields}, raw.damaged,
+                         {keys[k]: w for k, w in raw.windows.items()})
+
+
+def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, seed: int,
+                 history: Mapping[str, int] | None, horizon: Mapping[str, int] | None, rank: int, world_size: int,
+                 inferred: bool, options: DecodeOptions, transform: Callable[[dict[str, Any]], dict[str, Any]] | None,
+                 epochs: int | None, on_resize: str, stop: str) -> TrainPipe:
+    """`train_pipe` over a mapping of sources (its arguments checked there; see its docstring)."""
+    srcs = parse_sources(sources)
+    names = tuple(srcs)
+    idxs, views, readers = [], {}, []
+    for name, src in srcs.items():
+        idx = open_index(src.root)
+        eps = select(idx, src.split or split, episodes=src.episodes, where=src.where)
+        check_keys(name, eps[0], src.keys)
+        video = sorted({c for e in eps for c, cam in e.cameras.items() if cam.codec != "jpeg"
+                        and (src.keys is None or c in src.keys)})
+        if video:
+            raise ValueError(f"train_pipe reads JPEG shards; cameras {video} of source {name!r} ({idx.root}) are "
+                             "h264/av1; re-shard it with --codec jpeg, or leave them out with Source(keys=...)")
+        idxs.append((idx, eps))
+        views[name] = [(e, view(e, src.keys)) for e in eps]
+    check_mix_batchable(views, options.resize)
+    first = views[names[0]][0][1]
+    windows = plan_windows(history, horizon, cameras=set(first.cameras), arrays=set(first.arrays))
+    stats = Stats()
+    for (idx, eps), src in zip(idxs, srcs.values()):
+        readers.append(TrainReader(idx, eps, windows=source_windows(windows, src.keys), seed=seed, rank=0,
+                                   world_size=1, batch_size=1, epochs=None, stats=stats))
+    mix = Mixture.of({n: s.weight for n, s in srcs.items()}, {n: len(r.table) for n, r in zip(names, readers)},
+                     stop=stop)
+    keys = [s.keys for s in srcs.values()]
+    reader = MixReader(names, readers, keys, mix, windows=windows, seed=seed, rank=rank, world_size=world_size,
+                       batch_size=batch_size, epochs=epochs, on_resize=on_resize)
+    fn = None if transform is None else Sourced(names, transform)
+    dec = Decoder(reader, MixIndex([i for i, _ in idxs], keys), options, stats=stats, transform=fn)  # type: ignore[arg-type]
+    per = reader.per_epoch // batch_size
+    log.debug("train_pipe: a mixture of %s, %d samples and %d batches per epoch on rank %d of %d", names, reader.n,
+              per, rank, world_size)
+    root = SourceNames(BatchStacker(dec, batch_size=batch_size, stats=stats), names)
+    return TrainPipe(root, length=None if epochs is None else epochs * per, index=idxs[0][0], stats=stats,
+                     reader=reader, rank_world=(rank, world_size) if inferred else None,
+                     state_path=(SourceNames.SOURCE_KEY, BatchStacker.SOURCE_KEY, Decoder.SOURCE_KEY))
