@@ -237,13 +237,17 @@ class TrainPipe(Pipe):
         return super().__len__()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        try:
-            saved = state[LoaderIterator.ROOT_KEY]
-            for key in self._path:
-                saved = saved[key]
-        except (KeyError, TypeError, IndexError):
+        saved = state.get(LoaderIterator.ROOT_KEY) if isinstance(state, Mapping) else None
+        depth = 0  # the reader's state is some levels of "source" below the root: one more in a mixture
+        while isinstance(saved, Mapping) and ts.SEED not in saved and depth <= len(self._path):
+            saved, depth = saved.get(Decoder.SOURCE_KEY), depth + 1
+        if not isinstance(saved, Mapping) or ts.SEED not in saved:
             raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
-                             "one the pipe (or the Lightning checkpoint) saved") from None
+                             "one the pipe (or the Lightning checkpoint) saved")
+        if depth != len(self._path):
+            kinds = {2: "a train_pipe of one source", 3: "a mixture"}
+            raise ValueError(f"the saved train state is {kinds.get(depth, 'another pipe')}'s and this pipe is "
+                             f"{kinds.get(len(self._path), 'another')}; resume with the kind of pipe that saved it")
         self.reader.check_state(saved)
         super().load_state_dict(state)
 
