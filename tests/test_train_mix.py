@@ -175,3 +175,20 @@ def test_the_transform_gets_the_plain_episode_id_and_the_source_name(roots):
     want = {(s, e) for s, e in zip(b["source"], b["episode"])}
     assert want <= set(seen) and all(s in ("a", "b") and e.startswith("ep") for s, e in seen)
     assert "source" in b and isinstance(b["source"], list)
+
+
+def test_a_corrupt_frame_of_one_source_is_skipped_or_raised_naming_that_source(tmp_path):
+    a = make_shards(tmp_path / "a", **A)
+    b = EpisodeIndex.open(make_shards(tmp_path / "b", **B))
+    shard, start, end = b.episode("ep0001").frame_range(2)
+    path = b.shard_path(shard)
+    data = bytearray(path.read_bytes())
+    data[(start + end) // 2] ^= 0x5A  # the frame no longer matches its crc32 in the index
+    path.write_bytes(bytes(data))
+    mix = {"a": Source(a, 1), "b": Source(b, 1)}
+    pipe = train_pipe(mix, batch_size=4, seed=0, num_workers=1, rank=0, world_size=1)
+    bad = {(s, e, f) for x in pipe for s, e, f, v in zip(x["source"], x["episode"], x["frame"].tolist(),
+                                                         x["valid"].tolist()) if not v}
+    assert bad == {("b", "ep0001", 2)} and pipe.stats["frames_corrupt"] >= 1  # a's ep0001 frame 2 is fine
+    with pytest.raises(ValueError, match=r"shard b:shard-000000\.tar episode 'b:ep0001' frame 2"):
+        list(train_pipe(mix, batch_size=4, seed=0, num_workers=1, on_corrupt="raise"))

@@ -2,9 +2,9 @@
 
 Graph: `MixReader` (the `Mixture` interleave over per-source `TrainReader`s, which read the samples) ->
 `Decoder` (over `MixIndex`, each source's episodes as the batch sees them) -> `BatchStacker` ->
-`SourceNames` (``batch["source"]``). Inside the graph a sample's episode is ``"<source number>:<id>"``, so
-episodes of the same id in two sources stay apart; the batch gets the plain ids back, and the transform
-sees them too (with ``sample["source"]``).
+`SourceNames` (``batch["source"]``). Inside the graph a sample's episode is ``"<source>:<id>"`` (and its
+shard ``"<source>:<shard>"``), so episodes of the same id in two sources stay apart and messages name the
+source; the batch gets the plain ids back, and the transform sees them too (with ``sample["source"]``).
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def parse_sources(sources: Mapping[str, Any]) -> dict[str, Source]:
         raise ValueError("train_pipe got an empty mapping of sources; pass {name: Source(root, weight)}")
     out = {}
     for name, src in sources.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"mixture source name {name!r} should be a non-empty str")
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"mixture source name {name!r} should be a non-empty str without ':'")
         if not isinstance(src, Source):
             raise TypeError(f"mixture source {name!r} is a {type(src).__name__}; write {name!r}: Source(root, "
                             "weight, keys=...) (from episodepipes.pipes import Source): one form for every source")
@@ -156,12 +156,14 @@ def source_windows(windows: Mapping[str, Window], keys: Mapping[str, str] | None
 class MixIndex:
     """What the `Decoder` asks of an index for a mixture: ``episode(token)`` -> the episode's `View`."""
 
-    def __init__(self, indexes: Sequence[EpisodeIndex], keys: Sequence[Mapping[str, str] | None]) -> None:
-        self.indexes, self.keys = list(indexes), list(keys)
+    def __init__(self, names: Sequence[str], indexes: Sequence[EpisodeIndex],
+                 keys: Sequence[Mapping[str, str] | None]) -> None:
+        self.by_name = {n: (i, k) for n, i, k in zip(names, indexes, keys)}
 
     def episode(self, token: str) -> View:
-        i, _, eid = token.partition(":")
-        return view(self.indexes[int(i)].episode(eid), self.keys[int(i)])
+        name, _, eid = token.partition(":")
+        index, keys = self.by_name[name]
+        return view(index.episode(eid), keys)
 
 
 @dataclass(frozen=True)
@@ -169,12 +171,11 @@ class Sourced:
     """The pipe's transform, run in the workers on a sample with its plain ``episode`` id and ``source`` name
     (``sample["source"]``, as `normalize.PerSource` reads it); picklable when ``transform`` is."""
 
-    names: tuple[str, ...]
     transform: Callable[[dict[str, Any]], dict[str, Any]]
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
-        i, _, eid = str(sample["episode"]).partition(":")
-        out = self.transform({**sample, "episode": eid, "source": self.names[int(i)]})
+        name, _, eid = str(sample["episode"]).partition(":")
+        out = self.transform({**sample, "episode": eid, "source": name})
         if isinstance(out, dict):
             out.pop("source", None)  # the batch gets it as a list (SourceNames), not as a stacked field
         return out
@@ -185,9 +186,9 @@ class SourceNames(BaseNode[dict]):
 
     SOURCE_KEY = "source"
 
-    def __init__(self, source: BaseNode[dict], names: Sequence[str]) -> None:
+    def __init__(self, source: BaseNode[dict]) -> None:
         super().__init__()
-        self.source, self.names = source, tuple(names)
+        self.source = source
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -196,7 +197,7 @@ class SourceNames(BaseNode[dict]):
     def next(self) -> dict:
         batch = next(self.source)
         parts = [str(e).partition(":") for e in batch["episode"]]
-        batch["source"] = [self.names[int(i)] for i, _, _ in parts]
+        batch["source"] = [s for s, _, _ in parts]
         batch["episode"] = [e for _, _, e in parts]
         return batch
 
@@ -309,12 +310,13 @@ class MixReader(BaseNode[RawSample]):
         return self._batch[2], self._batch[3]
 
     def _tag(self, s: int, raw: RawSample) -> RawSample:
-        """``raw`` with its episode as ``"<s>:<id>"`` and its members and windows under their batch keys."""
-        item = Item(f"{s}:{raw.item.episode}", raw.item.frame, raw.item.valid)
+        """``raw`` with its episode and shard as ``"<source>:<id>"``, its members and windows under batch keys."""
+        name = self.names[s]
+        item, shard = Item(f"{name}:{raw.item.episode}", raw.item.frame, raw.item.valid), f"{name}:{raw.shard}"
         fields, keys = self._fields[s], self._keys[s]
         if fields is None or keys is None:
-            return RawSample(item, raw.shard, raw.members, raw.damaged, raw.windows)
-        return RawSample(item, raw.shard, {fields[f]: b for f, b in raw.members.items() if f in fields}, raw.damaged,
+            return RawSample(item, shard, raw.members, raw.damaged, raw.windows)
+        return RawSample(item, shard, {fields[f]: b for f, b in raw.members.items() if f in fields}, raw.damaged,
                          {keys[k]: w for k, w in raw.windows.items()})
 
 
@@ -349,12 +351,13 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
     keys = [s.keys for s in srcs.values()]
     reader = MixReader(names, readers, keys, mix, windows=windows, seed=seed, rank=rank, world_size=world_size,
                        batch_size=batch_size, epochs=epochs, on_resize=on_resize)
-    fn = None if transform is None else Sourced(names, transform)
-    dec = Decoder(reader, MixIndex([i for i, _ in idxs], keys), options, stats=stats, transform=fn)  # type: ignore[arg-type]
+    fn = None if transform is None else Sourced(transform)
+    dec = Decoder(reader, MixIndex(names, [i for i, _ in idxs], keys), options, stats=stats,  # type: ignore[arg-type]
+                  transform=fn)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: a mixture of %s, %d samples and %d batches per epoch on rank %d of %d", names, reader.n,
               per, rank, world_size)
-    root = SourceNames(BatchStacker(dec, batch_size=batch_size, stats=stats), names)
+    root = SourceNames(BatchStacker(dec, batch_size=batch_size, stats=stats))
     return TrainPipe(root, length=None if epochs is None else epochs * per, index=idxs[0][0], stats=stats,
                      reader=reader, rank_world=(rank, world_size) if inferred else None,
                      state_path=(SourceNames.SOURCE_KEY, BatchStacker.SOURCE_KEY, Decoder.SOURCE_KEY))
