@@ -297,8 +297,23 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     ``on_resize`` is ``"next_step"`` (exact where the new global batch divides ``consumed``, else skip to its
     next step) or ``"next_epoch"`` (start the next epoch); a skip is logged as a warning.
 
+    Mixtures: ``index`` may be ``{name: Source(root, weight, keys=...)}`` (`train_mix.Source`; the one form,
+    a tuple or a list of sources is refused). Global step ``s`` is the block ``[s*G, (s+1)*G)`` of the
+    sources' deterministic interleave (`mixture.Mixture`), so every window of samples holds each source's
+    share of it within a small constant (within one for two sources), each source's frames in their own keyed
+    order per epoch. ``stop="cycle"`` (the default) ends an epoch when every source has given each of its
+    frames (a smaller source starts a new order meanwhile); ``"first_exhausted"`` ends it just before any
+    source would repeat. ``keys=`` renames and selects each source's cameras and arrays so batches stack; a
+    mismatch that remains (a missing key, another dtype, shape or camera size) is refused when the pipe is
+    built, naming both sources, episodes and the key. ``history``/``horizon`` and ``transform`` use the batch
+    keys; the transform sees ``sample["source"]`` (so `normalize.PerSource` normalizes each source by its own
+    statistics), and each batch has ``batch["source"]``, the source of each sample. ``episodes``/``where`` go
+    per source (`Source`), ``split`` is every source's unless its `Source` says otherwise. The state adds the
+    sources, weights and stop rule, and a state of another mixture is refused naming what differs.
+
     Args:
-        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open; or a mixture,
+            ``{name: Source(...)}`` (names without ``:``), as above.
         split: the split whose frames are shuffled; one with no episodes is refused, naming the splits there.
         batch_size: samples per batch, an int >= 1; every batch is full (drop-last), and a split with too
             few frames for one full batch on every rank is refused.
@@ -328,6 +343,8 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
         on_resize: what ``load_state_dict`` does with a state of another global batch: ``"refuse"`` (the
             default), ``"next_step"`` or ``"next_epoch"``, as above.
+        stop: a mixture's stop rule, ``"cycle"`` (None: the default) or ``"first_exhausted"``, as above; a
+            pipe of one source takes None only.
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     if isinstance(index, Sequence | Set) and not isinstance(index, str | bytes):
