@@ -5,7 +5,8 @@ Graph: `TrainReader` (keyed permutation, read by seeking through the byte-range 
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
 of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop, consumed}``
 and the settings it is valid under, which ``load_state_dict`` checks, allowing another world size at the same
-global batch (`TrainReader`).
+global batch (`TrainReader`; the checks are in `train_state`, with `TrainPipe`). A mapping of sources
+is a mixture, built in `train_mix` from one `TrainReader` per source.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
-from torchdata.nodes.loader import LoaderIterator
 
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes import train_state as ts
@@ -28,13 +28,12 @@ from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_i
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, steps_per_epoch
-from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.shuffle import FrameTable
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.train_state import resume_at
+from episodepipes.pipes.train_state import TrainPipe, resume_at
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
@@ -211,45 +210,6 @@ class TrainReader(BaseNode[RawSample]):
         if crc is not None and zlib.crc32(reads[0]) != crc:
             return f"frame {step} does not match its crc32 in the index"
         return None
-
-
-class TrainPipe(Pipe):
-    """A `Pipe` whose ``len()`` is ``epochs * batches_per_epoch``; in infinite mode ``len()`` raises TypeError.
-
-    ``load_state_dict`` checks the state against the pipe at once (`TrainReader.check_state`), not at the
-    next ``iter()``; a state saved at the end of a pass makes that ``iter()`` the next pass.
-    """
-
-    def __init__(self, root: BaseNode, *, length: int | None, index: EpisodeIndex, stats: Stats,
-                 reader: TrainReader | Any, rank_world: tuple[int, int] | None = None,
-                 state_path: tuple[str, ...] = (BatchStacker.SOURCE_KEY, Decoder.SOURCE_KEY)) -> None:
-        # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
-        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world,
-                         restart=True)
-        self.infinite = length is None
-        self.reader = reader  # a TrainReader, or a mixture's MixReader
-        self._path = state_path  # where the reader's state sits below the loader's root key
-
-    def __len__(self) -> int:
-        if self.infinite:
-            raise TypeError("train_pipe(epochs=None) is infinite and has no len(); pass epochs=N for a length, "
-                            "or bound training by steps (Lightning's max_steps)")
-        return super().__len__()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = state.get(LoaderIterator.ROOT_KEY) if isinstance(state, Mapping) else None
-        depth = 0  # the reader's state is some levels of "source" below the root: one more in a mixture
-        while isinstance(saved, Mapping) and ts.SEED not in saved and depth <= len(self._path):
-            saved, depth = saved.get(Decoder.SOURCE_KEY), depth + 1
-        if not isinstance(saved, Mapping) or ts.SEED not in saved:
-            raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
-                             "one the pipe (or the Lightning checkpoint) saved")
-        if depth != len(self._path):
-            kinds = {2: "a train_pipe of one source", 3: "a mixture"}
-            raise ValueError(f"the saved train state is {kinds.get(depth, 'another pipe')}'s and this pipe is "
-                             f"{kinds.get(len(self._path), 'another')}; resume with the kind of pipe that saved it")
-        self.reader.check_state(saved)
-        super().load_state_dict(state)
 
 
 def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, split: str = "train",

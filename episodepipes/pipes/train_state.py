@@ -13,8 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from torchdata.nodes import BaseNode
+from torchdata.nodes.loader import LoaderIterator
 
+from episodepipes.index import EpisodeIndex
+from episodepipes.pipes.batch import BatchStacker
+from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.permute import resume_point, steps_per_epoch
+from episodepipes.pipes.pipe import Pipe
+from episodepipes.pipes.stats import Stats
 
 SEED, EPOCH, POS, STOP = "seed", "epoch", "pos", "stop"
 WORLD, RANK, BATCH = "world_size", "rank", "batch_size"
@@ -123,3 +130,42 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     epoch, step = resume_point(elastic, world_size=world_size, batch_size=batch_size, n=n, seed=seed,
                                on_mismatch=on_resize)
     return epoch, step * batch_size
+
+
+class TrainPipe(Pipe):
+    """A `Pipe` whose ``len()`` is ``epochs * batches_per_epoch``; in infinite mode ``len()`` raises TypeError.
+
+    ``load_state_dict`` checks the state against the pipe at once (`TrainReader.check_state`), not at the
+    next ``iter()``; a state saved at the end of a pass makes that ``iter()`` the next pass.
+    """
+
+    def __init__(self, root: BaseNode, *, length: int | None, index: EpisodeIndex, stats: Stats,
+                 reader: Any, rank_world: tuple[int, int] | None = None,
+                 state_path: tuple[str, ...] = (BatchStacker.SOURCE_KEY, Decoder.SOURCE_KEY)) -> None:
+        # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
+        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world,
+                         restart=True)
+        self.infinite = length is None
+        self.reader = reader  # a TrainReader, or a mixture's MixReader
+        self._path = state_path  # where the reader's state sits below the loader's root key
+
+    def __len__(self) -> int:
+        if self.infinite:
+            raise TypeError("train_pipe(epochs=None) is infinite and has no len(); pass epochs=N for a length, "
+                            "or bound training by steps (Lightning's max_steps)")
+        return super().__len__()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get(LoaderIterator.ROOT_KEY) if isinstance(state, Mapping) else None
+        depth = 0  # the reader's state is some levels of "source" below the root: one more in a mixture
+        while isinstance(saved, Mapping) and SEED not in saved and depth <= len(self._path):
+            saved, depth = saved.get(Decoder.SOURCE_KEY), depth + 1
+        if not isinstance(saved, Mapping) or SEED not in saved:
+            raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
+                             "one the pipe (or the Lightning checkpoint) saved")
+        if depth != len(self._path):
+            kinds = {2: "a train_pipe of one source", 3: "a mixture"}
+            raise ValueError(f"the saved train state is {kinds.get(depth, 'another pipe')}'s and this pipe is "
+                             f"{kinds.get(len(self._path), 'another')}; resume with the kind of pipe that saved it")
+        self.reader.check_state(saved)
+        super().load_state_dict(state)
