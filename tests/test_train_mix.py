@@ -128,6 +128,9 @@ def test_episodes_and_where_choose_per_source(roots):
            "b": Source(roots["b"], 1, where=lambda at: at["id"] in ("ep0003", "ep0004"))}
     items = {(s, e) for b in _items(train_pipe(mix, batch_size=4, seed=0, num_workers=1)) for s, e, _ in b}
     assert items == {("a", "ep0001"), ("b", "ep0003"), ("b", "ep0004")}
+    val = {"a": Source(roots["a"], 1, split="val"), "b": Source(roots["b"], 1)}  # b: the pipe's split
+    items = {(s, e) for b in _items(train_pipe(val, batch_size=4, seed=0, num_workers=1)) for s, e, _ in b}
+    assert items == {("a", "ep0002"), ("b", "ep0000"), ("b", "ep0001"), ("b", "ep0003"), ("b", "ep0004")}
 
 
 def test_the_transform_sees_plain_ids_and_the_source_and_normalizes_each_source_by_its_statistics(roots):
