@@ -97,7 +97,7 @@ def _pass(pipe: Any) -> tuple[int, float]:
 
 
 def _spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
+    return f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
 
 
 def _pipes(idx: EpisodeIndex, **kw: Any) -> tuple[Any, Any]:
