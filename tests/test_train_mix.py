@@ -103,6 +103,10 @@ def test_a_mismatch_that_remains_is_refused_by_source_episode_and_key(roots):
     b = next(iter(train_pipe({"a": Source(roots["a"], 1), "big": Source(roots["big"], 1)}, batch_size=4, seed=0,
                               num_workers=1, resize=(16, 24))))
     assert tuple(b["front"].shape) == (4, 3, 16, 24)
+    with pytest.raises(ValueError, match=r"source 'a' episode 'ep0000' and source 'b' episode 'ep0000' cannot share "
+                                         r"a batch: array 'state' is <f4 \[7\] in episode 'ep0000' but <f4 \[1, 2\]"):
+        train_pipe({"a": Source(roots["a"], 1, keys={"front": "image", "state": "state"}),
+                    "b": Source(roots["b"], 1, keys={"front": "image", "keypoints": "state"})}, batch_size=2, seed=0)
     with pytest.raises(ValueError, match=r"Source 'a' keys= names \['rear'\], not cameras or arrays of its episode "
                                          r"'ep0000'; known: \['action', 'front'"):
         train_pipe({"a": Source(roots["a"], 1, keys={"rear": "image"})}, batch_size=2, seed=0)

@@ -29,6 +29,7 @@ from episodepipes.pipes.window import Window, plan_windows
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Source:
     """One source of a `train_pipe` mixture: ``train_pipe({"droid": Source("s3://b/droid", 0.6), ...})``.
@@ -39,8 +40,8 @@ class Source:
         weight: its share of the samples, a positive number (weights are normalised; a float is taken as
             the decimal it prints as, so ``0.6`` is exactly 3/5).
         keys: ``{source key: batch key}``: the cameras and arrays to take, renamed (e.g.
-            ``{"observation.images.top": "image", "action": "action"}``); the others are not read. None
-            takes every key as it is.
+            ``{"observation.images.top": "image", "action": "action"}``); the others are dropped before
+            decoding. None takes every key as it is.
         split: the split to read; None: the pipe's ``split``.
         episodes: ids of this source's episodes to read; None for every one of the split.
         where: ``where(attributes) -> bool`` over this source's episodes; None keeps all.
@@ -84,29 +85,36 @@ def check_keys(name: str, ep: Episode, keys: Mapping[str, str] | None) -> None:
                          f"known: {sorted(known)}")
 
 
-def check_mix_batchable(views: Mapping[str, Sequence[tuple[Episode, View]]], resize: tuple[int, int] | None) -> None:
+def schemas(eps: Sequence[Episode], keys: Mapping[str, str] | None) -> list[View]:
+    """One mapped `View` per schema among ``eps`` (episodes of one schema share their dicts): what the
+    batch check compares, without a view per episode."""
+    out: dict[tuple[int, int], View] = {}
+    for e in eps:
+        if (id(e.cameras), id(e.arrays)) not in out:
+            out[id(e.cameras), id(e.arrays)] = view(e, keys)
+    return list(out.values())
+
+
+def check_mix_batchable(views: Mapping[str, Sequence[View]], resize: tuple[int, int] | None) -> None:
     """Refuse sources whose mapped episodes cannot share a batch, naming both sources, episodes and the key.
 
-    Each schema of each source is compared (after its ``keys``) with the first source's first episode:
+    Each schema of each source (after its ``keys``) is compared with the first source's first episode:
     the same camera and array keys, array dtypes and shapes, and (without ``resize``) camera sizes.
     """
-    (first_name, ((_, first),)), *_ = ((n, v[:1]) for n, v in views.items())
-    for name, pairs in views.items():
-        seen: set[tuple[int, int]] = set()
-        for ep, v in pairs:
-            if (id(ep.cameras), id(ep.arrays)) in seen:  # episodes of one schema share their dicts
-                continue
-            seen.add((id(ep.cameras), id(ep.arrays)))
-            why = stack_mismatch(first, v)
+    first_name = next(iter(views))
+    first = views[first_name][0]
+    for name, vs in views.items():
+        for v in vs:
+            why, fix = stack_mismatch(first, v), ("map their keys alike with Source(keys=...), or re-shard them "
+                                                  "with the same keys, dtypes and shapes")
             if why is None and resize is None:
                 sizes = [{c: (cam.height, cam.width) for c, cam in x.cameras.items()} for x in (first, v)]
                 if sizes[0] != sizes[1]:
                     why = f"camera sizes are {sizes[0]} in episode {first.id!r} but {sizes[1]} in {v.id!r}"
-                    why += "; pass resize=(H, W), or"
+                    fix = "pass resize=(H, W)"
             if why:
                 raise ValueError(f"source {first_name!r} episode {first.id!r} and source {name!r} episode {v.id!r} "
-                                 f"cannot share a batch: {why}; map their keys alike with Source(keys=...), or "
-                                 "re-shard them with the same keys, dtypes and shapes")
+                                 f"cannot share a batch: {why}; {fix}")
     clash = sorted({*RESERVED, "source"} & {*first.cameras, *first.arrays})
     if clash:
         raise ValueError(f"batch keys {clash} of the mixture clash with {sorted({*RESERVED, 'source'})}; rename "
@@ -141,9 +149,9 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
             raise ValueError(f"train_pipe reads JPEG shards; cameras {video} of source {name!r} ({idx.root}) are "
                              "h264/av1; re-shard it with --codec jpeg, or leave them out with Source(keys=...)")
         idxs.append((idx, eps))
-        views[name] = [(e, view(e, src.keys)) for e in eps]
+        views[name] = schemas(eps, src.keys)
     check_mix_batchable(views, options.resize)
-    first = views[names[0]][0][1]
+    first = views[names[0]][0]
     windows = plan_windows(history, horizon, cameras=set(first.cameras), arrays=set(first.arrays))
     stats = Stats()
     for (idx, eps), src in zip(idxs, srcs.values()):
