@@ -199,3 +199,12 @@ def test_a_corrupt_frame_of_one_source_is_skipped_or_raised_naming_that_source(t
     assert bad == {("b", "ep0001", 2)} and pipe.stats["frames_corrupt"] >= 1  # a's ep0001 frame 2 is fine
     with pytest.raises(ValueError, match=r"shard b:shard-000000\.tar episode 'b:ep0001' frame 2"):
         list(train_pipe(mix, batch_size=4, seed=0, num_workers=1, on_corrupt="raise"))
+
+
+def test_an_endless_mixture_has_no_len_and_runs_into_the_next_epoch(roots):
+    epoch = len(train_pipe(_mix(roots), batch_size=4, seed=0, num_workers=1))
+    pipe = train_pipe(_mix(roots), batch_size=4, seed=0, num_workers=1, epochs=None)
+    with pytest.raises(TypeError, match="infinite and has no len"):
+        len(pipe)
+    got = _items(itertools.islice(iter(pipe), 2 * epoch + 1))
+    assert len(got) == 2 * epoch + 1 and got[:epoch] != got[epoch:2 * epoch]
