@@ -259,9 +259,9 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
 
     Mixtures: ``index`` may be ``{name: Source(root, weight, keys=...)}`` (`train_mix.Source`; the one form,
     a tuple or a list of sources is refused). Global step ``s`` is the block ``[s*G, (s+1)*G)`` of the
-    sources' deterministic interleave (`mixture.Mixture`), so every window of samples holds each source's
-    share of it within a small constant (within one for two sources), each source's frames in their own keyed
-    order per epoch. ``stop="cycle"`` (the default) ends an epoch when every source has given each of its
+    sources' deterministic interleave (`mixture.Mixture`), so every step, and every run of steps, holds each
+    source's share within a small constant (within one sample for two sources); a step's samples are dealt to
+    the ranks in a keyed order, and each source's frames come in their own keyed order per epoch. ``stop="cycle"`` (the default) ends an epoch when every source has given each of its
     frames (a smaller source starts a new order meanwhile); ``"first_exhausted"`` ends it just before any
     source would repeat. ``keys=`` renames and selects each source's cameras and arrays so batches stack; a
     mismatch that remains (a missing key, another dtype, shape or camera size) is refused when the pipe is
