@@ -261,12 +261,13 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     a tuple or a list of sources is refused). Global step ``s`` is the block ``[s*G, (s+1)*G)`` of the
     sources' deterministic interleave (`mixture.Mixture`), so every step, and every run of steps, holds each
     source's share within a small constant (within one sample for two sources); a step's samples are dealt to
-    the ranks in a keyed order, and each source's frames come in their own keyed order per epoch. ``stop="cycle"`` (the default) ends an epoch when every source has given each of its
-    frames (a smaller source starts a new order meanwhile); ``"first_exhausted"`` ends it just before any
-    source would repeat. ``keys=`` renames and selects each source's cameras and arrays so batches stack; a
-    mismatch that remains (a missing key, another dtype, shape or camera size) is refused when the pipe is
-    built, naming both sources, episodes and the key. ``history``/``horizon`` and ``transform`` use the batch
-    keys; the transform sees ``sample["source"]`` (so `normalize.PerSource` normalizes each source by its own
+    the ranks in a keyed order, and each source's frames come in their own keyed order per epoch.
+    ``stop="cycle"`` (the default) ends an epoch when every source has given each of its frames (a smaller
+    source starts a new order meanwhile); ``"first_exhausted"`` ends it just before any source would repeat.
+    ``keys=`` renames and selects each source's cameras and arrays so batches stack; a mismatch that remains
+    (a missing key, another dtype, shape or camera size) is refused when the pipe is built, naming both
+    sources, episodes and the key. ``history``/``horizon`` and ``transform`` use the batch keys; the
+    transform sees ``sample["source"]`` (so `normalize.PerSource` normalizes each source by its own
     statistics), and each batch has ``batch["source"]``, the source of each sample. ``episodes``/``where`` go
     per source (`Source`), ``split`` is every source's unless its `Source` says otherwise. The state adds the
     sources, weights and stop rule, and a state of another mixture is refused naming what differs.
