@@ -13,6 +13,7 @@ from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train import train_pipe
+from episodepipes.pipes.train_mix import Source
 
 __all__ = [
     "ArraySpec",
@@ -30,6 +31,7 @@ __all__ = [
     "Segment",
     "Shard",
     "ShardReader",
+    "Source",
     "Stats",
     "collate",
     "decode_jpeg",

@@ -5,7 +5,8 @@ Graph: `TrainReader` (keyed permutation, read by seeking through the byte-range 
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
 of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop, consumed}``
 and the settings it is valid under, which ``load_state_dict`` checks, allowing another world size at the same
-global batch (`TrainReader`).
+global batch (`TrainReader`; the checks are in `train_state`, with `TrainPipe`). A mapping of sources
+is a mixture, built in `train_mix` from one `TrainReader` per source.
 """
 
 from __future__ import annotations
@@ -13,25 +14,25 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
-from torchdata.nodes.loader import LoaderIterator
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.pipes import train_state as ts
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.options import DecodeOptions
-from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, resume_point, steps_per_epoch
-from episodepipes.pipes.pipe import Pipe
+from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, steps_per_epoch
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.shuffle import FrameTable
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.train_state import TrainPipe, resume_at
 from episodepipes.pipes.transform import sample_transform
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.shardio import open_source
@@ -62,10 +63,10 @@ class TrainReader(BaseNode[RawSample]):
     (`resume_point`: exact where the new ``G`` divides ``consumed``, else a logged skip).
     """
 
-    SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = "seed", "epoch", "pos", "stop"
-    WORLD_KEY, RANK_KEY, BATCH_KEY = "world_size", "rank", "batch_size"
-    FRAMES_KEY, PLAN_KEY, WINDOWS_KEY = "frames", "plan", "windows"
-    CONSUMED_KEY, GLOBAL_KEY = "consumed", "global_batch"
+    SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = ts.SEED, ts.EPOCH, ts.POS, ts.STOP
+    WORLD_KEY, RANK_KEY, BATCH_KEY = ts.WORLD, ts.RANK, ts.BATCH
+    FRAMES_KEY, PLAN_KEY, WINDOWS_KEY = ts.FRAMES, ts.PLAN, ts.WINDOWS
+    CONSUMED_KEY, GLOBAL_KEY = ts.CONSUMED, ts.GLOBAL
 
     def __init__(self, index: EpisodeIndex, episodes: Sequence[Episode], *, windows: Mapping[str, Window], seed: int,
                  rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None,
@@ -115,50 +116,8 @@ class TrainReader(BaseNode[RawSample]):
     def _resume_at(self, state: Mapping[str, Any], *, skip: bool) -> tuple[int, int]:
         """``(epoch, pos)`` where this reader continues ``state``, after `check_state`'s checks; a skip
         ``on_resize`` allows is taken (and logged) only with ``skip``, as `reset` does."""
-        if not isinstance(state, Mapping):
-            raise ValueError(f"the saved train state is a {type(state).__name__}, not a dict; pass the pipe's own "
-                             "state_dict()")
-        missing = [k for k in (self.SEED_KEY, self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.CONSUMED_KEY,
-                               *self._setup)
-                   if k not in state]
-        if missing:
-            raise ValueError(f"the saved train state has no {missing} (saved by an older episodepipes?), so it "
-                             "cannot be checked against this pipe; resume with the version that saved it, or start "
-                             "the run afresh")
-        epoch, pos, stop, world, batch, consumed, g = (state[k] for k in (
-            self.EPOCH_KEY, self.POS_KEY, self.STOP_KEY, self.WORLD_KEY, self.BATCH_KEY, self.CONSUMED_KEY,
-            self.GLOBAL_KEY))
-        if not all(_count(v) for v in (epoch, pos, consumed)) or not (stop is None or _count(stop)):
-            raise ValueError(f"the saved train state has epoch={epoch!r}, pos={pos!r}, stop={stop!r}, "
-                             f"consumed={consumed!r}: not non-negative ints; pass the pipe's own state_dict()")
-        if not (_count(world) and _count(batch) and _count(g) and world and batch and g == world * batch
-                and consumed == pos * world and pos < steps_per_epoch(len(self.table), world_size=world,
-                                                                      batch_size=batch) * batch):
-            raise ValueError(f"the saved train state has world_size={world!r}, batch_size={batch!r}, "
-                             f"global_batch={g!r}, pos={pos!r}, consumed={consumed!r}: global_batch should be "
-                             "world_size*batch_size, consumed pos*world_size, and pos within the epoch's "
-                             f"{len(self.table)} frames; pass the pipe's own state_dict()")
-        mine = {self.SEED_KEY: self.seed, **self._setup}
-        if self.on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
-            del mine[self.GLOBAL_KEY]
-        diffs = state_mismatch(state, mine)
-        if diffs:
-            raise ValueError(f"the saved train state does not fit this pipe: {'; '.join(d for d, _ in diffs)}. "
-                             f"{' '.join(dict.fromkeys(f for _, f in diffs))}")
-        if (world, batch) == (self.world_size, self.batch_size):
-            return int(epoch), int(pos)
-        if pos % batch:
-            raise ValueError(f"the saved train state is inside a batch (pos={pos}, batch_size={batch}), and a "
-                             f"resume under another size (world_size={world} -> {self.world_size}, batch_size="
-                             f"{batch} -> {self.batch_size}) starts at a batch boundary; resume with the "
-                             "checkpoint's world_size and batch_size, or from a state saved between batches")
-        if not skip and self.on_resize != "refuse":
-            return int(epoch), int(pos)  # not the cursor: reset() computes it (and logs the skip) once
-        elastic = {"seed": self.seed, "epoch": int(epoch), "consumed": int(consumed), "global_batch": int(g),
-                   "n": len(self.table)}
-        epoch, step = resume_point(elastic, world_size=self.world_size, batch_size=self.batch_size,
-                                   n=len(self.table), seed=self.seed, on_mismatch=self.on_resize)
-        return epoch, step * self.batch_size
+        return resume_at(state, seed=self.seed, setup=self._setup, n=len(self.table), world_size=self.world_size,
+                         batch_size=self.batch_size, on_resize=self.on_resize, skip=skip)
 
     def next(self) -> RawSample:
         if self._stop is not None and self._epoch >= self._stop:
@@ -253,81 +212,14 @@ class TrainReader(BaseNode[RawSample]):
         return None
 
 
-def _count(v: Any) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 0
-
-
-_FIXES = {
-    "seed": "Build the pipe with the checkpoint's seed.",
-    "global_batch": "Resume with world_size*batch_size equal to the checkpoint's global_batch (any world size "
-                    "and batch size with that product continue its stream exactly), or build the pipe with "
-                    "on_resize='next_step' or 'next_epoch' to skip ahead to a step of the new size.",
-    "frames": "Resume on the index and split the checkpoint was trained on (same episodes and lengths).",
-    "windows": "Build the pipe with the checkpoint's history and horizon.",
-}
-_FIXES.update(plan=_FIXES["frames"])
-_ELASTIC = (TrainReader.RANK_KEY, TrainReader.WORLD_KEY, TrainReader.BATCH_KEY)  # checked by check_state
-
-
-def state_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(what differs, its fix) for each setting in ``mine`` that ``saved`` has otherwise; ``rank``,
-    ``world_size`` and ``batch_size`` may differ (elastic resume: ``global_batch`` decides)."""
-    out = []
-    for key, want in mine.items():
-        got = saved[key]
-        if key == TrainReader.WINDOWS_KEY:  # a state saved as JSON has lists where this one may have tuples
-            try:
-                same = {k: list(v) for k, v in got.items()} == want
-            except (AttributeError, TypeError):
-                same = False
-        else:
-            same = key in _ELASTIC or got == want
-        if not same and key == TrainReader.GLOBAL_KEY:
-            sizes = [f"(world_size={d.get(TrainReader.WORLD_KEY)!r} x batch_size={d.get(TrainReader.BATCH_KEY)!r})"
-                     for d in (saved, mine)]
-            out.append((f"{key}={got!r} {sizes[0]} in the state, {want!r} {sizes[1]} here", _FIXES[key]))
-        elif not same:
-            out.append((f"{key}={got!r} in the state, {want!r} here", _FIXES[key]))
-    return out
-
-
-class TrainPipe(Pipe):
-    """A `Pipe` whose ``len()`` is ``epochs * batches_per_epoch``; in infinite mode ``len()`` raises TypeError.
-
-    ``load_state_dict`` checks the state against the pipe at once (`TrainReader.check_state`), not at the
-    next ``iter()``; a state saved at the end of a pass makes that ``iter()`` the next pass.
-    """
-
-    def __init__(self, root: BatchStacker, *, length: int | None, index: EpisodeIndex, stats: Stats,
-                 reader: TrainReader, rank_world: tuple[int, int] | None = None) -> None:
-        # restart: the reader restored at the end of a pass is exhausted, and the Loader then starts the next one
-        super().__init__(root, length=length or 0, index=index, stats=stats, gated=False, rank_world=rank_world,
-                         restart=True)
-        self.infinite = length is None
-        self.reader = reader
-
-    def __len__(self) -> int:
-        if self.infinite:
-            raise TypeError("train_pipe(epochs=None) is infinite and has no len(); pass epochs=N for a length, "
-                            "or bound training by steps (Lightning's max_steps)")
-        return super().__len__()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        try:
-            saved = state[LoaderIterator.ROOT_KEY][BatchStacker.SOURCE_KEY][Decoder.SOURCE_KEY]
-        except (KeyError, TypeError, IndexError):
-            raise ValueError("the state passed to load_state_dict is not a train_pipe's state_dict(); pass the "
-                             "one the pipe (or the Lightning checkpoint) saved") from None
-        self.reader.check_state(saved)
-        super().load_state_dict(state)
-
-
-def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train", batch_size: int, seed: int,
+def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, split: str = "train",
+               batch_size: int, seed: int,
                history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None,
                rank: int | None = None, world_size: int | None = None, num_workers: int = 2, method: str = "thread",
                transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, epochs: int | None = 1,
                resize: tuple[int, int] | None = None, on_corrupt: str = "skip", on_resize: str = "refuse",
-               episodes: Sequence[str] | None = None, where: Where | None = None) -> TrainPipe:
+               episodes: Sequence[str] | None = None, where: Where | None = None,
+               stop: str | None = None) -> TrainPipe:
     """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
 
     Order: epoch ``e`` is a keyed permutation of every frame (`permute.IndexShuffle`, from ``seed`` and
@@ -365,8 +257,24 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     ``on_resize`` is ``"next_step"`` (exact where the new global batch divides ``consumed``, else skip to its
     next step) or ``"next_epoch"`` (start the next epoch); a skip is logged as a warning.
 
+    Mixtures: ``index`` may be ``{name: Source(root, weight, keys=...)}`` (`train_mix.Source`; the one form,
+    a tuple or a list of sources is refused). Global step ``s`` is the block ``[s*G, (s+1)*G)`` of the
+    sources' deterministic interleave (`mixture.Mixture`), so every step, and every run of steps, holds each
+    source's share within a small constant (within one sample for two sources); a step's samples are dealt to
+    the ranks in a keyed order, and each source's frames come in their own keyed order per epoch.
+    ``stop="cycle"`` (the default) ends an epoch when every source has given each of its frames (a smaller
+    source starts a new order meanwhile); ``"first_exhausted"`` ends it just before any source would repeat.
+    ``keys=`` renames and selects each source's cameras and arrays so batches stack; a mismatch that remains
+    (a missing key, another dtype, shape or camera size) is refused when the pipe is built, naming both
+    sources, episodes and the key. ``history``/``horizon`` and ``transform`` use the batch keys; the
+    transform sees ``sample["source"]`` (so `normalize.PerSource` normalizes each source by its own
+    statistics), and each batch has ``batch["source"]``, the source of each sample. ``episodes``/``where`` go
+    per source (`Source`), ``split`` is every source's unless its `Source` says otherwise. The state adds the
+    sources, weights and stop rule, and a state of another mixture is refused naming what differs.
+
     Args:
-        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open.
+        index: an open `EpisodeIndex`, or the shard folder (or its ``index.json``) to open; or a mixture,
+            ``{name: Source(...)}`` (names without ``:``), as above.
         split: the split whose frames are shuffled; one with no episodes is refused, naming the splits there.
         batch_size: samples per batch, an int >= 1; every batch is full (drop-last), and a split with too
             few frames for one full batch on every rank is refused.
@@ -396,9 +304,19 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
         on_resize: what ``load_state_dict`` does with a state of another global batch: ``"refuse"`` (the
             default), ``"next_step"`` or ``"next_epoch"``, as above.
+        stop: a mixture's stop rule, ``"cycle"`` (None: the default) or ``"first_exhausted"``, as above; a
+            pipe of one source takes None only.
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
-    idx = open_index(index)
+    if isinstance(index, Sequence | Set) and not isinstance(index, str | bytes):
+        raise TypeError(f"train_pipe got a {type(index).__name__} of sources; a mixture is a dict "
+                        "{name: Source(root, weight)} (from episodepipes.pipes import Source)")
+    mixture = isinstance(index, Mapping)
+    if not mixture and stop is not None:
+        raise ValueError(f"{stop=} is a mixture's stop rule; train_pipe of one source takes stop=None")
+    if mixture and (episodes is not None or where is not None):
+        raise ValueError("episodes= and where= choose one source's episodes; for a mixture pass them per source: "
+                         "Source(root, weight, episodes=..., where=...)")
     inferred = rank is None or world_size is None  # then iter() checks them against torch.distributed's
     rank, world_size = dist_rank_world(rank, world_size)
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
@@ -406,6 +324,13 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "train",
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
     checked = sample_transform(transform, method=method, pipe="train_pipe")
+    if mixture:
+        from episodepipes.pipes.train_mix import mixture_pipe  # it builds on this module
+
+        return mixture_pipe(index, split=split, batch_size=batch_size, seed=int(seed), history=history,
+                            horizon=horizon, rank=rank, world_size=world_size, inferred=inferred, options=options,
+                            transform=checked, epochs=epochs, on_resize=on_resize, stop=stop or "cycle")
+    idx = open_index(index)
     episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     video = sorted({c for e in episodes for c, cam in e.cameras.items() if cam.codec != "jpeg"})
