@@ -407,7 +407,7 @@ def _copied(path: Path, start: float, end: float | None, times: np.ndarray, fps:
         raise EpisodeError(f"{where}: cannot read the video ({type(e).__name__}: {e}); re-download it") from e
     except ValueError as e:  # copy_packets' refusals name the file and the fix
         raise EpisodeError(f"{where}: {e}") from None
-    taken = np.array(list(_closest(shown, start + times, start, tol, where)), np.int64)
+    taken = np.array(list(_match(shown, start + times, start, tol, where)), np.int64)
     if np.any(np.diff(taken) != 1) or len(p) != len(times):
         j = int(np.flatnonzero(np.diff(taken) != 1)[0]) + 1 if np.any(np.diff(taken) != 1) else 0
         raise EpisodeError(f"{where}: the rows do not take one frame each in order (row {j} takes the frame at "
@@ -442,6 +442,7 @@ def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray
                   where: str) -> Iterator[np.ndarray]:
     """Decode ``path`` from ``start`` and yield, per row time, the closest frame of the episode's span."""
     import av
+    from av.video.reformatter import VideoReformatter
 
     # span edges sit half a frame out, so rounding never drops an edge frame
     demuxer, half = _demuxer(path, where), 0.5 / fps
@@ -454,7 +455,9 @@ def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray
             decoded = itertools.dropwhile(lambda tf: tf[0] < start - half, _decode_from(container, start, half))
             if end is not None:  # frames past the span belong to the next episode in the file
                 decoded = itertools.takewhile(lambda tf: tf[0] < end - half, decoded)  # stop decoding there
-            yield from _match(decoded, start + times, start, tol, where)
+            rgb = VideoReformatter()  # one conversion context for the video: a frame's own builds one per frame
+            yield from (rgb.reformat(f, format="rgb24").to_ndarray()
+                        for f in _match(decoded, start + times, start, tol, where))
     except (av.FFmpegError, OSError, IndexError, OverflowError) as e:
         raise EpisodeError(f"{where}: cannot decode the video ({type(e).__name__}: {e}); re-download or "
                            "re-encode it") from e
@@ -484,13 +487,7 @@ def _decode_from(container, start: float, half: float) -> Iterator[tuple[float, 
 
 
 def _match(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: float, tol: float,
-           where: str) -> Iterator[np.ndarray]:
-    """LeRobot's rule on a stream of decoded frames: each query takes its closest frame, as RGB."""
-    return (f.to_ndarray(format="rgb24") for f in _closest(frames, queries, start, tol, where))
-
-
-def _closest(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: float, tol: float,
-             where: str) -> Iterator[object]:
+           where: str) -> Iterator[object]:
     """LeRobot's rule on a stream: each query takes its closest item, within ``tol``; items are time-ordered."""
     it = iter(frames)
     prev, cur = None, next(it, None)
