@@ -24,11 +24,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from episodepipes.format import safe_field
+
+if TYPE_CHECKING:
+    from episodepipes.codec.stream import Packets
 
 # Fields a camera or array must not become once tar-safe: the per-frame ``json`` member, the batch keys
 # the pipes add (pipes.builders.RESERVED) and, as any name starting with "__", webdataset's ``__key__``/``__url__``.
@@ -145,6 +148,8 @@ class EpisodeData:
         channel_order: "rgb" or "bgr", of every camera's frames; a BGR decoder (OpenCV, PyAV) saves a
             conversion by saying "bgr".
         extra: further metadata of the source (raw ``meta.json`` keys, zarr attrs), JSON scalars only.
+        packets: camera name -> its compressed packets copied from a source video (``--codec copy``), stored
+            without decoding; such a camera has no entry in ``cameras``.
     """
 
     id: str
@@ -160,6 +165,7 @@ class EpisodeData:
     channel_order: str = "rgb"  # of every camera's frames: "rgb" or "bgr"
     # further metadata of the source (raw meta.json keys, zarr attrs), JSON scalars only
     extra: dict[str, Scalar] = field(default_factory=dict)
+    packets: dict[str, Packets] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"episode {self.id!r}"
