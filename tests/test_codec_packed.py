@@ -15,6 +15,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.sharding.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.episode import EpisodeData
+from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.writer import ShardWriter
 
 LENGTHS = (5, 7, 6)  # at GOP 4 in one shared mp4, episodes 1 and 2 start mid-GOP (frames 5 and 12)
@@ -102,3 +103,17 @@ def test_spans_find_every_record_the_encoder_laid_out(tmp_path):
     sp = spans(enc.data(), where="test")
     assert sp.spans == enc.sizes and sum(sp.ends) >= 1 and sp.ends[-1]
     assert sp.keys == [0, 0, 0, 3, 3, 3, 3]
+
+
+def test_threads_of_a_pass_decode_each_packet_once(tmp_path):
+    from episodepipes.pipes import videoframes
+
+    reader = SyntheticReader(num_episodes=2, height=32, width=48, lengths=(40, 33), cameras=("front",))
+    with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:
+        for eid in reader.episode_ids():
+            w.add(encode_episode(reader.read(eid), EncodeOptions(codec="h264", gop=2)))
+    videoframes._POOLS.clear()
+    pipe = video_pipe(tmp_path / "s", episodes=["ep0000", "ep0001"], batch_size=8, max_batches=100, num_workers=2)
+    assert sum(len(b["frame"]) for b in pipe) == 73 and pipe.stats["frames_corrupt"] == 0
+    [pool] = videoframes._POOLS.values()
+    assert pool.decoded == 73  # no keyframe decoded again by the thread that got the frame after it

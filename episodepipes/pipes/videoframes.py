@@ -6,15 +6,17 @@ into the members a frame of the members layout has. In the members layout (writt
 holds one packet member per frame (``<camera>.h264``), and frame ``t`` depends on the frames from its keyframe
 ``t - t % gop`` (`attach_gop`). Either way a video camera's member becomes `episodepipes.codec.pack` of
 ``[GOP id, extradata, packets from the keyframe to t]``, so the `FrameDecoder` seam stays one member in, one frame
-out. `VideoFrames` decodes through a `PacketDecoder` per camera and thread that lives for
-the pass and keeps the last GOPs, so consecutive frames of one GOP in one worker decode each packet once.
+out. `VideoFrames` decodes through a `DecoderPool` per stream shared by the process's decode threads, whose
+decoders keep their last GOPs, so consecutive frames of one GOP decode each packet once, whichever thread gets them.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,13 +24,11 @@ import cv2
 import numpy as np
 
 from episodepipes.codec.chunk import Record, parse_record
-from episodepipes.codec.decode import PacketDecoder
 from episodepipes.codec.pack import pack, unpack
+from episodepipes.codec.pool import DecoderPool
 from episodepipes.format import frame_json, npy_header
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.frames import decode_jpeg
-
-_local = threading.local()  # per thread: (camera, codec, size, extradata) -> PacketDecoder
 
 
 def video_cameras(index: EpisodeIndex) -> dict[str, tuple[str, int]]:
@@ -139,7 +139,8 @@ def checked(index: EpisodeIndex, episode: str, frame: int, data: bytes) -> bool:
 class VideoFrames:
     """`FrameDecoder` of shards with video cameras (``cameras``: name -> (codec, gop)); others are JPEG.
 
-    A video member is the packed GOP `attach_gop` or `packed_members` made; frames come back as uint8 RGB ``[3, H, W]``.
+    A video member is the packed GOP `attach_gop` or `packed_members` made; frames come back as uint8 RGB
+    ``[3, H, W]``, decoded by the process's `DecoderPool` of the stream.
     """
 
     cameras: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -159,28 +160,44 @@ class VideoFrames:
             return None
         if not packets or len(packets) > v[1]:
             return None
-        img = _decoder(camera, v[0], src, bytes(extradata)).frame(bytes(gid), packets, len(packets) - 1)
-        if img is None:
-            return None
         want = tuple(size or src)
+        pool = _pool(camera, v[0], src, bytes(extradata))
         if out is None or out.shape != (3, *want):
             out = np.empty((3, *want), np.uint8)
         if want == tuple(src):
-            out[...] = img  # the decoder keeps its frames: never hand them out
-        else:
-            hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
-            cv2.split(hwc, [out[0], out[1], out[2]])
+            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out)
+        img = pool.frame(bytes(gid), packets, len(packets) - 1)
+        if img is None:
+            return None
+        hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
+        cv2.split(hwc, [out[0], out[1], out[2]])
         return out
 
 
-def _decoder(camera: str, codec: str, src: tuple[int, int], extradata: bytes) -> PacketDecoder:
-    cache = getattr(_local, "decoders", None)
-    if cache is None:
-        cache = _local.decoders = {}
+_POOLS: OrderedDict[tuple, DecoderPool] = OrderedDict()  # (camera, codec, size, extradata) -> its decoders
+_POOLS_LOCK = threading.Lock()
+_MAX_POOLS = 8  # streams whose decoders are kept (episodes copied from many files differ in extradata)
+
+
+def _forget() -> None:
+    """In a forked child: the parent's decoders (and a lock a parent thread may hold) are not this process's."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _pool(camera: str, codec: str, src: tuple[int, int], extradata: bytes) -> DecoderPool:
+    """The process's decoders of one stream, shared by its decode threads (`DecoderPool` says why)."""
     key = (camera, codec, tuple(src), extradata)
-    dec = cache.get(key)
-    if dec is None:
-        if len(cache) >= 64:  # episodes copied from many files, each with its own extradata: keep the newest
-            cache.pop(next(iter(cache)))
-        dec = cache[key] = PacketDecoder(codec, extradata, size=tuple(src))
-    return dec
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = DecoderPool(codec, extradata, size=tuple(src))
+            while len(_POOLS) > _MAX_POOLS:
+                _POOLS.popitem(last=False)
+        _POOLS.move_to_end(key)
+        return pool
