@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import io
+import json
+import math
 import re
 import tarfile
 
@@ -30,8 +32,14 @@ COLUMNS: dict[str, tuple[str, str, int]] = {
     "offset": ("index.offset.npy", "<u8", 0),  # a frame's first byte in its shard
     "size": ("index.size.npy", "<u4", 0),  # its bytes (all its members, headers and padding included)
     "crc32": ("index.crc32.npy", "<u4", 0),  # zlib.crc32 of those bytes
+    "member": ("index.member.npy", "<u8", 0),  # packed: the byte its chunk's tar member (header) starts at
+    "key": ("index.key.npy", "<u8", 0),  # packed: the frame row its decode reads from (itself, or an earlier one)
 }
-LAYOUTS = ("members",)  # v2: each frame is a run of whole tar members at [offset, offset + size)
+# v2: "members": each frame is a run of whole tar members at [offset, offset + size); "packed": each frame is one
+# record inside its chunk's member (`episodepipes.codec.chunk`), [offset, offset + size) being that record
+LAYOUTS = ("members", "packed")
+PACKED_COLUMNS = ("member", "key")
+MAX_BACK = 1024  # packed: frames a decode may start before the one it gives (a camera's gop is at most 1001)
 BLOCK = 512
 
 _SAFE = re.compile(r"[^A-Za-z0-9_\-]")
@@ -61,6 +69,16 @@ def safe_episode_id(name: str) -> str:
 
 def sample_key(episode_id: str, frame: int) -> str:
     return f"{episode_id}/{frame:06d}"
+
+
+def frame_json(episode_id: str, frame: int, fps: float) -> bytes:
+    """The ``json`` member of a frame: its episode, number and timestamp (seconds, from the episode's fps).
+
+    The packed layout stores no json member: its readers make these same bytes from the index.
+    """
+    t = round(frame / fps, 9)
+    stamp = float.__repr__(t) if math.isfinite(t) else json.dumps(t)  # json.dumps's float text
+    return b'{"episode": %s, "frame": %d, "timestamp": %s}' % (json.dumps(episode_id).encode(), frame, stamp.encode())
 
 
 def _tar_header(name: str, size: int) -> bytes:

@@ -73,6 +73,7 @@ class Camera:
     source_width: int
     codec: str = "jpeg"
     gop: int = 1
+    extradata: bytes = b""  # a copied stream's decoder setup (e.g. h264's avcC from its mp4); empty for most
 
 
 @dataclass(frozen=True)
@@ -583,8 +584,10 @@ class EpisodeIndex:
         """
         out = []
         for e, seg in self.segments_in(shard):
-            for k, (a, b, crc) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end), seg.crc32 or ())):
-                if zlib.crc32(data[a:b]) != crc:
+            rows = range(e.rows[seg.first], e.rows[seg.first] + seg.count)
+            sizes = self._size[rows.start:rows.stop].tolist()  # a frame's bytes, gaps between them (packed) excluded
+            for k, (a, size, crc) in enumerate(zip(seg.offsets, sizes, seg.crc32 or ())):
+                if zlib.crc32(data[a:a + size]) != crc:
                     out.append((e.id, seg.first + k))
         return out
 
@@ -651,7 +654,7 @@ def mapped(path: Path) -> Iterator[memoryview]:
 def _camera(n: str, c: dict) -> Camera:
     h, w = c["height"], c["width"]
     return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w),
-                  c.get("codec", "jpeg"), c.get("gop", 1))
+                  c.get("codec", "jpeg"), c.get("gop", 1), bytes.fromhex(c.get("extradata", "")))
 
 
 @functools.lru_cache(maxsize=256)
@@ -702,6 +705,8 @@ def _v1_layout(ix: EpisodeIndex) -> dict:
         for shard, row, count in seg[j0:j1].tolist():
             s = {"shard": shard, "first": row - first, "count": count, "offsets": off[row:row + count].tolist(),
                  "end": int(off[row + count - 1]) + int(size[row + count - 1])}
+            if "member" in ix._cols:
+                s.update(indexv2.packed_spans(ix._cols, row, count, first))
             if crc is not None:
                 s["crc32"] = crc[row:row + count].tolist()
             segs.append(s)
