@@ -431,7 +431,7 @@ def _shown_times(path: Path, demuxer: str, start: float, end: float | None,
             if pk.pts is None or not pk.size:
                 continue
             t = pk.pts * tb
-            if end is not None and t >= end - half + 1.0:  # a second past the span: no reordered frame is left
+            if end is not None and t >= end - half:  # in decode order; a stream that reorders is refused by copy
                 break
             if t >= start - half and (end is None or t < end - half):
                 out.append(t)
