@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import write_raw
 
-from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
+from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, make_lerobot
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.sharding.cli import main
@@ -51,8 +51,7 @@ def _check(out, want, cams):
 
 @pytest.mark.parametrize("encoder", ["libsvtav1", "libx264"])
 def test_lerobot_v3_with_episodes_sharing_an_mp4_copies_frame_exact(tmp_path, encoder):
-    make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, episodes_per_file=3, gop=4, encoder=encoder,
-                 image_feature=False)
+    src = make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, episodes_per_file=3, gop=4, encoder=encoder)
     out = _write(tmp_path / "lr", tmp_path / "out")
     index = EpisodeIndex.open(out)
     assert len(index.shards) > 1
@@ -71,6 +70,12 @@ def test_lerobot_v3_with_episodes_sharing_an_mp4_copies_frame_exact(tmp_path, en
             first = round(m[f"videos/{key}/from_timestamp"] * 10)  # the episode's range in the shared file
             want.update({(ep.id, t, cam): frames[first + t] for t in range(ep.length)})
     _check(out, want, cams)
+    # the image feature (PNG cells) has no packets: it is stored as JPEG beside the copied cameras
+    assert all(ep.cameras["observation_images_gripper"].codec == "jpeg" for ep in index.episodes)
+    got = _frames(video_pipe(out, episodes=["episode_000002"], batch_size=4, max_batches=100),
+                  ["observation_images_gripper"])
+    for (_, t, _), (img, valid) in got.items():
+        assert valid and np.abs(img.astype(float) - src[2].frames[IMAGE_KEY][t]).mean() < 5, t
 
 
 def _write_mp4(path, frames, encoder, options):

@@ -72,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--codec", default="jpeg", choices=("jpeg", "h264", "av1", "copy"),
                    help="frames as JPEG (default), or h264/AV1 packets in GOPs of --gop frames, or copy: the "
                         "source's own video packets, not decoded (lerobot, and raw <camera>.mp4; a GOP up to "
-                        f"{MAX_GOP} frames, no B-frames; a camera without video, PNG frames or zarr arrays, "
-                        "is refused: use av1 or h264 for those)")
+                        f"{MAX_GOP} frames, no B-frames; cameras without video, LeRobot image features and PNG "
+                        "folders, are stored as JPEG at --jpeg-quality; zarr has no video and is refused)")
     w.add_argument("--gop", type=int, default=None,
                    help="h264/av1: frames per keyframe, 1..1000 (default 2); copy keeps the source's")
     w.add_argument("--crf", type=int, default=None,

@@ -14,7 +14,7 @@ With ``copy=True`` (``write --codec copy``) a video camera's packets are copied 
 (`episodepipes.codec.copy_packets`), and nothing is decoded. The same rule is checked on the packets'
 timestamps, demuxed only: each row must take the next frame of the span, one packet per row, else the
 episode is refused with the fix (re-encode). Image features (PNG/JPEG in the parquet) have no packets to
-copy, so a dataset with any is refused whole.
+copy: they stay frames, which the shard writer stores as JPEG.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class LeRobotReader:
 
     Its metadata is hostile input (see `episodepipes.sharding.lerobot_meta`): no file outside ``root``
     is ever opened, and ``tolerance_s`` must be a finite number of seconds > 0. ``copy``: give each video
-    camera as `EpisodeData.packets` copied from its mp4, never decoded (``write --codec copy``).
+    camera as `EpisodeData.packets` copied from its mp4, never decoded (``write --codec copy``); image features stay
+    frames.
     """
 
     def __init__(self, root: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_S, copy: bool = False) -> None:
@@ -80,10 +81,6 @@ class LeRobotReader:
         self.video_path = meta.template(self.info, "video_path", self.version, where) if self.video_keys else ""
         self.chunks_size = 1000 if self.version == V3 else meta.index(self.info.get("chunks_size", 1000),
                                                                       "chunks_size", where, low=1)
-        if copy and self.image_keys:
-            raise ValueError(f"{info_path}: image features {self.image_keys} hold pictures, not video, so --codec "
-                             "copy has no packets to copy for them; use --codec av1 or --codec h264 to encode "
-                             "every camera")
         skipped = sorted(set(feats) - set(self.names) - INDEX_COLUMNS)
         if skipped:
             log.info("%s: skipping non-numeric features %s", self.root, skipped)

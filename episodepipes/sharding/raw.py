@@ -14,7 +14,7 @@ scalars. Frames are yielded in BGR, as OpenCV decodes them, so the JPEG encoder 
 
 With ``copy=True`` (``write --codec copy``) a video camera's packets are copied from its file
 (`episodepipes.codec.copy_packets`) into `EpisodeData.packets`, never decoded; an image folder has none
-to copy and is refused by name (encode it with ``--codec av1``/``h264``, or make it a video).
+to copy and stays frames, which the shard writer stores as JPEG.
 
 Everything is read from inside SRC: links (episode folders, cameras, frames, ``meta.json``,
 ``arrays.npz``) are resolved, followed when they stay inside SRC and refused by name when they leave it.
@@ -91,7 +91,8 @@ class RawReader:
 
     Attributes:
         root: the source folder; nothing outside it is read (links leaving it are refused by name).
-        copy: give video cameras as `EpisodeData.packets` copied from their files, not decoded frames.
+        copy: give video cameras as `EpisodeData.packets` copied from their files, not decoded frames (image
+            folders stay frames).
     """
 
     root: Path
@@ -131,16 +132,12 @@ class RawReader:
                 if not images:
                     log.debug("%s: %s holds no images; ignored", where, p)
                     continue
-                if self.copy:
-                    raise EpisodeError(f"{where}: camera {p.name!r} is an image folder ({p}), which has no video "
-                                       "packets for --codec copy; use --codec av1 or --codec h264 to encode it, "
-                                       f"or store it as {p.name}.mp4")
                 cam, frames = p.name, ImageFrames(images, where)
             else:
                 continue
             if cam in cameras or cam in packets:
                 raise EpisodeError(f"{where}: camera {cam!r} is both {files[cam]} and {p}; keep one")
-            if self.copy:
+            if self.copy and isinstance(frames, VideoFrames):
                 packets[cam], files[cam] = _copied(frames.path, f"{where} camera {cam!r}"), str(p)
             else:
                 cameras[cam], files[cam] = frames, str(p)
