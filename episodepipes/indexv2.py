@@ -119,7 +119,7 @@ def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, 
         for s in e["segments"]:
             segs.append((s["shard"], row, s["count"]))
             ends.append(s["end"])
-            if offsets is None:
+            if offsets is None or layout == "packed":  # packed: the spans, from which the records are found
                 off.extend(s["offsets"])
             if track and have_crc and "crc32" in s:
                 crc.extend(s["crc32"])
@@ -128,7 +128,7 @@ def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, 
         more = {k: v for k, v in e.items() if k not in EPISODE_KEYS}
         if more:
             meta.append([n, more])
-    o = np.frombuffer(off, np.uint64) if offsets is None else offsets
+    o = np.frombuffer(off, np.uint64) if offsets is None or layout == "packed" else offsets
     seg = np.array(segs, np.uint64).reshape(-1, 3)
     if layout == "packed":
         cols = _packed_columns(episodes, o, ep[:, FIRST])
