@@ -61,8 +61,11 @@ class Camera:
         source: the camera's name in the source dataset (``name`` is it made tar-safe).
         source_height: the source frames' height in pixels, before any resize at sharding.
         source_width: the source frames' width in pixels, before any resize at sharding.
-        codec: how its frames are stored: "jpeg", or "h264"/"av1" (one packet per frame).
-        gop: frames per keyframe of a video camera (frame ``t`` decodes from frame ``t - t % gop``); 1 for JPEG.
+        codec: how its frames are stored: "jpeg", or the bitstream of its packets ("h264", "av1", "hevc", "vp9").
+        gop: frames per keyframe of a video camera (in the members layout frame ``t`` decodes from frame
+            ``t - t % gop``; in the packed layout it bounds the packets one frame's decode needs); 1 for JPEG.
+        extradata: the decoder setup of a camera whose packets were copied from a container (h264's avcC from an
+            mp4, say); empty for most.
     """
 
     name: str
@@ -73,7 +76,7 @@ class Camera:
     source_width: int
     codec: str = "jpeg"
     gop: int = 1
-    extradata: bytes = b""  # a copied stream's decoder setup (e.g. h264's avcC from its mp4); empty for most
+    extradata: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,28 @@ and fps codes), ``segments`` (one row per run of an episode's frames in one shar
 row, count), and per frame ``offset``, ``size`` and, when the index says ``"crc32": true``, ``crc32``.
 Frame rows are in episode order; an episode's frames are the rows ``first .. first + length``.
 
-Layouts: in ``"members"`` (the only one today) a frame is a run of whole tar members at
-``[offset, offset + size)``. A layout that packs many frames into one member (video packets per GOP)
-keeps ``offset``/``size``/``crc32`` as the frame's own bytes inside that member and adds a ``member``
-column (the member's offset); a reader refuses a layout it does not know by name, so it is never misread.
+Layouts (``layout`` in the JSON; a reader refuses one it does not know by name, so it is never misread):
+
+- ``"members"`` (JPEG shards, and the only layout of v1): a frame is a run of whole tar members at
+  ``[offset, offset + size)``, which webdataset's own reader iterates as one sample.
+- ``"packed"`` (video-codec shards, `episodepipes.codec.chunk`): an episode is cut into chunks of whole GOPs (at
+  most 64 frames or 1 MiB of records, then the next frame where every camera is at a keyframe); a chunk is one tar
+  member ``<episode>/<first:06d>.epk`` holding an EPK1 pack of one *record* per frame, back to back. A record is an
+  EPK1 pack of a head (per camera in sorted order: ``<u2`` back, ``<u2`` packet count), each camera's packets (frame
+  0's include a copied stream's leading packets) or JPEG, and each array's raw row (sorted keys, the index's dtype
+  and shape). The json member of the members layout is not stored: readers make it from the index
+  (`episodepipes.format.frame_json`). ``offset``/``size`` are the frame's record, and ``crc32`` is zlib.crc32 of
+  exactly those bytes (the chunk's tar header, pack table and padding are covered by the shard's sha256 only;
+  the pipes never read them). Two more columns: ``member`` (the byte where the frame's chunk member, its tar
+  header, starts) and ``key`` (the frame row its decode starts at: the earliest over its cameras, in its chunk).
+  Reading frame t is the one range ``[offset[key[t]], offset[t] + size[t])``; a pinned episode reads each chunk's
+  records once. Shards are cut only at chunk ends, so a chunk never straddles shards.
 
 Validation: the JSON, the column headers (dtype, shape, file size) and the per-episode and per-segment
-tables are checked at open, vectorised. Per-frame values (offsets going forward within a segment, inside
+tables are checked at open, vectorised, and in the packed layout every frame's ``member`` and ``key`` and its
+record's place in its chunk too (`check_packed`). Per-frame values (offsets going forward within a segment, inside
 the shard, non-zero sizes) are checked per episode on its first frame lookup, and for every frame by
-`verify`, which also checks each column's sha256 against the JSON.
+`verify`, which also checks each column's sha256 against the JSON (and with ``members``, walks every chunk).
 """
 
 from __future__ import annotations
@@ -106,7 +119,7 @@ def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, 
         for s in e["segments"]:
             segs.append((s["shard"], row, s["count"]))
             ends.append(s["end"])
-            if offsets is None:
+            if offsets is None or layout == "packed":  # packed: the spans, from which the records are found
                 off.extend(s["offsets"])
             if track and have_crc and "crc32" in s:
                 crc.extend(s["crc32"])
@@ -115,7 +128,7 @@ def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, 
         more = {k: v for k, v in e.items() if k not in EPISODE_KEYS}
         if more:
             meta.append([n, more])
-    o = np.frombuffer(off, np.uint64) if offsets is None else offsets
+    o = np.frombuffer(off, np.uint64) if offsets is None or layout == "packed" else offsets
     seg = np.array(segs, np.uint64).reshape(-1, 3)
     if layout == "packed":
         cols = _packed_columns(episodes, o, ep[:, FIRST])

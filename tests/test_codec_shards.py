@@ -64,10 +64,12 @@ def test_metric_pipe_sparse_frames_equal_the_sequential_decode(src, tmp_path):
 def test_a_corrupt_packet_is_invalid_and_counted_with_the_rest_of_its_gop(src, tmp_path, caplog):
     out = _write(src, tmp_path / "out", "--codec", "av1", "--gop", "3", "--shard-size", "1MB")
     ep = EpisodeIndex.open(out).episode("ep0000")
+    idx = EpisodeIndex.open(out)
     shard, a, b = ep.frame_range(3)  # a keyframe
-    path = out / EpisodeIndex.open(out).shards[shard].name
+    path = out / idx.shards[shard].name
+    [(at, size)] = _packets(idx, path, "ep0000", 3, "front")
     data = bytearray(path.read_bytes())
-    data[b - 600] ^= 0xFF  # inside the packet's payload (the member ends padded to 512 bytes)
+    data[at + size // 2] ^= 0xFF  # inside the front camera's packet: the record's CRC32 no longer matches
     path.write_bytes(bytes(data))
     pipe = video_pipe(out, episodes=["ep0000"], batch_size=9, max_batches=100)
     with caplog.at_level(logging.WARNING):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -87,3 +89,29 @@ def test_a_pinned_episode_over_chunks_and_shards_reads_each_record_once(ref):
     got = [(int(f), bool(v)) for b in pipe for f, v in zip(b["frame"], b["valid"])]
     assert got == [(f, True) for f in range(150)]
     assert pipe.stats["bytes_read"] == int(np.sum(ix._cols["size"][ep.rows.start:ep.rows.stop], dtype=np.int64))
+
+
+def test_statistics_recomputed_from_packed_shards_equal_the_written_ones(ref, tmp_path):
+    from episodepipes.sharding.recompute import add_stats
+
+    out = shutil.copytree(ref, tmp_path / "s")
+    before = (out / "index.json").read_bytes()
+    add_stats(out)  # reads every array row back out of the packed records
+    assert (out / "index.json").read_bytes() == before
+
+
+def test_upgrade_adds_the_crc32_of_each_record_to_a_packed_index_without_them(ref, tmp_path):
+    import json
+
+    from episodepipes.format import COLUMNS
+    from episodepipes.sharding.upgrade import upgrade
+
+    out = shutil.copytree(ref, tmp_path / "s")
+    d = json.loads((out / "index.json").read_text())
+    d["crc32"] = False
+    del d["columns"]["crc32"]
+    (out / "index.json").write_text(json.dumps(d))
+    (out / COLUMNS["crc32"][0]).unlink()
+    ix = upgrade(out, crc=True)
+    assert ix.meta["layout"] == "packed" and ix.problems(members=True) == []
+    assert _files(out) == _files(ref)  # the same columns and index as the writer's

@@ -8,6 +8,10 @@ bounded batches, so a remote root (``s3://``...) fetches them as coalesced, conc
 in this process (never in a decode worker). A caller's ``url=`` naming a stream (``pipe:``,
 ``http://``) is read by `episodepipes.pipes._stream` instead (webdataset's ``gopen`` and tar
 iterator, without the CRC32 check).
+
+Packed shards (video cameras, `episodepipes.codec.chunk`): a run starts at its first frame's key frame (`from_keys`),
+so a sparse frame reads its GOP's records up to itself and nothing else, and each record is CRC-checked and parsed
+into the members a frame of the members layout has (`videoframes.packed_members`).
 """
 
 from __future__ import annotations
