@@ -186,6 +186,11 @@ def check_fps(w: Where, fps: Any, where: str) -> None:
         raise w.fail(where, f"fps={fps!r} should be a positive finite number")
 
 
+VIDEO_CODECS = ("av1", "h264", "hevc", "vp9")  # codec.stream.DECODERS' keys (not imported: it pulls in PyAV)
+_MAX_EXTRADATA = 1 << 16
+_HEX = re.compile(r"(?:[0-9a-f]{2})+")
+
+
 def check_schema(w: Where, cameras: Any, arrays: Any, where: str) -> None:
     """An episode's (v1) or a schema's (v2) cameras and arrays."""
     if type(cameras) is not dict or not cameras:
@@ -201,9 +206,14 @@ def check_schema(w: Where, cameras: Any, arrays: Any, where: str) -> None:
         if "source" in c:
             w.text(c, "source", at)
         if "codec" in c or "gop" in c:  # a video camera: both, from the codecs the decoder knows
-            if w.text(c, "codec", at) not in ("h264", "av1"):
-                raise w.fail(at, f"codec {c['codec']!r} should be 'h264' or 'av1'")
+            if w.text(c, "codec", at) not in VIDEO_CODECS:
+                raise w.fail(at, f"codec {c['codec']!r} should be one of {list(VIDEO_CODECS)}")
             w.num(c, "gop", at, low=1, high=1001)
+        if "extradata" in c:  # a copied stream's decoder setup (avcC, hvcC): hex, bounded
+            x = w.text(c, "extradata", at)
+            if "codec" not in c or not 0 < len(x) <= 2 * _MAX_EXTRADATA or not _HEX.fullmatch(x):
+                raise w.fail(at, f"extradata should be at most {_MAX_EXTRADATA} bytes as lowercase hex, "
+                                 "on a video camera")
     if type(arrays) is not dict:
         raise w.fail(where, "arrays should be an object")
     for name, a in arrays.items():

@@ -4,15 +4,21 @@ The tars are the same in both versions. Version 1 keeps every frame's byte offse
 version 2 keeps a small ``index.json`` (shards, schemas, per-episode attributes) and the per-frame and
 per-episode numbers in ``.npy`` columns beside it, memory-mapped at open (see `episodepipes.indexv2`).
 
-One sample is one frame of one episode. Its tar members are named
+In the ``members`` layout (JPEG shards) one sample is one frame of one episode. Its tar members are named
 ``<episode_id>/<frame:06d>.<field>`` so that webdataset's ``base_plus_ext`` groups them by
 ``<episode_id>/<frame:06d>``. Fields are ``<camera>.jpg``, ``<array_key>.npy`` and ``json``.
+
+In the ``packed`` layout (h264/AV1/copied packets, index v2 only) one member ``<episode_id>/<first:06d>.epk`` holds
+a chunk of an episode's frames, one record each (`episodepipes.codec.chunk`; the columns in `episodepipes.indexv2`),
+so the 512-byte header and padding are paid per chunk, not per frame and field.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import json
+import math
 import re
 import tarfile
 
@@ -30,8 +36,14 @@ COLUMNS: dict[str, tuple[str, str, int]] = {
     "offset": ("index.offset.npy", "<u8", 0),  # a frame's first byte in its shard
     "size": ("index.size.npy", "<u4", 0),  # its bytes (all its members, headers and padding included)
     "crc32": ("index.crc32.npy", "<u4", 0),  # zlib.crc32 of those bytes
+    "member": ("index.member.npy", "<u8", 0),  # packed: the byte its chunk's tar member (header) starts at
+    "key": ("index.key.npy", "<u8", 0),  # packed: the frame row its decode reads from (itself, or an earlier one)
 }
-LAYOUTS = ("members",)  # v2: each frame is a run of whole tar members at [offset, offset + size)
+# v2: "members": each frame is a run of whole tar members at [offset, offset + size); "packed": each frame is one
+# record inside its chunk's member (`episodepipes.codec.chunk`), [offset, offset + size) being that record
+LAYOUTS = ("members", "packed")
+PACKED_COLUMNS = ("member", "key")
+MAX_BACK = 1024  # packed: frames a decode may start before the one it gives (a camera's gop is at most 1001)
 BLOCK = 512
 
 _SAFE = re.compile(r"[^A-Za-z0-9_\-]")
@@ -61,6 +73,16 @@ def safe_episode_id(name: str) -> str:
 
 def sample_key(episode_id: str, frame: int) -> str:
     return f"{episode_id}/{frame:06d}"
+
+
+def frame_json(episode_id: str, frame: int, fps: float) -> bytes:
+    """The ``json`` member of a frame: its episode, number and timestamp (seconds, from the episode's fps).
+
+    The packed layout stores no json member: its readers make these same bytes from the index.
+    """
+    t = round(frame / fps, 9)
+    stamp = float.__repr__(t) if math.isfinite(t) else json.dumps(t)  # json.dumps's float text
+    return b'{"episode": %s, "frame": %d, "timestamp": %s}' % (json.dumps(episode_id).encode(), frame, stamp.encode())
 
 
 def _tar_header(name: str, size: int) -> bytes:

@@ -61,8 +61,11 @@ class Camera:
         source: the camera's name in the source dataset (``name`` is it made tar-safe).
         source_height: the source frames' height in pixels, before any resize at sharding.
         source_width: the source frames' width in pixels, before any resize at sharding.
-        codec: how its frames are stored: "jpeg", or "h264"/"av1" (one packet per frame).
-        gop: frames per keyframe of a video camera (frame ``t`` decodes from frame ``t - t % gop``); 1 for JPEG.
+        codec: how its frames are stored: "jpeg", or the bitstream of its packets ("h264", "av1", "hevc", "vp9").
+        gop: frames per keyframe of a video camera (in the members layout frame ``t`` decodes from frame
+            ``t - t % gop``; in the packed layout it bounds the packets one frame's decode needs); 1 for JPEG.
+        extradata: the decoder setup of a camera whose packets were copied from a container (h264's avcC from an
+            mp4, say); empty for most.
     """
 
     name: str
@@ -73,6 +76,7 @@ class Camera:
     source_width: int
     codec: str = "jpeg"
     gop: int = 1
+    extradata: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -584,8 +588,10 @@ class EpisodeIndex:
         """
         out = []
         for e, seg in self.segments_in(shard):
-            for k, (a, b, crc) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end), seg.crc32 or ())):
-                if zlib.crc32(data[a:b]) != crc:
+            rows = range(e.rows[seg.first], e.rows[seg.first] + seg.count)
+            sizes = self._size[rows.start:rows.stop].tolist()  # a frame's bytes, gaps between them (packed) excluded
+            for k, (a, size, crc) in enumerate(zip(seg.offsets, sizes, seg.crc32 or ())):
+                if zlib.crc32(data[a:a + size]) != crc:
                     out.append((e.id, seg.first + k))
         return out
 
@@ -652,7 +658,7 @@ def mapped(path: Path) -> Iterator[memoryview]:
 def _camera(n: str, c: dict) -> Camera:
     h, w = c["height"], c["width"]
     return Camera(n, h, w, c.get("source", n), c.get("source_height", h), c.get("source_width", w),
-                  c.get("codec", "jpeg"), c.get("gop", 1))
+                  c.get("codec", "jpeg"), c.get("gop", 1), bytes.fromhex(c.get("extradata", "")))
 
 
 @functools.lru_cache(maxsize=256)
@@ -703,6 +709,8 @@ def _v1_layout(ix: EpisodeIndex) -> dict:
         for shard, row, count in seg[j0:j1].tolist():
             s = {"shard": shard, "first": row - first, "count": count, "offsets": off[row:row + count].tolist(),
                  "end": int(off[row + count - 1]) + int(size[row + count - 1])}
+            if "member" in ix._cols:
+                s.update(indexv2.packed_spans(ix._cols, row, count, first))
             if crc is not None:
                 s["crc32"] = crc[row:row + count].tolist()
             segs.append(s)

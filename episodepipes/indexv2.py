@@ -12,15 +12,28 @@ and fps codes), ``segments`` (one row per run of an episode's frames in one shar
 row, count), and per frame ``offset``, ``size`` and, when the index says ``"crc32": true``, ``crc32``.
 Frame rows are in episode order; an episode's frames are the rows ``first .. first + length``.
 
-Layouts: in ``"members"`` (the only one today) a frame is a run of whole tar members at
-``[offset, offset + size)``. A layout that packs many frames into one member (video packets per GOP)
-keeps ``offset``/``size``/``crc32`` as the frame's own bytes inside that member and adds a ``member``
-column (the member's offset); a reader refuses a layout it does not know by name, so it is never misread.
+Layouts (``layout`` in the JSON; a reader refuses one it does not know by name, so it is never misread):
+
+- ``"members"`` (JPEG shards, and the only layout of v1): a frame is a run of whole tar members at
+  ``[offset, offset + size)``, which webdataset's own reader iterates as one sample.
+- ``"packed"`` (video-codec shards, `episodepipes.codec.chunk`): an episode is cut into chunks of whole GOPs (at
+  most 64 frames or 1 MiB of records, then the next frame where every camera is at a keyframe); a chunk is one tar
+  member ``<episode>/<first:06d>.epk`` holding an EPK1 pack of one *record* per frame, back to back. A record is an
+  EPK1 pack of a head (per camera in sorted order: ``<u2`` back, ``<u2`` packet count), each camera's packets (frame
+  0's include a copied stream's leading packets) or JPEG, and each array's raw row (sorted keys, the index's dtype
+  and shape). The json member of the members layout is not stored: readers make it from the index
+  (`episodepipes.format.frame_json`). ``offset``/``size`` are the frame's record, and ``crc32`` is zlib.crc32 of
+  exactly those bytes (the chunk's tar header, pack table and padding are covered by the shard's sha256 only;
+  the pipes never read them). Two more columns: ``member`` (the byte where the frame's chunk member, its tar
+  header, starts) and ``key`` (the frame row its decode starts at: the earliest over its cameras, in its chunk).
+  Reading frame t is the one range ``[offset[key[t]], offset[t] + size[t])``; a pinned episode reads each chunk's
+  records once. Shards are cut only at chunk ends, so a chunk never straddles shards.
 
 Validation: the JSON, the column headers (dtype, shape, file size) and the per-episode and per-segment
-tables are checked at open, vectorised. Per-frame values (offsets going forward within a segment, inside
+tables are checked at open, vectorised, and in the packed layout every frame's ``member`` and ``key`` and its
+record's place in its chunk too (`check_packed`). Per-frame values (offsets going forward within a segment, inside
 the shard, non-zero sizes) are checked per episode on its first frame lookup, and for every frame by
-`verify`, which also checks each column's sha256 against the JSON.
+`verify`, which also checks each column's sha256 against the JSON (and with ``members``, walks every chunk).
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ from episodepipes._indexcheck import (
     check_shards,
 )
 from episodepipes.episode_attrs import BUILTIN, problem
-from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, npy_bytes
+from episodepipes.format import BLOCK, COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, MAX_BACK, PACKED_COLUMNS, npy_bytes
 from episodepipes.shardio import ByteSource, ShardMissingError
 
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
@@ -76,10 +89,14 @@ def _code(table: dict, key: Any, value: Any, values: list) -> int:
 
 
 def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, *,
-          offsets: np.ndarray | None = None, crcs: np.ndarray | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+          offsets: np.ndarray | None = None, crcs: np.ndarray | None = None,
+          layout: str = "members") -> tuple[dict, dict[str, np.ndarray]]:
     """The v2 JSON part (without ``columns``) and the columns of v1-style episode entries (with segments).
 
     ``offsets``/``crcs`` are every segment's offsets (and crc32) back to back when the caller has them already.
+    In the ``"packed"`` layout a segment's ``offsets`` are its frames' spans (`episodepipes.codec.chunk.Spans`:
+    they tile ``[offsets[0], end)``, which is what merge and resume copy) and it also carries per frame ``heads``,
+    ``sizes`` and ``keys``, from which the record columns are made.
     """
     schemas: list[dict] = []
     splits: list[str] = []
@@ -103,7 +120,7 @@ def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, 
         for s in e["segments"]:
             segs.append((s["shard"], row, s["count"]))
             ends.append(s["end"])
-            if offsets is None:
+            if offsets is None or layout == "packed":  # packed: the spans, from which the records are found
                 off.extend(s["offsets"])
             if track and have_crc and "crc32" in s:
                 crc.extend(s["crc32"])
@@ -112,22 +129,62 @@ def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, 
         more = {k: v for k, v in e.items() if k not in EPISODE_KEYS}
         if more:
             meta.append([n, more])
-    o = np.frombuffer(off, np.uint64) if offsets is None else offsets
+    o = np.frombuffer(off, np.uint64) if offsets is None or layout == "packed" else offsets
     seg = np.array(segs, np.uint64).reshape(-1, 3)
-    nxt = np.zeros(len(o), np.uint64)
-    nxt[:-1] = o[1:]
-    nxt[seg[:, ROW] + seg[:, COUNT] - 1] = ends
-    size = nxt - o
-    if len(size) and size.max() >= 2**32:
-        raise ValueError("a frame is larger than 4 GiB, more than an index v2 size holds; use smaller frames")
-    cols = {"episodes": ep, "segments": seg, "offset": o, "size": size.astype("<u4")}
+    if layout == "packed":
+        cols = _packed_columns(episodes, o, ep[:, FIRST])
+    else:
+        nxt = np.zeros(len(o), np.uint64)
+        nxt[:-1] = o[1:]
+        nxt[seg[:, ROW] + seg[:, COUNT] - 1] = ends
+        size = nxt - o
+        if len(size) and size.max() >= 2**32:
+            raise ValueError("a frame is larger than 4 GiB, more than an index v2 size holds; use smaller frames")
+        cols = {"offset": o, "size": size.astype("<u4")}
+    cols = {"episodes": ep, "segments": seg, **cols}
     have_crc = not track or have_crc
     if have_crc:
         cols["crc32"] = np.frombuffer(crc, np.uint32) if crcs is None else crcs
-    data = {"format": FORMAT_NAME, "version": 2, "layout": "members", "crc32": have_crc, "options": options,
+    data = {"format": FORMAT_NAME, "version": 2, "layout": layout, "crc32": have_crc, "options": options,
             "shards": shards, "schemas": schemas, "splits": splits, "prompts": prompts, "fps": fps, "ids": ids,
             "frames": row, "episode_meta": meta, **extra}
     return data, cols
+
+
+def _packed_columns(episodes: list[dict], spans: np.ndarray, firsts: np.ndarray) -> dict[str, np.ndarray]:
+    """offset, size, member and key of the packed layout, from the segments' spans, heads, sizes and keys."""
+    def cat(key: str) -> np.ndarray:
+        return np.array([x for e in episodes for s in e["segments"] for x in s[key]], np.int64)
+
+    heads, sizes, keys = cat("heads"), cat("sizes"), cat("keys")
+    lengths = np.array([e["length"] for e in episodes], np.int64)
+    if not (len(heads) == len(sizes) == len(keys) == len(spans)):
+        raise ValueError("the packed segments' heads, sizes and keys do not hold one value per frame")
+    if len(sizes) and sizes.max() >= 2**32:
+        raise ValueError("a frame is larger than 4 GiB, more than an index v2 size holds; use smaller frames")
+    starts = np.flatnonzero(heads > 0)
+    member = spans[starts][np.maximum(np.searchsorted(starts, np.arange(len(heads)), side="right") - 1, 0)]
+    key = keys + np.repeat(firsts.astype(np.int64), lengths)
+    return {"offset": spans + heads.astype(np.uint64), "size": sizes.astype("<u4"), "member": member,
+            "key": key.astype(np.uint64)}
+
+
+def packed_spans(cols: dict[str, np.ndarray], row: int, count: int, first: int) -> dict[str, Any]:
+    """A packed segment's v1-style fields (what `build` takes back): its frames' spans as ``offsets``, ``end``
+    after its last chunk's padding, and per frame ``heads``, ``sizes`` and ``keys`` (episode frames)."""
+    off = cols["offset"][row:row + count].astype(np.int64)
+    size = cols["size"][row:row + count].astype(np.int64)
+    member = cols["member"][row:row + count].astype(np.int64)
+    start = np.ones(count, bool)
+    start[1:] = member[1:] != member[:-1]
+    spans = np.where(start, member, off)
+    firsts = np.flatnonzero(start)
+    data_at = off[firsts] - 8 - 4 * np.diff(np.append(firsts, count))  # each chunk's pack table
+    last = np.append(firsts[1:], count) - 1
+    member_bytes = off[last] + size[last] - data_at
+    end = int(data_at[-1] + member_bytes[-1] + (-member_bytes[-1] % BLOCK))
+    return {"offsets": spans.tolist(), "end": end, "heads": (off - spans).tolist(), "sizes": size.tolist(),
+            "keys": (cols["key"][row:row + count].astype(np.int64) - first).tolist()}
 
 
 def write(out: Path, data: dict, cols: dict[str, np.ndarray]) -> bytes:
@@ -140,8 +197,9 @@ def write(out: Path, data: dict, cols: dict[str, np.ndarray]) -> bytes:
         atomic_write_bytes(out / file, blob)
     raw = json.dumps(dict(data, columns=info), sort_keys=True, separators=(",", ":")).encode()
     atomic_write_bytes(out / INDEX_NAME, raw)
-    if "crc32" not in cols:
-        (out / COLUMNS["crc32"][0]).unlink(missing_ok=True)  # a stale one from an earlier write
+    for name in ("crc32", "member", "key"):
+        if name not in cols:
+            (out / COLUMNS[name][0]).unlink(missing_ok=True)  # a stale one from an earlier write
     return raw
 
 
@@ -191,6 +249,11 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
     check_extras(w, data)
     cols = w.get(data, "columns", "the index")
     want = {"episodes", "segments", "offset", "size"} | ({"crc32"} if data["crc32"] else set())
+    if data["layout"] == "packed":
+        want |= set(PACKED_COLUMNS)
+        for j, sc in enumerate(data["schemas"]):
+            if not any("codec" in c for c in sc["cameras"].values()):
+                raise w.fail(f"schema {j}", "the packed layout holds video cameras, and this schema has none")
     if type(cols) is not dict or set(cols) != want:
         raise w.fail("the index", f"columns should name exactly {sorted(want)}")
     for name in sorted(want):
@@ -201,7 +264,8 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
         if not _SHA256.fullmatch(str(w.get(c, "sha256", at))) or w.get(c, "dtype", at) != dtype:
             raise w.fail(at, f"should have a sha256 of 64 hex digits and dtype {dtype!r}")
         shape = w.seq(c, "shape", at)
-        rows = {"episodes": len(ids), "offset": frames, "size": frames, "crc32": frames}.get(name)
+        rows = {"episodes": len(ids), "offset": frames, "size": frames, "crc32": frames, "member": frames,
+                "key": frames}.get(name)
         if any(type(x) is not int or x < 0 for x in shape) or len(shape) != (2 if width else 1) \
                 or (width and shape[1] != width) or (rows is not None and shape[0] != rows):
             raise w.fail(at, f"shape={shape!r} should be [{rows if rows is not None else 'segments'}"
@@ -292,6 +356,44 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
     held = np.bincount(shard.astype(np.int64), weights=seg[:, COUNT].astype(np.float64), minlength=len(sizes))
     for i in np.flatnonzero(held != np.asarray(samples, np.float64)):
         raise w.fail(f"shard {i}", f"samples={samples[i]} but the segments put {int(held[i])} frames in it")
+    if data["layout"] == "packed":
+        check_packed(w, cols, np.asarray(sizes, np.int64))
+
+
+def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray) -> None:
+    """The packed layout's per-frame columns, vectorised over every frame: each chunk's records lie back to back
+    after its tar header and pack table, inside its shard, chunks go forward, and each frame's decode starts within
+    its chunk (`episodepipes.codec.chunk`)."""
+    seg, ep = cols["segments"], cols["episodes"]
+    off, size = cols["offset"].astype(np.int64), cols["size"].astype(np.int64)
+    member, key = cols["member"].astype(np.int64), cols["key"]
+    if not len(off):
+        return
+    end = off + size
+    seg_of = np.repeat(np.arange(len(seg)), seg[:, COUNT].astype(np.int64))
+    new_seg = np.zeros(len(off), bool)
+    new_seg[seg[:, ROW].astype(np.int64)] = True
+    starts = new_seg.copy()
+    starts[1:] |= member[1:] != member[:-1]
+    limit = shard_bytes[seg[seg_of, SHARD].astype(np.int64)]
+    inside = (size >= 1) & (member >= 0) & (member + BLOCK <= off) & (end <= limit)
+    same = ~starts[1:]
+    inside[1:] &= np.where(same, off[1:] == end[:-1], new_seg[1:] | (member[1:] >= end[:-1]))
+    first = np.flatnonzero(starts)
+    count = np.diff(np.append(first, len(off)))
+    table = off[first] - 8 - 4 * count - member[first]  # the chunk's tar header(s): whole blocks, at least one
+    ok_chunk = (table >= BLOCK) & (table % BLOCK == 0)
+    inside[first[~ok_chunk]] = False
+    rows = np.arange(len(off))
+    chunk_first = first[np.searchsorted(first, rows, side="right") - 1]
+    inside &= (key >= chunk_first.astype(np.uint64)) & (key <= rows.astype(np.uint64)) \
+        & (rows - key.astype(np.int64) < MAX_BACK)
+    if not inside.all():
+        r = int(np.argmax(~inside))
+        n = int(np.searchsorted(ep[:, FIRST], r, side="right")) - 1
+        raise w.fail(f"frame row {r} (episode {n})", "its record, chunk member or key frame is not where the "
+                     "packed layout puts them (records back to back in a chunk inside the shard, the key frame "
+                     "in the same chunk, at or before it)")
 
 
 def frame_problem(cols: dict[str, np.ndarray], j: int, shard_bytes: int) -> str | None:

@@ -16,7 +16,7 @@ from episodepipes.tarmembers import frame_fields
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from episodepipes.index import EpisodeIndex, Segment
+    from episodepipes.index import Episode, EpisodeIndex, Segment
 
 Problem = tuple[type[Exception], str]
 
@@ -57,13 +57,15 @@ def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: 
                                               f"episode {bad[0][0]!r} frame {bad[0][1]}; its bytes changed: restore "
                                               "the shard or re-shard"))
             if members:
+                check = _check_packed if ix.meta.get("layout") == "packed" else _check_members
                 for e, seg in ix.segments_in(i):
-                    out += [(IndexFormatError, m) for m in _check_members(view, s.name, e.id, seg)]
+                    out += [(IndexFormatError, m) for m in check(ix, view, s.name, e, seg)]
     return out
 
 
-def _check_members(view: memoryview, name: str, eid: str, seg: Segment) -> list[str]:
+def _check_members(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg: Segment) -> list[str]:
     """Parse every frame's members at its indexed byte range, with the same parser the pipes read with."""
+    eid = e.id
     for k, (start, end) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end))):
         frame = seg.first + k
         try:
@@ -71,4 +73,32 @@ def _check_members(view: memoryview, name: str, eid: str, seg: Segment) -> list[
                          where=f"shard {name}: episode {eid!r} frame {frame}")
         except ValueError as e:
             return [str(e)]
+    return []
+
+
+def _check_packed(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg: Segment) -> list[str]:
+    """Walk the segment's chunk members as the writer laid them out (tar headers, pack tables, records) and
+    compare every record's place and key frame with the index's; then parse each record as the pipes do."""
+    from episodepipes.codec.chunk import parse_record, spans
+    from episodepipes.indexv2 import packed_spans
+
+    row = e.rows[seg.first]
+    want = packed_spans(ix._cols, row, seg.count, e.rows.start)
+    where = f"shard {name}: episode {e.id!r} frames {seg.first}..{seg.first + seg.count - 1}"
+    try:
+        got = spans(view[want["offsets"][0]:want["end"]], where=where)
+    except ValueError as err:
+        return [str(err)]
+    bounds = [a - want["offsets"][0] for a in want["offsets"]]
+    if (got.heads, got.sizes, [f + seg.first for f in got.keys]) != (want["heads"], want["sizes"], want["keys"]) \
+            or [sum(got.spans[:k]) for k in range(seg.count)] != bounds:
+        return [f"{where}: the chunk members do not hold the records where the index puts them; re-shard it"]
+    for k, (a, size) in enumerate(zip(seg.offsets, want["sizes"])):
+        try:
+            rec = parse_record(view[a:a + size], len(e.cameras), len(e.arrays), where=f"{where} frame {k}")
+        except ValueError as err:
+            return [str(err)]
+        if max(rec.backs, default=0) > seg.first + k - want["keys"][k]:
+            return [f"{where} frame {seg.first + k}: its record's decode starts before the index's key frame; "
+                    "re-shard it"]
     return []

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import tarfile
 
 import cv2
 import numpy as np
 import pytest
-from helpers import as_v1, write_raw
+from helpers import write_raw
 
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.pipes import metric_pipe, train_pipe, video_pipe
@@ -65,10 +64,12 @@ def test_metric_pipe_sparse_frames_equal_the_sequential_decode(src, tmp_path):
 def test_a_corrupt_packet_is_invalid_and_counted_with_the_rest_of_its_gop(src, tmp_path, caplog):
     out = _write(src, tmp_path / "out", "--codec", "av1", "--gop", "3", "--shard-size", "1MB")
     ep = EpisodeIndex.open(out).episode("ep0000")
+    idx = EpisodeIndex.open(out)
     shard, a, b = ep.frame_range(3)  # a keyframe
-    path = out / EpisodeIndex.open(out).shards[shard].name
+    path = out / idx.shards[shard].name
+    [(at, size)] = _packets(idx, path, "ep0000", 3, "front")
     data = bytearray(path.read_bytes())
-    data[b - 600] ^= 0xFF  # inside the packet's payload (the member ends padded to 512 bytes)
+    data[at + size // 2] ^= 0xFF  # inside the front camera's packet: the record's CRC32 no longer matches
     path.write_bytes(bytes(data))
     pipe = video_pipe(out, episodes=["ep0000"], batch_size=9, max_batches=100)
     with caplog.at_level(logging.WARNING):
@@ -103,30 +104,45 @@ def test_train_pipe_refuses_video_cameras_clearly(src, tmp_path):
                                                         ("gop", 0, "gop=0"), ("gop", 5000, "gop=5000"),
                                                         ("gop", True, "gop=True")])
 def test_hostile_codec_fields_are_refused_by_name(src, tmp_path, field, value, needle):
-    out = as_v1(_write(src, tmp_path / "out", "--codec", "h264"))
+    out = _write(src, tmp_path / "out", "--codec", "h264")
     d = json.loads((out / "index.json").read_text())
-    d["episodes"][1]["cameras"]["wrist"][field] = value
+    d["schemas"][0]["cameras"]["wrist"][field] = value
     (out / "index.json").write_text(json.dumps(d))
-    with pytest.raises(IndexFormatError, match="episode 'ep0001' camera 'wrist'") as e:
+    with pytest.raises(IndexFormatError, match="schema 0 camera 'wrist'") as e:
         EpisodeIndex.open(out)
     assert needle in str(e.value)
 
 
-def test_a_damaged_packet_without_checksums_is_caught_by_the_decoder(src, tmp_path):
-    out = as_v1(_write(src, tmp_path / "out", "--codec", "h264", "--gop", "3", "--shard-size", "1MB"))
+def _without_crc(out):
     d = json.loads((out / "index.json").read_text())
-    for e in d["episodes"]:
-        for s in e["segments"]:
-            s.pop("crc32", None)
+    d["crc32"] = False
+    del d["columns"]["crc32"]
     (out / "index.json").write_text(json.dumps(d))
+    (out / "index.crc32.npy").unlink()
+    return out
+
+
+def _packets(idx, path, eid, frame, camera):
+    """(offset, size) of each of a frame's packets of ``camera`` in its shard, from its packed record."""
+    from episodepipes.codec.chunk import parse_record
+
+    ep = idx.episode(eid)
+    _, a, b = ep.frame_range(frame)
+    record = path.read_bytes()[a:b]
+    rec = parse_record(record, len(ep.cameras), len(ep.arrays))
+    packets = [bytes(p) for p in rec.cameras[sorted(ep.cameras).index(camera)]]
+    return [(a + record.index(p), len(p)) for p in packets]
+
+
+def test_a_damaged_packet_without_checksums_is_caught_by_the_decoder(src, tmp_path):
+    out = _without_crc(_write(src, tmp_path / "out", "--codec", "h264", "--gop", "3", "--shard-size", "1MB"))
     idx = EpisodeIndex.open(out)
     assert not idx.has_crc
     shard, a, b = idx.episode("ep0000").frame_range(3)
     path = out / idx.shards[shard].name
-    with tarfile.open(path) as tar:
-        m = next(m for m in tar if m.name == "ep0000/000003.front.h264")
+    [(at, size)] = _packets(idx, path, "ep0000", 3, "front")
     data = bytearray(path.read_bytes())
-    data[m.offset_data:m.offset_data + m.size] = np.random.default_rng(0).integers(0, 256, m.size, np.uint8).tobytes()
+    data[at:at + size] = np.random.default_rng(0).integers(0, 256, size, np.uint8).tobytes()
     path.write_bytes(bytes(data))
     pipe = video_pipe(out, episodes=["ep0000"], batch_size=9, max_batches=1)
     got = _frames(pipe)

@@ -3,6 +3,7 @@ import json
 import pickle
 import tarfile
 
+import av
 import cv2
 import numpy as np
 import pyarrow.parquet as pq
@@ -82,6 +83,18 @@ def test_every_codec_with_episodes_starting_mid_gop(tmp_path, encoder):
         assert (errors.argmin(axis=1) == np.arange(len(want))).all(), eid
 
 
+def test_decoded_frames_are_pyavs_own_for_each_episodes_range(tmp_path):
+    # what lerobot's PyAV backend returns: frame.to_ndarray("rgb24") of the file's frames, episode by episode
+    make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, gop=4, episodes_per_file=3, image_feature=False)
+    with av.open(str(next((tmp_path / "lr/videos/observation.images.front").rglob("*.mp4")))) as c:
+        want = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    reader, first = LeRobotReader(tmp_path / "lr"), 0
+    for eid, n in zip(reader.episode_ids(), LENGTHS, strict=True):
+        got = list(reader.read(eid).cameras["observation_images_front"])
+        assert len(got) == n and all(np.array_equal(g, w) for g, w in zip(got, want[first:first + n])), eid
+        first += n
+
+
 def test_v21_layout_reads_the_same_episodes(tmp_path):
     src = make_lerobot(tmp_path / "lr", lengths=LENGTHS, num_episodes=3, version="v2.1", image_feature=False)
     reader = LeRobotReader(tmp_path / "lr")
@@ -103,16 +116,7 @@ def test_tasks_come_from_tasks_parquet_when_episode_meta_has_none(tmp_path):
 
 
 def test_match_takes_the_closest_frame_within_tolerance():
-    frames = [(t, np.full((1, 1, 3), i, np.uint8)) for i, t in enumerate([0.0, 0.1, 0.2, 0.3])]
-
-    class F:  # the av.VideoFrame method _match calls
-        def __init__(self, a):
-            self.a = a
-
-        def to_ndarray(self, format):
-            return self.a
-
-    stream = [(t, F(a)) for t, a in frames]
+    stream = [(t, np.full((1, 1, 3), i, np.uint8)) for i, t in enumerate([0.0, 0.1, 0.2, 0.3])]
     got = [int(a[0, 0, 0]) for a in _match(stream, np.array([0.0, 0.1, 0.20003, 0.3]), 0.0, 1e-4, "w")]
     assert got == [0, 1, 2, 3]
     assert [int(a[0, 0, 0]) for a in _match(stream, np.array([0.04, 0.26]), 0.0, 0.0999, "w")] == [0, 3]

@@ -57,6 +57,10 @@ class PacketDecoder:
         self._bad: int | None = None  # the first damaged frame of this GOP: it and all after it are refused
         self.decoded = 0  # packets sent to the decoder, over this object's life (for tests and stats)
 
+    def holds(self, gop: Hashable) -> bool:
+        """Whether this decoder has decoded part of ``gop`` (the current GOP or a kept one)."""
+        return gop == self._gop or gop in self._older
+
     def frames(self, gop: Hashable, packets: Sequence[bytes], upto: int) -> list[np.ndarray | None]:
         """Frames 0..``upto`` of the GOP whose packets start at its keyframe (``packets[0]``).
 

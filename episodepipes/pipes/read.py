@@ -8,6 +8,10 @@ bounded batches, so a remote root (``s3://``...) fetches them as coalesced, conc
 in this process (never in a decode worker). A caller's ``url=`` naming a stream (``pipe:``,
 ``http://``) is read by `episodepipes.pipes._stream` instead (webdataset's ``gopen`` and tar
 iterator, without the CRC32 check).
+
+Packed shards (video cameras, `episodepipes.codec.chunk`): a run starts at its first frame's key frame (`from_keys`),
+so a sparse frame reads its GOP's records up to itself and nothing else, and each record is CRC-checked and parsed
+into the members a frame of the members layout has (`videoframes.packed_members`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from episodepipes.pipes._stream import is_local, stream_members
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.videoframes import attach_gop, checked, video_cameras
+from episodepipes.pipes.videoframes import attach_gop, checked, key_frame, packed_members, parse_packed, video_cameras
 from episodepipes.shardio import ByteSource, LocalSource, open_source
 from episodepipes.tarmembers import frame_fields
 
@@ -92,7 +96,10 @@ class ShardReader(BaseNode[RawSample]):
         self._copies.clear()
 
     def _samples(self, items: Sequence[Item]) -> Iterator[RawSample]:
-        for shard, group in itertools.groupby(read_runs(self.index, items), key=lambda r: r.shard):
+        runs = read_runs(self.index, items)
+        if self._packed:
+            runs = from_keys(self.index, runs)
+        for shard, group in itertools.groupby(runs, key=lambda r: r.shard):
             url = self.url(shard) if self.url is not None else None
             if url is None or is_local(url):
                 source, name = self._where(shard, url)
@@ -118,6 +125,10 @@ class ShardReader(BaseNode[RawSample]):
     @functools.cached_property
     def _video(self) -> bool:
         return bool(video_cameras(self.index))
+
+    @functools.cached_property
+    def _packed(self) -> bool:
+        return self.index.meta.get("layout") == "packed"
 
     def _earlier(self, seen: dict, episode: str, frame: int, source: ByteSource, name: str,
                  shard: int) -> dict[str, bytes] | None:
@@ -152,8 +163,9 @@ class ShardReader(BaseNode[RawSample]):
             size += run.end - run.start
             if size < self.BATCH_BYTES and k + 1 < len(runs):
                 continue
+            read = self._read_packed if self._packed else self._read_run
             for r, data in zip(batch, source.read_ranges(name, [(r.start, r.end - r.start) for r in batch])):
-                yield from self._read_run(r, source, name, data)
+                yield from read(r, source, name, data)
             batch, size = [], 0
 
     def _read_run(self, run: Run, source: ByteSource, name: str, data: bytes | None = None) -> Iterator[RawSample]:
@@ -189,3 +201,44 @@ class ShardReader(BaseNode[RawSample]):
                                      lambda f, e=item.episode: self._earlier(seen, e, f, source, name, run.shard))
             self.stats.add("frames_read")
             yield RawSample(item, name, members, damaged)
+
+    def _read_packed(self, run: Run, source: ByteSource, name: str, data: bytes) -> Iterator[RawSample]:
+        """The samples of one run of packed records (`from_keys` started it at its first GOP's key frame)."""
+        self.stats.add("bytes_read", len(data))
+        view, ix = memoryview(data), self.index
+        records: dict[tuple[str, int], Any] = {}
+
+        def record(episode: str, frame: int) -> Any:
+            got = records.get((episode, frame), records)
+            if got is not records:
+                return got
+            shard, a, b = ix.episode(episode).frame_range(frame)
+            if shard == run.shard and run.start <= a and b <= run.end:
+                raw: bytes | memoryview = view[a - run.start:b - run.start]
+            else:  # an earlier frame outside the run (its GOP's key frame is in another one): read it
+                raw = (source if shard == run.shard else self.source).read(ix.shards[shard].name, a, b - a)
+                self.stats.add("bytes_read", len(raw))
+            records[episode, frame] = got = parse_packed(ix, episode, frame, raw)
+            return got
+
+        for item in run.items:
+            members, damaged = packed_members(ix, item.episode, item.frame,
+                                              lambda f, e=item.episode: record(e, f))
+            self.stats.add("frames_read")
+            yield RawSample(item, name, members, damaged)
+
+
+def from_keys(index: EpisodeIndex, runs: list[Run]) -> list[Run]:
+    """Packed layout: each run started at its first frame's key frame (the record its decode starts at), and runs
+    that then touch or overlap merged, so a metric frame reads from its GOP's key frame to itself, once."""
+    out: list[Run] = []
+    for r in runs:
+        first = r.items[0]
+        key = key_frame(index, first.episode, first.frame)
+        start = index.episode(first.episode).frame_range(key)[1] if key < first.frame else r.start
+        if out and out[-1].shard == r.shard and start <= out[-1].end and r.end >= out[-1].end:
+            prev = out.pop()
+            out.append(Run(r.shard, min(prev.start, start), r.end, prev.items + r.items))
+        else:
+            out.append(Run(r.shard, start, r.end, r.items))
+    return out

@@ -1,29 +1,34 @@
 """Video-codec cameras (h264/AV1): the reader attaches each frame's GOP, and `VideoFrames` decodes it.
 
-A shard holds one packet member per frame (``<camera>.h264``), and frame ``t`` depends on the frames from
-its keyframe ``t - t % gop``: those are adjacent in the shard, before it. The reader (`attach_gop`) replaces
-the frame's member by `episodepipes.codec.pack` of ``[GOP id, packet of the keyframe, ..., packet of t]``, each
-earlier packet checked against the index's CRC32 as the frame's own is, so the `FrameDecoder` seam stays one
-member in, one frame out. `VideoFrames` decodes through a `PacketDecoder` per camera and thread that lives for
-the pass and keeps the last GOPs, so consecutive frames of one GOP in one worker decode each packet once.
+In the packed layout (`episodepipes.codec.chunk`) frame ``t``'s record says, per camera, how many frames back
+its decode starts; `packed_members` turns the records from there to ``t`` (each checked against the index's CRC32)
+into the members a frame of the members layout has. In the members layout (written before the packed one) a shard
+holds one packet member per frame (``<camera>.h264``), and frame ``t`` depends on the frames from its keyframe
+``t - t % gop`` (`attach_gop`). Either way a video camera's member becomes `episodepipes.codec.pack` of
+``[GOP id, extradata, packets from the keyframe to t]``, so the `FrameDecoder` seam stays one member in, one frame
+out. `VideoFrames` decodes through a `DecoderPool` per stream shared by the process's decode threads, whose
+decoders keep their last GOPs, so consecutive frames of one GOP decode each packet once, whichever thread gets them.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
 
-from episodepipes.codec.decode import PacketDecoder
+from episodepipes.codec.chunk import Record, parse_record
 from episodepipes.codec.pack import pack, unpack
+from episodepipes.codec.pool import DecoderPool
+from episodepipes.format import frame_json, npy_header
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.frames import decode_jpeg
-
-_local = threading.local()  # per thread: (camera, codec, size) -> PacketDecoder
 
 
 def video_cameras(index: EpisodeIndex) -> dict[str, tuple[str, int]]:
@@ -35,6 +40,7 @@ def video_cameras(index: EpisodeIndex) -> dict[str, tuple[str, int]]:
             if got[0] != cam.codec:
                 raise ValueError(f"camera {c!r} is {got[0]} in some episodes of {index.root} and {cam.codec} in "
                                  "others; re-shard them with one --codec")
+            seen[c] = (cam.codec, max(got[1], cam.gop))  # copied streams' GOPs differ per episode: the longest
     return {c: v for c, v in seen.items() if v[0] != "jpeg"}
 
 
@@ -61,8 +67,66 @@ def attach_gop(index: EpisodeIndex, episode: str, frame: int, members: dict[str,
         if name in members:
             shard, start, _ = ep.frame_range(key)  # the GOP by content: its keyframe's shard (sha256) and offset
             gid = f"{index.shards[shard].sha256}:{start}".encode()
-            members[name] = pack([gid, *packets, members[name]])
+            members[name] = pack([gid, cam.extradata, *packets, members[name]])
     return None
+
+
+def key_frame(index: EpisodeIndex, episode: str, frame: int) -> int:
+    """Packed layout: the frame whose record frame ``frame``'s decode starts at (the index's ``key`` column)."""
+    ep = index.episode(episode)
+    return int(index._cols["key"][ep.rows[frame]]) - ep.rows.start
+
+
+def parse_packed(index: EpisodeIndex, episode: str, frame: int, data: bytes | memoryview) -> Record | None:
+    """Frame ``frame``'s record from its bytes, or None when they fail the CRC32 or are not a record whose
+    decodes start where the index says (at or after its ``key`` frame, so no read leaves the chunk)."""
+    if not checked(index, episode, frame, data):
+        return None
+    ep = index.episode(episode)
+    try:
+        rec = parse_record(data, len(ep.cameras), len(ep.arrays), where=f"episode {episode!r} frame {frame}")
+    except ValueError:
+        return None
+    if max(rec.backs, default=0) > frame - key_frame(index, episode, frame):
+        return None
+    return rec
+
+
+def packed_members(index: EpisodeIndex, episode: str, frame: int,
+                   record: Callable[[int], Record | None]) -> tuple[dict[str, bytes], str | None]:
+    """(members, why damaged) of a packed frame, from ``record(f)`` of it and the earlier frames its GOPs need.
+
+    The members are what the members layout holds (``<camera>.jpg``, the packed GOP as ``<camera>.<codec>``,
+    ``<array>.npy``, ``json``), so the decode stage reads both layouts alike.
+    """
+    rec = record(frame)
+    if rec is None:
+        return {}, "crc32 mismatch or not a packed record"
+    ep = index.episode(episode)
+    out: dict[str, bytes] = {}
+    for c, name in enumerate(sorted(ep.cameras)):
+        cam = ep.cameras[name]
+        if cam.codec == "jpeg":
+            if rec.backs[c] or len(rec.cameras[c]) != 1:
+                return {}, f"camera {name!r} holds {len(rec.cameras[c])} blobs, not one JPEG"
+            out[f"{name}.jpg"] = rec.cameras[c][0]
+            continue
+        key, packets = frame - rec.backs[c], []
+        for f in range(key, frame):
+            got = record(f)
+            if got is None:
+                return {}, f"crc32 mismatch or not a packed record in frame {f}, which this frame's GOP needs"
+            packets += got.cameras[c]
+        shard, start, _ = ep.frame_range(key)  # the GOP by content: its keyframe's shard (sha256) and offset
+        gid = f"{index.shards[shard].sha256}:{start}".encode()
+        out[f"{name}.{cam.codec}"] = pack([gid, cam.extradata, *packets, *rec.cameras[c]])
+    for (name, spec), row in zip(sorted(ep.arrays.items()), rec.rows):
+        dt = np.dtype(spec.dtype)
+        if len(row) != dt.itemsize * math.prod(spec.shape):
+            return {}, f"array {name!r} has {len(row)} bytes in the record, not one {spec.dtype} {spec.shape} step"
+        out[f"{name}.npy"] = npy_header(dt, spec.shape) + row
+    out["json"] = frame_json(episode, frame, ep.fps)
+    return out, None
 
 
 def checked(index: EpisodeIndex, episode: str, frame: int, data: bytes) -> bool:
@@ -75,7 +139,8 @@ def checked(index: EpisodeIndex, episode: str, frame: int, data: bytes) -> bool:
 class VideoFrames:
     """`FrameDecoder` of shards with video cameras (``cameras``: name -> (codec, gop)); others are JPEG.
 
-    A video member is the packed GOP `attach_gop` made; frames come back as uint8 RGB ``[3, H, W]``.
+    A video member is the packed GOP `attach_gop` or `packed_members` made; frames come back as uint8 RGB
+    ``[3, H, W]``, decoded by the process's `DecoderPool` of the stream.
     """
 
     cameras: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -90,31 +155,49 @@ class VideoFrames:
         if v is None:
             return decode_jpeg(data, src=src, size=size, out=out)
         try:
-            gid, *packets = unpack(data, where=f"camera {camera!r}")
+            gid, extradata, *packets = unpack(data, where=f"camera {camera!r}")
         except ValueError:
             return None
         if not packets or len(packets) > v[1]:
             return None
-        img = _decoder(camera, v[0], src).frame(bytes(gid), packets, len(packets) - 1)
-        if img is None:
-            return None
         want = tuple(size or src)
+        pool = _pool(camera, v[0], src, bytes(extradata))
         if out is None or out.shape != (3, *want):
             out = np.empty((3, *want), np.uint8)
         if want == tuple(src):
-            out[...] = img  # the decoder keeps its frames: never hand them out
-        else:
-            hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
-            cv2.split(hwc, [out[0], out[1], out[2]])
+            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out)
+        img = pool.frame(bytes(gid), packets, len(packets) - 1)
+        if img is None:
+            return None
+        hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
+        cv2.split(hwc, [out[0], out[1], out[2]])
         return out
 
 
-def _decoder(camera: str, codec: str, src: tuple[int, int]) -> PacketDecoder:
-    cache = getattr(_local, "decoders", None)
-    if cache is None:
-        cache = _local.decoders = {}
-    key = (camera, codec, tuple(src))
-    dec = cache.get(key)
-    if dec is None:
-        dec = cache[key] = PacketDecoder(codec, size=tuple(src))
-    return dec
+_POOLS: OrderedDict[tuple, DecoderPool] = OrderedDict()  # (camera, codec, size, extradata) -> its decoders
+_POOLS_LOCK = threading.Lock()
+_MAX_POOLS = 8  # streams whose decoders are kept (episodes copied from many files differ in extradata)
+
+
+def _forget() -> None:
+    """In a forked child: the parent's decoders (and a lock a parent thread may hold) are not this process's."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _pool(camera: str, codec: str, src: tuple[int, int], extradata: bytes) -> DecoderPool:
+    """The process's decoders of one stream, shared by its decode threads (`DecoderPool` says why)."""
+    key = (camera, codec, tuple(src), extradata)
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = DecoderPool(codec, extradata, size=tuple(src))
+            while len(_POOLS) > _MAX_POOLS:
+                _POOLS.popitem(last=False)
+        _POOLS.move_to_end(key)
+        return pool

@@ -40,6 +40,7 @@ import os
 import sys
 from pathlib import Path
 
+from episodepipes.codec.copy import MAX_GOP
 from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.write import DiskFullError, WriteResult
@@ -68,9 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--shard-size", default="512MB", help="target shard size, e.g. 512MB, 1GiB (default 512MB)")
     w.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
     w.add_argument("--resize", default=None, metavar="HxW", help="resize every frame to height x width")
-    w.add_argument("--codec", default="jpeg", choices=("jpeg", "h264", "av1"),
-                   help="frames as JPEG (default), or h264/AV1 packets in GOPs of --gop frames")
-    w.add_argument("--gop", type=int, default=2, help="h264/av1: frames per keyframe, 1..1000 (default 2)")
+    w.add_argument("--codec", default="jpeg", choices=("jpeg", "h264", "av1", "copy"),
+                   help="frames as JPEG (default), or h264/AV1 packets in GOPs of --gop frames, or copy: the "
+                        "source's own video packets, not decoded (lerobot, and raw <camera>.mp4; a GOP up to "
+                        f"{MAX_GOP} frames, no B-frames; cameras without video, LeRobot image features and PNG "
+                        "folders, are stored as JPEG at --jpeg-quality; zarr has no video and is refused)")
+    w.add_argument("--gop", type=int, default=None,
+                   help="h264/av1: frames per keyframe, 1..1000 (default 2); copy keeps the source's")
     w.add_argument("--crf", type=int, default=None,
                    help="h264/av1: quality, lower is better (h264 0..51, default 18; av1 0..63, default 30)")
     split = w.add_mutually_exclusive_group()
@@ -117,10 +122,16 @@ def _root(text: str) -> Path | str:
 def _check_write_args(a: argparse.Namespace) -> None:
     if not 1 <= a.jpeg_quality <= 100:
         raise ValueError(f"--jpeg-quality {a.jpeg_quality} must be within 1..100")
-    if a.codec != "jpeg":
+    if a.codec == "copy":
+        for flag, value in (("--gop", a.gop), ("--crf", a.crf), ("--resize", a.resize)):
+            if value is not None:
+                raise ValueError(f"{flag} {value} does not apply to --codec copy, which keeps the source's packets "
+                                 "(their GOPs, quality and size); drop it, or use --codec av1 to re-encode")
+    elif a.codec != "jpeg":
         from episodepipes.codec import CodecOptions
 
-        CodecOptions(codec=a.codec, gop=a.gop, crf=a.crf)  # its ValueError names the option and its range
+        gop = 2 if a.gop is None else a.gop
+        CodecOptions(codec=a.codec, gop=gop, crf=a.crf)  # its ValueError names the option and its range
     most = 4 * (os.cpu_count() or 1)
     if not 1 <= a.workers <= most:  # encoding is CPU-bound: more processes only cost memory
         raise ValueError(f"--workers {a.workers} must be within 1..{most} (4 per core)")
@@ -157,10 +168,15 @@ def _write(a: argparse.Namespace) -> int:
     opts = WriteOptions(format=fmt, shard_size=parse_size(a.shard_size), jpeg_quality=a.jpeg_quality,
                         resize=parse_resize(a.resize), val_fraction=a.val_fraction,
                         val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None,
-                        seed=a.seed, skip_bad=a.skip_bad, codec=a.codec, gop=a.gop, crf=a.crf)
+                        seed=a.seed, skip_bad=a.skip_bad, codec=a.codec, gop=2 if a.gop is None else a.gop,
+                        crf=a.crf)
     if a.tolerance_s is not None and fmt != "lerobot":
         raise ValueError(f"--tolerance-s applies to LeRobot datasets only, and {root} is {fmt}; drop the option")
-    reader = FORMATS[fmt].factory(root, **({} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}))
+    if a.codec == "copy" and not FORMATS[fmt].copies:
+        raise ValueError(f"--codec copy takes the video packets of lerobot and raw (<camera>.mp4) sources, and {root} "
+                         f"is {fmt}, whose frames are not stored as video; use --codec av1 or --codec h264")
+    options = {} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}
+    reader = FORMATS[fmt].factory(root, **options, **({"copy": True} if a.codec == "copy" else {}))
     res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
                        job_index=a.job_index, overwrite=a.overwrite, progress_bar=True)
     print("\n".join(_summary(a, res)))

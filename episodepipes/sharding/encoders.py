@@ -70,12 +70,11 @@ def _encode(task: tuple) -> tuple:
 
 
 def _write_parts(fd: int, enc: EncodedEpisode) -> None:
-    """``enc``'s parts with few gathering ``writev`` calls: no joined copy of the episode."""
-    per_frame = len(enc.parts) // len(enc.sizes)  # every frame has the same members
-    step = max(1, _IOV_MAX // per_frame)
-    for f in range(0, len(enc.sizes), step):
-        chunk = enc.parts[f * per_frame:(f + step) * per_frame]
-        want = sum(enc.sizes[f:f + step])
+    """``enc``'s parts with few gathering ``writev`` calls: no joined copy of the episode. Counted in parts, not
+    frames: a packed (video) episode has fewer parts than frames, a chunk's member holding many frames."""
+    for i in range(0, len(enc.parts), _IOV_MAX):
+        chunk = enc.parts[i:i + _IOV_MAX]
+        want = sum(memoryview(x).nbytes for x in chunk)
         done = os.writev(fd, chunk)
         if done < want:  # a short write (a signal, a full disk): finish it plainly, or fail with the OSError
             rest = memoryview(b"".join(chunk))[done:]

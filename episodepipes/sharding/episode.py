@@ -12,8 +12,13 @@ that decodes with OpenCV (or PyAV's ``bgr24``) yields BGR as is, and the JPEG en
 BGR, then skips a colour conversion that costs a quarter of the encode. Arrays are per-step:
 first dimension = frames.
 
-`EpisodeData` checks what every reader hands over (names, fps, split, prompt, extra metadata) when it is
-made, so a custom reader gets the same refusals as the built-in ones; readers call the same checks
+A reader that copies compressed video instead (``write --codec copy``) puts a camera's `Packets` in
+`EpisodeData.packets` and leaves it out of ``cameras``: nothing is decoded. Such a reader says so with a
+``copy = True`` attribute (`LeRobotReader` and `RawReader` take ``copy=True``), which `write_shards` checks
+against its ``codec``.
+
+`EpisodeData` checks what every reader hands over (names, fps, split, prompt, extra metadata, packets) when
+it is made, so a custom reader gets the same refusals as the built-in ones; readers call the same checks
 earlier, with the file name in the message.
 """
 
@@ -29,6 +34,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from episodepipes import episode_attrs
+from episodepipes.codec.stream import DECODERS, Packets
 from episodepipes.format import safe_field
 
 # Fields a camera or array must not become once tar-safe: the per-frame ``json`` member, the batch keys
@@ -114,6 +120,29 @@ def check_array(name: str, a: np.ndarray, where: object) -> np.ndarray:
     return a
 
 
+def check_packets(packets: Mapping[str, Packets], arrays: Mapping[str, np.ndarray], where: object) -> None:
+    """Copied packets: `Packets` of a codec PyAV decodes (`DECODERS`), every camera with the same number of
+    frames after its ``lead`` packets (not 0), and that many steps in every array."""
+    counts: dict[str, int] = {}
+    for cam, p in packets.items():
+        if not isinstance(p, Packets):
+            raise EpisodeError(f"{where}: packets of camera {cam!r} are a {type(p).__name__}, not "
+                               "episodepipes.codec.Packets; build them with copy_packets()")
+        if p.codec not in DECODERS:  # Packets checks this too, unless built around its checks
+            raise EpisodeError(f"{where}: camera {cam!r} holds {p.codec!r} packets, which PyAV here does not "
+                               f"decode ({sorted(DECODERS)}); re-encode it with --codec av1")
+        counts[cam] = len(p)
+    if counts and (len(set(counts.values())) != 1 or not min(counts.values())):
+        raise EpisodeError(f"{where}: copied cameras have {counts} frames (packets after the lead); every camera "
+                           "needs the same number, at least 1: trim the source videos to the episode")
+    steps = {k: (np.shape(a) or (0,))[0] for k, a in arrays.items()}
+    n = next(iter(counts.values()), None)
+    bad = {k: s for k, s in steps.items() if n is not None and s != n}
+    if bad:
+        raise EpisodeError(f"{where}: arrays {bad} have other step counts than the {n} frames copied from the "
+                           "video; the video and the arrays must cover the same steps")
+
+
 def resolve_inside(path: Path, root: Path, where: object) -> Path:
     """``path`` with its links resolved; refused when that leaves ``root`` (a resolved folder): a reader never
     opens a file outside the dataset, whatever its links say. Links that stay inside are followed."""
@@ -146,6 +175,8 @@ class EpisodeData:
         channel_order: "rgb" or "bgr", of every camera's frames; a BGR decoder (OpenCV, PyAV) saves a
             conversion by saying "bgr".
         extra: further metadata of the source (raw ``meta.json`` keys, zarr attrs), JSON scalars only.
+        packets: camera name -> its packets copied from a source video (``--codec copy``), one per frame after
+            ``lead``; such a camera is not in ``cameras`` (it is never decoded).
     """
 
     id: str
@@ -161,10 +192,17 @@ class EpisodeData:
     channel_order: str = "rgb"  # of every camera's frames: "rgb" or "bgr"
     # further metadata of the source (raw meta.json keys, zarr attrs), JSON scalars only
     extra: dict[str, Scalar] = field(default_factory=dict)
+    # camera name -> packets copied from its source video (--codec copy), instead of frames in `cameras`
+    packets: dict[str, Packets] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"episode {self.id!r}"
-        safe_names([*self.cameras, *self.arrays], where)
+        both = sorted(set(self.cameras) & set(self.packets))
+        if both:
+            raise EpisodeError(f"{where}: cameras {both} have both frames and copied packets; a reader gives each "
+                               "camera one or the other")
+        safe_names([*self.cameras, *self.packets, *self.arrays], where)
+        check_packets(self.packets, self.arrays, where)
         for k, a in self.arrays.items():
             check_array(k, np.asarray(a), where)
         self.fps = check_fps(self.fps, where)

@@ -9,6 +9,12 @@ Frames are matched to parquet rows the way LeRobot does it: row ``timestamp + fr
 the closest decoded frame, and a distance of ``tolerance_s`` or more is an error (LeRobot's default
 ``tolerance_s`` is 1e-4 s). Only frames inside the episode's span are candidates, so a short episode
 never silently borrows its neighbour's frames.
+
+With ``copy=True`` (``write --codec copy``) a video camera's packets are copied out of its mp4 instead
+(`episodepipes.codec.copy_packets`), and nothing is decoded. The same rule is checked on the packets'
+timestamps, demuxed only: each row must take the next frame of the span, one packet per row, else the
+episode is refused with the fix (re-encode). Image features (PNG/JPEG in the parquet) have no packets to
+copy: they stay frames, which the shard writer stores as JPEG.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from episodepipes.codec.copy import copy_packets
+from episodepipes.codec.stream import Packets
 from episodepipes.sharding import lerobot_meta as meta
 from episodepipes.sharding.encoders import decode_threads
 from episodepipes.sharding.episode import EpisodeData, EpisodeError, safe_names
@@ -45,12 +53,17 @@ class LeRobotReader:
     """`EpisodeReader` over a LeRobot dataset folder (the one holding ``meta/info.json``). Picklable.
 
     Its metadata is hostile input (see `episodepipes.sharding.lerobot_meta`): no file outside ``root``
-    is ever opened, and ``tolerance_s`` must be a finite number of seconds > 0.
+    is ever opened, and ``tolerance_s`` must be a finite number of seconds > 0. ``copy``: give each video
+    camera as `EpisodeData.packets` copied from its mp4, never decoded (``write --codec copy``); image features stay
+    frames.
     """
 
-    def __init__(self, root: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
+    def __init__(self, root: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_S, copy: bool = False) -> None:
+        if not isinstance(copy, bool):
+            raise ValueError(f"{copy=} should be True or False")
         self.root = Path(root)
         self.tolerance_s = meta.tolerance(tolerance_s)
+        self.copy = copy
         self._real = self.root.resolve()
         info_path = self.root / "meta" / "info.json"
         if not os.path.lexists(info_path):
@@ -79,10 +92,10 @@ class LeRobotReader:
 
     def __getstate__(self) -> dict:
         """Only the root travels to encoder processes, not the metadata of every episode."""
-        return {"root": self.root, "tolerance_s": self.tolerance_s}
+        return {"root": self.root, "tolerance_s": self.tolerance_s, "copy": self.copy}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["root"], tolerance_s=state["tolerance_s"])
+        self.__init__(state["root"], tolerance_s=state["tolerance_s"], copy=state["copy"])
 
     def episode_ids(self) -> list[str]:
         return [f"episode_{i:06d}" for i in sorted(self.episodes)]
@@ -102,6 +115,7 @@ class LeRobotReader:
         _check_frame_index(table.column("frame_index"), f"episode {episode_id!r}: {shown}")
         times = _timestamps(table.column("timestamp"), f"episode {episode_id!r}: {shown}")
         cameras: dict[str, Iterable[np.ndarray]] = {}
+        packets: dict[str, Packets] = {}
         files: dict[str, str] = {}
         for key in self.video_keys:
             rel, start, end = ep.videos[key]
@@ -111,7 +125,10 @@ class LeRobotReader:
                                    f"video span [{start:.6f}s, {end:.6f}s) from meta/episodes; fix its "
                                    "to_timestamp or the rows")
             path = self._file(rel, f"episode {episode_id!r} camera {key!r} video_path", EpisodeError)
-            cameras[self.names[key]] = _video_frames(path, start, end, times, self.fps, self.tolerance_s, where)
+            if self.copy:
+                packets[self.names[key]] = _copied(path, start, end, times, self.fps, self.tolerance_s, where)
+            else:
+                cameras[self.names[key]] = _video_frames(path, start, end, times, self.fps, self.tolerance_s, where)
             files[self.names[key]] = str(self.root / rel)
         for key in self.image_keys:
             where = f"episode {episode_id!r} image feature {key!r} ({shown})"
@@ -121,7 +138,8 @@ class LeRobotReader:
                   for k in self.array_keys}
         tasks = ep.tasks or self._tasks_of(table, episode_id)
         return EpisodeData(id=episode_id, cameras=cameras, arrays=arrays, fps=self.fps, prompt="; ".join(tasks),
-                           sources={v: k for k, v in self.names.items()}, files=files, extra=dict(self.extra))
+                           sources={v: k for k, v in self.names.items()}, files=files, extra=dict(self.extra),
+                           packets=packets)
 
     def _file(self, rel: str, what: str, error: type[ValueError]) -> Path:
         """The resolved path of ``rel`` under the root; refused unless it is inside it (symlinks too)."""
@@ -361,18 +379,75 @@ def _image_frames(col, root: Path, where: str) -> Iterator[np.ndarray]:  # noqa:
         yield cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
-def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray, fps: float, tol: float,
-                  where: str) -> Iterator[np.ndarray]:
-    """Decode ``path`` from ``start`` and yield, per row time, the closest frame of the episode's span."""
-    import av
-
+def _demuxer(path: Path, where: str) -> str:
     if not path.is_file():
         raise EpisodeError(f"{where}: video file is missing; re-download the dataset's videos/")
     demuxer = DEMUXERS.get(path.suffix.lower())
     if demuxer is None:
         raise EpisodeError(f"{where}: video_path gives a {path.suffix or 'suffix-less'} file; LeRobot videos are "
                            f"{', '.join(DEMUXERS)}; fix video_path in meta/info.json")
-    half = 0.5 / fps  # span edges sit half a frame out, so rounding never drops an edge frame
+    return demuxer
+
+
+def _copied(path: Path, start: float, end: float | None, times: np.ndarray, fps: float, tol: float,
+            where: str) -> Packets:
+    """The packets of the frames the rows take (LeRobot's closest-frame rule, on demuxed timestamps), copied.
+
+    Copying keeps whole frames only, so the rows must take consecutive frames, one each: a row that skips a
+    frame or shares one with its neighbour (a dropped or doubled frame in the source) is refused.
+    """
+    import av
+
+    demuxer, half = _demuxer(path, where), 0.5 / fps
+    if not len(times):
+        raise EpisodeError(f"{where}: the episode has no rows, so no frames to copy; remove it or pass --skip-bad")
+    lo, hi = start + float(times.min()), start + float(times.max())
+    try:
+        shown = _shown_times(path, demuxer, start, end, half)
+        p = copy_packets(path, start=lo, end=hi + 2 * half)  # its own half-frame slack keeps the frame at hi
+    except (av.FFmpegError, OSError, IndexError) as e:
+        raise EpisodeError(f"{where}: cannot read the video ({type(e).__name__}: {e}); re-download it") from e
+    except ValueError as e:  # copy_packets' refusals name the file and the fix
+        raise EpisodeError(f"{where}: {e}") from None
+    taken = np.array(list(_match(shown, start + times, start, tol, where)), np.int64)
+    if np.any(np.diff(taken) != 1) or len(p) != len(times):
+        j = int(np.flatnonzero(np.diff(taken) != 1)[0]) + 1 if np.any(np.diff(taken) != 1) else 0
+        raise EpisodeError(f"{where}: the rows do not take one frame each in order (row {j} takes the frame at "
+                           f"{shown[taken[j]][0]:.6f}s; {len(p)} frames lie between the first and last row), so "
+                           "the video cannot be copied frame for row; re-encode it with --codec av1")
+    return p
+
+
+def _shown_times(path: Path, demuxer: str, start: float, end: float | None,
+                 half: float) -> list[tuple[float, int]]:
+    """(time, position) of every frame shown in the episode's span, from demuxing only (no decode)."""
+    import av
+
+    out: list[float] = []
+    with av.open(str(path), format=demuxer) as c:
+        stream = c.streams.video[0]
+        tb = float(stream.time_base)
+        if start > half:
+            c.seek(int((start - half) / tb), stream=stream, backward=True)
+        for pk in c.demux(stream):
+            if pk.pts is None or not pk.size:
+                continue
+            t = pk.pts * tb
+            if end is not None and t >= end - half:  # in decode order; a stream that reorders is refused by copy
+                break
+            if t >= start - half and (end is None or t < end - half):
+                out.append(t)
+    return [(t, j) for j, t in enumerate(sorted(out))]
+
+
+def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray, fps: float, tol: float,
+                  where: str) -> Iterator[np.ndarray]:
+    """Decode ``path`` from ``start`` and yield, per row time, the closest frame of the episode's span."""
+    import av
+    from av.video.reformatter import VideoReformatter
+
+    # span edges sit half a frame out, so rounding never drops an edge frame
+    demuxer, half = _demuxer(path, where), 0.5 / fps
     try:
         with av.open(str(path), format=demuxer) as container:
             length = container.duration / av.time_base if container.duration else None
@@ -382,7 +457,9 @@ def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray
             decoded = itertools.dropwhile(lambda tf: tf[0] < start - half, _decode_from(container, start, half))
             if end is not None:  # frames past the span belong to the next episode in the file
                 decoded = itertools.takewhile(lambda tf: tf[0] < end - half, decoded)  # stop decoding there
-            yield from _match(decoded, start + times, start, tol, where)
+            rgb = VideoReformatter()  # one conversion context for the video: a frame's own builds one per frame
+            yield from (rgb.reformat(f, format="rgb24").to_ndarray()
+                        for f in _match(decoded, start + times, start, tol, where))
     except (av.FFmpegError, OSError, IndexError, OverflowError) as e:
         raise EpisodeError(f"{where}: cannot decode the video ({type(e).__name__}: {e}); re-download or "
                            "re-encode it") from e
@@ -412,8 +489,8 @@ def _decode_from(container, start: float, half: float) -> Iterator[tuple[float, 
 
 
 def _match(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: float, tol: float,
-           where: str) -> Iterator[np.ndarray]:
-    """LeRobot's rule on a stream: each query takes its closest frame, within ``tol``; frames are pts-ordered."""
+           where: str) -> Iterator[object]:
+    """LeRobot's rule on a stream: each query takes its closest item, within ``tol``; items are time-ordered."""
     it = iter(frames)
     prev, cur = None, next(it, None)
     for i, q in enumerate(queries):
@@ -426,4 +503,4 @@ def _match(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: f
                 f"{where}: row {i} (timestamp {q - start:.6f}s, {q:.6f}s in the file) has no frame within "
                 f"tolerance_s={tol}; {near}. The video is shorter than the episode or out of sync: re-encode it, "
                 f"{TOLERANCE_HINT}")
-        yield best[1].to_ndarray(format="rgb24")
+        yield best[1]

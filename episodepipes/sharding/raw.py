@@ -12,6 +12,10 @@ without ``meta.json`` fps are an error, because guessing a frame rate would corr
 rendered from them later. Other ``meta.json`` keys are kept in `EpisodeData.extra` and must be JSON
 scalars. Frames are yielded in BGR, as OpenCV decodes them, so the JPEG encoder needs no colour conversion.
 
+With ``copy=True`` (``write --codec copy``) a video camera's packets are copied from its file
+(`episodepipes.codec.copy_packets`) into `EpisodeData.packets`, never decoded; an image folder has none
+to copy and stays frames, which the shard writer stores as JPEG.
+
 Everything is read from inside SRC: links (episode folders, cameras, frames, ``meta.json``,
 ``arrays.npz``) are resolved, followed when they stay inside SRC and refused by name when they leave it.
 ``arrays.npz`` is loaded without pickle; object and text arrays are refused by name.
@@ -29,6 +33,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from episodepipes.codec.stream import Packets
 from episodepipes.sharding.episode import (
     EpisodeData,
     EpisodeError,
@@ -86,9 +91,16 @@ class RawReader:
 
     Attributes:
         root: the source folder; nothing outside it is read (links leaving it are refused by name).
+        copy: give video cameras as `EpisodeData.packets` copied from their files, not decoded frames (image
+            folders stay frames).
     """
 
     root: Path
+    copy: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.copy, bool):
+            raise ValueError(f"copy={self.copy!r} should be True or False")
 
     def episode_ids(self) -> list[str]:
         return sorted(p.name for p in Path(self.root).iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
@@ -106,6 +118,7 @@ class RawReader:
         steps = {a.shape[0] for a in arrays.values() if a.ndim}
         expected = steps.pop() if len(steps) == 1 else None  # unequal arrays: the encoder names them
         cameras: dict = {}
+        packets: dict[str, Packets] = {}
         files: dict[str, str] = {}
         video_fps: float | None = None
         for p in sorted(d.iterdir()):
@@ -122,10 +135,13 @@ class RawReader:
                 cam, frames = p.name, ImageFrames(images, where)
             else:
                 continue
-            if cam in cameras:
+            if cam in cameras or cam in packets:
                 raise EpisodeError(f"{where}: camera {cam!r} is both {files[cam]} and {p}; keep one")
-            cameras[cam], files[cam] = frames, str(p)
-        if not cameras:
+            if self.copy and isinstance(frames, VideoFrames):
+                packets[cam], files[cam] = _copied(frames.path, f"{where} camera {cam!r}"), str(p)
+            else:
+                cameras[cam], files[cam] = frames, str(p)
+        if not cameras and not packets:
             raise EpisodeError(f"{where}: {d} has no video ({'/'.join(VIDEO_EXTS)}) and no image folder; "
                                "add a camera or remove the folder")
         fps = meta.pop("fps", video_fps)
@@ -133,8 +149,23 @@ class RawReader:
             raise EpisodeError(f"{where}: no usable frame rate; add {{\"fps\": <frames per second>}} "
                                f"to {d / 'meta.json'}")
         return EpisodeData(id=episode_id, cameras=cameras, arrays=arrays, fps=fps, prompt=meta.pop("prompt", ""),
-                           split=meta.pop("split", None), files=files, extra=meta,
+                           split=meta.pop("split", None), files=files, extra=meta, packets=packets,
                            channel_order="bgr")  # OpenCV and PyAV decode to BGR at no cost
+
+
+def _copied(path: Path, where: str) -> Packets:
+    """Every packet of ``path``'s video, copied; copy_packets' refusals (GOP, B-frames, codec) name the fix."""
+    import av
+
+    from episodepipes.codec.copy import copy_packets  # not at import: codec.copy imports this package
+
+    try:
+        return copy_packets(path)
+    except (av.FFmpegError, OSError) as e:
+        raise EpisodeError(f"{where}: cannot read video {path} ({type(e).__name__}: {e}); re-copy or re-encode "
+                           "it, or pass --skip-bad") from e
+    except ValueError as e:
+        raise EpisodeError(f"{where}: {e}") from None
 
 
 def _images(folder: Path, root: Path, where: str) -> tuple[Path, ...]:

@@ -35,17 +35,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Format:
+    """A registered layout; ``copies``: its factory takes ``copy=True`` (``write --codec copy``)."""
+
     name: str
     factory: Callable[[Path], EpisodeReader]
     detect: Callable[[Path], bool] | None = None
+    copies: bool = False
 
 
-def _lerobot(root: Path, **options: float) -> EpisodeReader:
+def _lerobot(root: Path, **options: float | bool) -> EpisodeReader:
     try:  # imported on use: the LeRobot reader needs the optional `lerobot` extra (pyarrow, av)
         from episodepipes.sharding.lerobot import LeRobotReader
     except ImportError as e:
         raise ValueError(f"the lerobot format needs its extra ({e}); pip install 'episodepipes[lerobot]'") from e
-    return LeRobotReader(root, **options)  # options: tolerance_s (`write --tolerance-s`)
+    return LeRobotReader(root, **options)  # options: tolerance_s (`write --tolerance-s`), copy (`--codec copy`)
 
 
 def _is_lerobot(root: Path) -> bool:
@@ -71,20 +74,22 @@ FORMATS: dict[str, Format] = {}
 
 
 def register_format(name: str, factory: Callable[[Path], EpisodeReader], *,
-                    detect: Callable[[Path], bool] | None = None) -> None:
+                    detect: Callable[[Path], bool] | None = None, copies: bool = False) -> None:
     """Add (or replace) a format; ``detect`` lets ``--format auto`` recognise it, checked in registration order.
 
     Args:
         name: the ``--format`` name.
         factory: ``root -> EpisodeReader``, e.g. the reader class.
         detect: ``root -> bool``, True when ``root`` has this layout; None to be chosen by name only.
+        copies: ``factory(root, copy=True)`` gives a reader that copies packets into `EpisodeData.packets`
+            (and says so with ``copy = True``), for ``write --codec copy``.
     """
-    FORMATS[name] = Format(name, factory, detect)
+    FORMATS[name] = Format(name, factory, detect, copies)
 
 
-register_format("lerobot", _lerobot, detect=_is_lerobot)
+register_format("lerobot", _lerobot, detect=_is_lerobot, copies=True)
 register_format("zarr", ZarrReader, detect=_is_zarr)
-register_format("raw", RawReader, detect=_is_raw)
+register_format("raw", RawReader, detect=_is_raw, copies=True)
 
 
 ENTRY_POINTS = "episodepipes.formats"
@@ -98,7 +103,7 @@ def plugin_formats() -> list[str]:
 
 def _register_object(name: str, obj: object, where: str) -> None:
     if isinstance(obj, Format):
-        register_format(name, obj.factory, detect=obj.detect)
+        register_format(name, obj.factory, detect=obj.detect, copies=obj.copies)
     elif callable(obj):
         register_format(name, obj)
     else:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from episodepipes.format import INDEX_NAME
+from episodepipes.format import INDEX_NAME, npy_header
 from episodepipes.index import EpisodeIndex, mapped
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import PROGRESS_NAME, Progress
@@ -39,6 +39,18 @@ def _npy(data: bytes, spec: dict, where: str) -> np.ndarray:
     return a
 
 
+def _record_arrays(data: memoryview, entry: dict, keys: list[str], where: str) -> dict[str, bytes]:
+    """A packed record's array rows as the ``.npy`` members the members layout holds."""
+    from episodepipes.codec.chunk import parse_record
+
+    try:
+        rec = parse_record(data, len(entry["cameras"]), len(keys), where=where)
+    except ValueError as e:
+        raise ValueError(f"{e}; re-shard it") from None
+    return {f"{k}.npy": npy_header(np.dtype(entry["arrays"][k]["dtype"]), tuple(entry["arrays"][k]["shape"]))
+            + bytes(row) for k, row in zip(keys, rec.rows)}
+
+
 def episode_arrays(root: Path, shards: list[dict], entry: dict) -> dict[str, np.ndarray]:
     """Every array of one episode (index entry ``entry``), read from its shards under ``root``."""
     keys = sorted(entry["arrays"])
@@ -56,10 +68,16 @@ def episode_arrays(root: Path, shards: list[dict], entry: dict) -> dict[str, np.
 
             for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
                 where = f"shard {root / name}: episode {entry['id']!r} frame {seg['first'] + k}"
+                if "heads" in seg:  # the packed layout: the frame is its record inside its span
+                    a += seg["heads"][k]
+                    b = a + seg["sizes"][k]
                 if b > len(view) or (crcs[k] is not None and zlib.crc32(view[a:b]) != crcs[k]):
                     raise ValueError(f"{where}: its bytes do not match the index's crc32 (or the shard is "
                                      "truncated); restore the shard or re-shard")
-                fields, _ = frame_fields(pread, a, b, entry["id"], seg["first"] + k, want, where=where)
+                if "heads" in seg:
+                    fields = _record_arrays(view[a:b], entry, keys, where)
+                else:
+                    fields, _ = frame_fields(pread, a, b, entry["id"], seg["first"] + k, want, where=where)
                 for key in keys:
                     rows[key].append(_npy(fields[f"{key}.npy"], entry["arrays"][key], f"{where} {key}.npy"))
     return {k: np.stack(v) for k, v in rows.items()}

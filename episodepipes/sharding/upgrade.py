@@ -63,7 +63,7 @@ def upgrade(out: str | Path, *, crc: bool = False) -> EpisodeIndex:
     rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
     with write_lock(out):
         meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
-                                   offsets=index._offset, crcs=crcs)
+                                   offsets=index._offset, crcs=crcs, layout=index.meta.get("layout", "members"))
         indexv2.write(out, meta, cols)
     log.info("upgraded %s to index version 2 (%s)", out, "crc32 per frame" if "crc32" in cols else "no crc32")
     return EpisodeIndex.open(out)

@@ -20,6 +20,7 @@ from episodepipes.sharding.episode import EpisodeError
 
 try:
     import av
+    from av.video.reformatter import VideoReformatter
 except ImportError:  # the `lerobot` extra brings PyAV; OpenCV decodes the common containers too
     av = None
 
@@ -88,9 +89,10 @@ class VideoFrames:
                 if not c.streams.video:
                     raise self._fail("no video stream")
                 declared = max(int(c.streams.video[0].frames or 0), 0)
+                bgr = VideoReformatter()  # one conversion context for the video: a frame's own builds one per frame
                 for frame in c.decode(video=0):
                     n += 1
-                    yield frame.to_ndarray(format="bgr24")
+                    yield bgr.reformat(frame, format="bgr24").to_ndarray()
         except (av.FFmpegError, OSError) as e:
             raise self._fail(f"{e}, after {n} frames") from e
         self._check_count(n, declared)

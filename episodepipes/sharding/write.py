@@ -59,7 +59,9 @@ class WriteOptions:
         seed: seed of the ``val_fraction`` choice.
         skip_bad: skip episodes that fail to read or encode (listed in the index) instead of stopping.
         codec: "jpeg" (a JPEG per frame), or "h264"/"av1" packets (`EncodeOptions`); the index records it
-            per camera, and leaves these three options out for JPEG.
+            per camera, and leaves these three options out for JPEG. "copy": the source's own packets, as a
+            reader made with ``copy=True`` gives them (`EpisodeData.packets`); the index records each camera's
+            source codec and GOP, and leaves ``gop``/``crf`` out (they do not apply), and ``resize`` must be None.
         gop: h264/av1: frames per keyframe.
         crf: h264/av1: quality, lower is better; None for the codec's default.
     """
@@ -82,6 +84,8 @@ class WriteOptions:
         del d["skip_bad"]
         if self.codec == "jpeg":  # JPEG indexes stay as they were before video codecs
             del d["codec"], d["gop"], d["crf"]
+        elif self.codec == "copy":  # the source decides each camera's GOP, and nothing is encoded
+            del d["gop"], d["crf"]
         d["resize"] = list(self.resize) if self.resize else None
         d["val_episodes"] = list(self.val_episodes) if self.val_episodes is not None else None
         return d
@@ -170,6 +174,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
         raise ValueError(f"--num-jobs {num_jobs} is more than the {len(ids)} episodes of the source; "
                          f"pass at most --num-jobs {len(ids)}")
     _check_unique(ids)
+    _check_copy(reader, opts)
     splits = assign_splits(ids, val_fraction=opts.val_fraction, val_episodes=opts.val_episodes, seed=opts.seed)
     block = list(job_block(len(ids), num_jobs=num_jobs, job_index=job_index))
     options = opts.to_dict()
@@ -268,6 +273,20 @@ class _Run:
             shutil.rmtree(spool, ignore_errors=True)
         (target / PROGRESS_NAME).unlink(missing_ok=True)
         return meter
+
+
+def _check_copy(reader: EpisodeReader, opts: WriteOptions) -> None:
+    """``codec="copy"`` takes a reader that copies packets, and only such a reader: one gives no frames to encode."""
+    copies = getattr(reader, "copy", False) is True
+    if opts.codec == "copy" and not copies:
+        raise ValueError(f"codec='copy' needs a reader that copies video packets, and {reader!r} decodes frames; "
+                         "make it with copy=True (LeRobotReader, RawReader), or use codec='av1' or 'h264'")
+    if copies and opts.codec != "copy":
+        raise ValueError(f"{reader!r} copies video packets, which codec={opts.codec!r} cannot take; pass "
+                         "codec='copy', or make the reader with copy=False to decode and re-encode")
+    if opts.codec == "copy" and opts.resize is not None:
+        raise ValueError(f"resize={opts.resize} cannot apply to codec='copy', which keeps the source's packets "
+                         "(and sizes); drop resize, or use codec='av1' to re-encode at that size")
 
 
 def _check_unique(ids: list[str]) -> None:

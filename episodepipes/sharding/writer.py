@@ -16,7 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
 from episodepipes import indexv2
+from episodepipes.codec import chunk
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, TAR_END, shard_name
 from episodepipes.indexv2 import atomic_write_bytes
 from episodepipes.sharding._writeback import start_writeback
@@ -25,7 +28,7 @@ from episodepipes.sharding.encode import EncodedEpisode
 _WRITEBACK = 8 * 2**20  # bytes written between writeback requests
 
 
-__all__ = ["ShardWriter", "atomic_write_bytes", "frame_crcs", "index_json", "write_index"]
+__all__ = ["ShardWriter", "atomic_write_bytes", "frame_crcs", "index_json", "is_packed", "write_index"]
 
 
 def frame_crcs(data: memoryview, sizes: list[int]) -> list[int]:
@@ -45,19 +48,26 @@ def index_json(shards: list[dict], episodes: list[dict], options: dict, **extra:
 
 
 def write_index(out: Path, shards: list[dict], episodes: list[dict], options: dict, *, extra: dict | None = None,
-                version: int = FORMAT_VERSION) -> bytes:
+                version: int = FORMAT_VERSION, layout: str = "members") -> bytes:
     """Write the index of ``episodes`` (v1-style entries with segments) into ``out``, last and atomically.
 
     Version 2 (the default) writes the columns first and ``index.json`` last; version 1 one JSON file, for
     tools and tests that need an index as older episodepipes wrote it. Returns the ``index.json`` bytes.
     """
     if version == 1:
+        if layout != "members":
+            raise ValueError(f"{layout=} needs index version 2; version 1 holds only the members layout")
         raw = index_json(shards, episodes, options, **(extra or {}))
         atomic_write_bytes(out / INDEX_NAME, raw)
         return raw
     if version != 2:
         raise ValueError(f"{version=} should be 1 or 2")
-    return indexv2.write(out, *indexv2.build(shards, episodes, options, extra or {}))
+    return indexv2.write(out, *indexv2.build(shards, episodes, options, extra or {}, layout=layout))
+
+
+def is_packed(meta: dict) -> bool:
+    """Whether an episode entry is in the packed layout: it has a video camera (`encode_episode` decides)."""
+    return any("codec" in c for c in meta["cameras"].values())
 
 
 class ShardWriter:
@@ -98,6 +108,9 @@ class ShardWriter:
         self._pos = 0
         self._synced = 0  # bytes of the open shard already handed to `start_writeback`
         self._samples = 0
+        self.layout: str | None = None  # of every episode: "members" or "packed", set by the first one
+        if self.episodes:
+            self.layout = "packed" if is_packed(self.episodes[0]) else "members"
 
     @property
     def next_shard(self) -> int:
@@ -146,13 +159,27 @@ class ShardWriter:
             segments: the episode's segments already written (index-entry dicts), continued by the new
                 frames; their ``crc32`` lists are recomputed from ``data``. None for a new episode.
         """
+        layout = "packed" if is_packed(meta) else "members"
+        if self.layout is None:
+            self.layout = layout
+        elif layout != self.layout:
+            raise ValueError(f"episode {meta['id']!r} is in the {layout} layout, the episodes before it in the "
+                             f"{self.layout} one (video cameras in some, none in others); write them with one --codec")
         segs = [dict(s, offsets=list(s["offsets"])) for s in segments or []]
         self.pending = {"segments": segs, "frame": start}
         pos, n = sum(sizes[:start]), len(sizes)
         with memoryview(data) as view:
-            crcs = frame_crcs(view, sizes)
+            if layout == "packed":
+                sp = chunk.spans(view, where=f"episode {meta['id']!r}")
+                if sp.spans != list(sizes):
+                    raise ValueError(f"episode {meta['id']!r}: its frame sizes do not match its packed chunks")
+                rec = np.cumsum([0, *sizes[:-1]], dtype=np.int64) + np.asarray(sp.heads, np.int64)
+                crcs = [zlib.crc32(view[a:a + b]) for a, b in zip(rec.tolist(), sp.sizes)]
+                cut = sp.ends
+            else:
+                crcs, cut = frame_crcs(view, sizes), None
             for s in segs:  # a resumed episode's finished segments (maybe from a run without checksums)
-                s["crc32"] = crcs[s["first"]:s["first"] + s["count"]]
+                self._frame_fields(s, crcs, sp if cut is not None else None)
             i = start
             while i < n:
                 if self._samples and self._pos >= self.shard_size:
@@ -166,19 +193,27 @@ class ShardWriter:
                     seg["offsets"].append(end)
                     end += sizes[i]
                     i += 1
-                    if end >= self.shard_size:
+                    if end >= self.shard_size and (cut is None or cut[i - 1]):  # packed: at a chunk's end only
                         break
                 run = end - self._pos
                 self._write(view[pos:pos + run])
                 pos += run
                 seg["count"] += i - first
                 seg["end"] = self._pos
-                seg["crc32"] = crcs[seg["first"]:seg["first"] + seg["count"]]
+                self._frame_fields(seg, crcs, sp if cut is not None else None)
                 self._samples += i - first
         self.pending = None
         entry = dict(meta, segments=segs)
         self.episodes.append(entry)
         return entry
+
+    @staticmethod
+    def _frame_fields(seg: dict, crcs: list[int], sp: chunk.Spans | None) -> None:
+        """A segment's per-frame lists from the episode's: crc32, and in the packed layout heads, sizes, keys."""
+        a, b = seg["first"], seg["first"] + seg["count"]
+        seg["crc32"] = crcs[a:b]
+        if sp is not None:
+            seg.update(heads=sp.heads[a:b], sizes=sp.sizes[a:b], keys=sp.keys[a:b])
 
     def _write(self, data: bytes) -> None:
         if self._file is None:
@@ -218,4 +253,5 @@ class ShardWriter:
         ``.tmp`` file and no index is written, so a resumed run continues from the finished shards.
         """
         self._flush()
-        write_index(self.out, self.shards, self.episodes, self.options, extra=self.extra, version=self.version)
+        write_index(self.out, self.shards, self.episodes, self.options, extra=self.extra, version=self.version,
+                    layout=self.layout or "members")

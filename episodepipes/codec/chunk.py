@@ -1,0 +1,153 @@
+"""The packed layout's bytes: frame records, and chunks of them as one tar member (see `episodepipes.indexv2`).
+
+A chunk is a run of an episode's frames that holds whole GOPs of every camera; it is one tar member
+``<episode>/<first:06d>.epk`` whose data is `episodepipes.codec.pack` of one *record* per frame. A record is
+itself a pack: a head (``<u2`` back, ``<u2`` packet count per camera, cameras in sorted order), then each camera's
+packets (one, or the leading packets of a copied stream before frame 0's own; a JPEG camera's JPEG), then each
+array's row (its raw C-order bytes in the index's dtype, arrays in sorted order). ``back`` is how many earlier frames
+the camera's decode starts before this one (0 at a keyframe). Records are back to back, so a frame and the frames
+its GOP needs are one byte range, and a record is the unit the index's offset, size and CRC32 describe.
+"""
+
+from __future__ import annotations
+
+import struct
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from episodepipes.codec.pack import MAGIC, pack, unpack
+from episodepipes.format import MAX_BACK, tar_header
+
+EXT = "epk"  # the member name's field
+CHUNK_FRAMES = 64  # a chunk ends at the first all-camera keyframe after this many frames ...
+CHUNK_BYTES = 1 << 20  # ... or after this many bytes of records
+
+
+def record(backs: Sequence[int], cameras: Sequence[Sequence[bytes]], rows: Sequence[bytes]) -> bytes:
+    """One frame's record: per camera its back and packets, then the arrays' rows."""
+    head = b"".join(struct.pack("<HH", b, len(p)) for b, p in zip(backs, cameras))
+    return pack([head, *(x for p in cameras for x in p), *rows])
+
+
+@dataclass(frozen=True)
+class Record:
+    """A parsed record: per camera its back and blobs (packets, or a JPEG), and per array its row bytes."""
+
+    backs: tuple[int, ...]
+    cameras: tuple[tuple[memoryview, ...], ...]
+    rows: tuple[memoryview, ...]
+
+
+def parse_record(data: bytes | memoryview, cameras: int, arrays: int, *, where: str = "record") -> Record:
+    """The record `record` wrote for ``cameras`` cameras and ``arrays`` arrays; ValueError if it is not one."""
+    blobs = unpack(data, where=where)
+    if not blobs or len(blobs[0]) != 4 * cameras:
+        raise ValueError(f"{where}: its head does not describe {cameras} cameras; the shard is damaged")
+    head = np.frombuffer(blobs[0], "<u2").reshape(cameras, 2).astype(np.int64)
+    counts = head[:, 1]
+    if (counts < 1).any() or 1 + int(counts.sum()) + arrays != len(blobs):
+        raise ValueError(f"{where}: its head's packet counts do not match its {len(blobs)} entries; the shard "
+                         "is damaged")
+    ends = 1 + np.cumsum(counts)
+    cams = tuple(tuple(blobs[int(a):int(b)]) for a, b in zip(ends - counts, ends))
+    return Record(tuple(head[:, 0].tolist()), cams, tuple(blobs[int(ends[-1]) if cameras else 1:]))
+
+
+def cuts(backs: np.ndarray, sizes: Sequence[int], *, frames: int = CHUNK_FRAMES,
+         nbytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+    """Frame ranges ``[a, b)`` of the chunks: each starts where no camera needs an earlier frame."""
+    n = len(sizes)
+    free = ~np.asarray(backs, np.int64).reshape(n, -1).any(axis=1)
+    out, a, held = [], 0, 0
+    for t in range(n):
+        if t > a and free[t] and (t - a >= frames or held >= nbytes):
+            out.append((a, t))
+            a, held = t, 0
+        held += sizes[t]
+    if n:
+        out.append((a, n))
+    return out
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Where each frame of an episode's packed bytes is, as the writer indexes it.
+
+    ``heads[i]``: bytes before frame i's record that belong to it (its chunk's tar header and pack table, for a
+    chunk's first frame; else 0); ``sizes[i]``: its record's bytes; ``spans[i]``: all its bytes (head, record and,
+    for a chunk's last frame, the member's padding); ``ends[i]``: a chunk ends after it; ``keys[i]``: the frame its
+    decode reads from.
+    """
+
+    heads: list[int]
+    sizes: list[int]
+    spans: list[int]
+    ends: list[bool]
+    keys: list[int]
+
+
+def spans(data: bytes | memoryview, *, where: str) -> Spans:
+    """Walk the chunk members of one episode's packed bytes (from its frame 0) and locate every record."""
+    view = memoryview(data)
+    heads: list[int] = []
+    sizes: list[int] = []
+    spans_: list[int] = []
+    ends: list[bool] = []
+    keys: list[int] = []
+    pos = 0
+    while pos < len(view):
+        start = pos
+        info = _header(view[pos:pos + 512], where, pos)
+        pos += 512
+        if info.type == tarfile.GNUTYPE_LONGNAME:
+            pos += -(-info.size // 512) * 512
+            info = _header(view[pos:pos + 512], where, pos)
+            pos += 512
+        member = view[pos:pos + info.size]
+        if len(member) != info.size or bytes(member[:4]) != MAGIC:
+            raise ValueError(f"{where}: byte {start} starts no packed chunk; re-shard it")
+        recs = unpack(member, where=f"{where} chunk at byte {start}")
+        if not recs:
+            raise ValueError(f"{where}: the chunk at byte {start} holds no frames; re-shard it")
+        head = pos - start + 8 + 4 * len(recs)
+        for k, r in enumerate(recs):
+            t = len(sizes)
+            cams = unpack(r, where=f"{where} frame {t}")[0]
+            back = max(np.frombuffer(cams, "<u2")[::2].tolist(), default=0) if len(cams) % 4 == 0 else MAX_BACK
+            if back > k:
+                raise ValueError(f"{where} frame {t}: its decode starts before its chunk; re-shard it")
+            heads.append(head if k == 0 else 0)
+            sizes.append(len(r))
+            spans_.append(heads[-1] + len(r))
+            ends.append(k == len(recs) - 1)
+            keys.append(t - back)
+        pos += -(-info.size // 512) * 512
+        spans_[-1] += (pos - start) - sum(spans_[-len(recs):])
+    return Spans(heads, sizes, spans_, ends, keys)
+
+
+def _header(block: memoryview, where: str, pos: int) -> tarfile.TarInfo:
+    try:
+        return tarfile.TarInfo.frombuf(bytes(block), "utf-8", "surrogateescape")
+    except tarfile.HeaderError as e:
+        raise ValueError(f"{where}: no tar header at byte {pos} ({e}); re-shard it") from None
+
+
+def layout(episode: bytes, records: Sequence[bytes], backs: np.ndarray) -> tuple[list, list[int]]:
+    """(parts, spans) of an episode's records cut into chunk members: parts joined are its tar bytes, and
+    ``spans[i]`` frame i's share of them (what `spans` finds again when it walks the bytes)."""
+    parts: list = []
+    out: list[int] = []
+    for a, b in cuts(backs, [len(r) for r in records]):
+        member = pack(records[a:b])
+        head = tar_header(b"%s/%06d.%s" % (episode, a, EXT.encode()), len(member))
+        pad = -len(member) % 512
+        parts += (head, member, bytes(pad))
+        sizes = [len(r) for r in records[a:b]]
+        sizes[0] += len(head) + 8 + 4 * (b - a)
+        sizes[-1] += pad
+        out += sizes
+    return parts, out

@@ -1,0 +1,72 @@
+"""`DecoderPool`: the decoders of one camera stream, shared by the decode threads of a process.
+
+The decode stage hands consecutive frames to whichever thread is free, so with one decoder per thread the frames
+of a GOP land in several decoders and each of them decodes the GOP's first packets again (at GOP 2, every other
+frame decodes its keyframe twice). Here a frame goes to the decoder that holds its GOP: a thread waits while
+another decodes that GOP (it needs that state anyway), and otherwise takes an idle decoder, so frames of different
+GOPs still decode in parallel and each packet of a pass is decoded once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from episodepipes.codec.decode import PacketDecoder
+
+
+class DecoderPool:
+    """Up to ``limit`` `PacketDecoder`s of one stream (codec, extradata, frame size) and the GOP each is on."""
+
+    def __init__(self, codec: str, extradata: bytes = b"", *, size: tuple[int, int] | None = None,
+                 limit: int = 4) -> None:
+        if limit < 1:
+            raise ValueError(f"{limit=} should be >= 1")
+        self.codec, self.extradata, self.size, self.limit = codec, extradata, size, limit
+        self._cond = threading.Condition()
+        self._idle: list[PacketDecoder] = []  # least recently used first
+        self._busy: dict[int, Hashable] = {}  # id(decoder) -> the GOP it is decoding
+        self._all: list[PacketDecoder] = []
+
+    @property
+    def decoded(self) -> int:
+        """Packets sent to this pool's decoders, over its life (for tests and stats)."""
+        return sum(d.decoded for d in self._all)
+
+    def frame(self, gop: Hashable, packets: Sequence[bytes], t: int, *,
+              out: np.ndarray | None = None) -> np.ndarray | None:
+        """`PacketDecoder.frame` on the decoder that holds ``gop`` (or a free one), copied into ``out`` when it
+        has the frame's shape, else into a new array: the decoder's own goes to the next thread that takes it."""
+        dec = self._take(gop)
+        try:
+            img = dec.frame(gop, packets, t)
+            if img is None:
+                return None
+            if out is not None and out.shape == img.shape and out.dtype == img.dtype:
+                np.copyto(out, img)
+                return out
+            return img.copy()
+        finally:
+            with self._cond:
+                del self._busy[id(dec)]
+                self._idle.append(dec)
+                self._cond.notify_all()
+
+    def _take(self, gop: Hashable) -> PacketDecoder:
+        with self._cond:
+            while True:
+                if gop not in self._busy.values():
+                    dec = next((d for d in reversed(self._idle) if d.holds(gop)), None)
+                    if dec is None and len(self._idle) + len(self._busy) < self.limit:
+                        dec = PacketDecoder(self.codec, self.extradata, size=self.size)
+                        self._all.append(dec)
+                    elif dec is None and self._idle:
+                        dec = self._idle[0]
+                    if dec is not None:
+                        if dec in self._idle:
+                            self._idle.remove(dec)
+                        self._busy[id(dec)] = gop
+                        return dec
+                self._cond.wait()
