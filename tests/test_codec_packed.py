@@ -117,3 +117,15 @@ def test_threads_of_a_pass_decode_each_packet_once(tmp_path):
     assert sum(len(b["frame"]) for b in pipe) == 73 and pipe.stats["frames_corrupt"] == 0
     [pool] = videoframes._POOLS.values()
     assert pool.decoded == 73  # no keyframe decoded again by the thread that got the frame after it
+
+
+def test_a_long_episode_id_gets_a_longname_chunk_header_that_reads_and_verifies(tmp_path):
+    ep = SyntheticReader(num_episodes=1, height=32, width=48, lengths=(70,), cameras=("front",)).read("ep0000")
+    ep.id = "x" * 120  # a member name past tar's 100 bytes: a GNU longname header before each chunk's own
+    with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:
+        w.add(encode_episode(ep, EncodeOptions(codec="h264", gop=4)))
+    ix = EpisodeIndex.open(tmp_path / "s", verify=True)
+    assert ix.problems(members=True) == [] and len(set(ix._cols["member"].tolist())) == 2
+    assert int(ix._cols["offset"][0] - ix._cols["member"][0]) > 1024  # longname header, its name, the header
+    pipe = video_pipe(ix.root, episodes=[ep.id], batch_size=35, max_batches=2)
+    assert sum(bool(v) for b in pipe for v in b["valid"]) == 70 and pipe.stats["frames_corrupt"] == 0

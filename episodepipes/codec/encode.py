@@ -106,6 +106,8 @@ def _encode(frames: Iterable[np.ndarray], options: CodecOptions, bgr: bool) -> P
             ctx.height, ctx.width = shape[:2]
             ctx.pix_fmt, ctx.time_base, ctx.framerate = "yuv420p", fractions.Fraction(1, 30), 30
             ctx.options = options.encoder_options()
+            if options.codec == "h264":  # x264's frame threads gave other bytes now and then on a loaded machine
+                ctx.thread_count = 1  # (seen as a resumed write differing from one run); shards must be reproducible
         rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB) if bgr else np.ascontiguousarray(frame)
         vf = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
         vf.pts = i
