@@ -344,7 +344,8 @@ class EpisodeIndex:
             table, missing = load_stats(self.meta, where=str(self.file), read_side=read, side=side)
             if table is not None:
                 check_counts(table, missing, self._ep[:, LENGTH], self._ep[:, SCHEMA], self._ep[:, SPLIT],
-                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits, str(self.file))
+                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits,
+                             side if statsfile.FIELD in self.meta else str(self.file))
         except ValueError as e:
             raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {self.root} --recompute") from None
         self._stats = table, missing
