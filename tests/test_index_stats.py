@@ -14,7 +14,8 @@ from episodepipes.pipes.normalize import Normalize
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding import cli
 from episodepipes.sharding.merge import merge_jobs
-from episodepipes.sharding.progress import PROGRESS_NAME, STATS_SLOTS
+from episodepipes.sharding.progress import PROGRESS_NAME, STATS_LOG
+from episodepipes.sharding.progress_stats import read_log
 from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.statsfields import StatsFields
@@ -106,19 +107,19 @@ def test_a_resumed_write_keeps_the_statistics_of_the_finished_episodes(tmp_path)
             return super().read(episode_id)
 
     crashing = Crashing(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width", "lengths")})
-    for saved in ("side file", "json", "none"):  # json, none: progress from an older episodepipes
+    for saved in ("log", "json", "none"):  # json, none: progress from an older episodepipes
         with pytest.raises(Crash):
             write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
         prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
-        assert prog["episodes"] and prog["stats_file"] and prog["stats"] is None
-        side = tmp_path / "out" / STATS_SLOTS[prog["stats_slot"]]
-        assert len(side.read_bytes()) == prog["stats_file"]["bytes"]
-        if saved != "side file":
-            fields = StatsFields()
-            fields.add_loaded(*statsfile.decode(side.read_bytes(), where="test"))
-            prog.update(stats_file=None, stats=fields.to_json() if saved == "json" else None)
+        assert prog["episodes"] and prog["stats"] is None
+        assert len(prog["stats_log"]) == len(prog["episodes"])  # one record per finished episode
+        log = tmp_path / "out" / STATS_LOG
+        assert len(log.read_bytes()) == sum(r["bytes"] for r in prog["stats_log"])
+        if saved != "log":
+            fields = read_log(tmp_path / "out", prog["stats_log"], where="test")
+            prog.update(stats_log=[], stats=fields.to_json() if saved == "json" else None)
             (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
-            side.unlink()
+            log.unlink()
         assert write_shards(SYN, tmp_path / "out", OPTS).resumed
         assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
         assert (tmp_path / "out" / STATS_NAME).read_bytes() == (tmp_path / "ref" / STATS_NAME).read_bytes()
@@ -126,22 +127,24 @@ def test_a_resumed_write_keeps_the_statistics_of_the_finished_episodes(tmp_path)
     with pytest.raises(Crash):
         write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
     prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
-    prog["stats"], prog["stats_file"] = {"stats": {"train": {"state": {}}}}, None
+    prog["stats"], prog["stats_log"] = {"stats": {"train": {"state": {}}}}, []
     (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
     with pytest.raises(ValueError, match=r"_progress.json: stats\['train'\]\['state'\].*damaged.*--overwrite"):
         write_shards(SYN, tmp_path / "out", OPTS)
     with pytest.raises(Crash):
         write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
-    prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
-    side = tmp_path / "out" / STATS_SLOTS[prog["stats_slot"]]
-    side.write_bytes(side.read_bytes()[:-1])
-    with pytest.raises(ValueError, match=r"_progress.stats.\d.bin has \d+ bytes or a sha256 .*damaged.*--overwrite"):
+    log = tmp_path / "out" / STATS_LOG
+    blob = bytearray(log.read_bytes())
+    blob[-5] ^= 1
+    log.write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match=r"_progress.stats.log: record \d+ does not match its sha256 in .*_progress"
+                                         r".json; .*damaged.*--overwrite"):
         write_shards(SYN, tmp_path / "out", OPTS)
 
 
 def test_a_crash_between_the_statistics_and_the_progress_file_still_resumes(tmp_path):
-    """A save writes the statistics to the slot the saved progress does not name, then the progress file: a
-    crash in between leaves that slot new (or torn) and the pair the progress names intact."""
+    """A save appends to the statistics log, then replaces the progress file: a crash in between leaves a tail
+    the saved progress does not list, which the resumed write cuts off."""
     write_shards(SYN, tmp_path / "ref", OPTS)
 
     class Crashing(SyntheticReader):
@@ -153,8 +156,8 @@ def test_a_crash_between_the_statistics_and_the_progress_file_still_resumes(tmp_
     with pytest.raises(RuntimeError, match="ep0005"):
         write_shards(Crashing(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width",
                                                               "lengths")}), tmp_path / "out", OPTS)
-    prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
-    (tmp_path / "out" / STATS_SLOTS[1 - prog["stats_slot"]]).write_bytes(b"torn")  # the crash's half-written save
+    with open(tmp_path / "out" / STATS_LOG, "ab") as f:
+        f.write(b"torn half of a record")  # the crash's half-written append
     assert write_shards(SYN, tmp_path / "out", OPTS).resumed
     assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
 

@@ -1,7 +1,6 @@
 """The statistics side file ``index.stats.bin``: never read at open, read whole and checked on first use and by
 verify, hostile files refused in one line naming the file and the fix, locally and from S3."""
 
-import hashlib
 import io
 import json
 
@@ -13,7 +12,8 @@ from episodepipes.format import COLUMNS, npy_bytes
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.normstats import ArrayStats
 from episodepipes.sharding import cli
-from episodepipes.sharding.progress import STATS_SLOTS, Progress, StatsSaver
+from episodepipes.sharding.progress import STATS_LOG, Progress
+from episodepipes.sharding.progress_stats import StatsLog, read_log
 from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.statsfields import StatsFields, episode_part
@@ -192,22 +192,26 @@ def test_a_side_file_that_does_not_match_the_index_is_refused_by_name(written, t
         EpisodeIndex.open(d).stats("action")
 
 
-def test_the_progress_statistics_are_rewritten_only_after_an_episode_and_never_in_the_named_slot(tmp_path):
+def test_a_progress_save_appends_only_the_episodes_folded_since_the_last_one(tmp_path):
     fields = StatsFields()
+    saver = StatsLog(tmp_path, Progress(options={}), fields)
     fields.add("train", *episode_part("e0", {"a": np.ones((3, 2))}))
-    saver = StatsSaver(tmp_path, Progress(options={}))
-    first = saver.save(fields)
-    assert first["stats_slot"] == 0 and (tmp_path / STATS_SLOTS[0]).exists()
-    (tmp_path / STATS_SLOTS[0]).unlink()
-    assert saver.save(fields) == first and not (tmp_path / STATS_SLOTS[0]).exists()  # nothing new: no write
-    fields.add("train", *episode_part("e1", {"a": np.zeros((2, 2))}))
-    second = saver.save(fields)
-    assert second["stats_slot"] == 1 and second["stats_file"] != first["stats_file"]
-    raw = (tmp_path / STATS_SLOTS[1]).read_bytes()
-    assert second["stats_file"] == {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-    resumed = StatsSaver(tmp_path, Progress(options={}, **second))  # a resumed write keeps slot 1 intact
-    fields.add("val", *episode_part("e2", {"a": np.zeros((2, 2))}))
-    assert resumed.save(fields)["stats_slot"] == 0 and (tmp_path / STATS_SLOTS[1]).read_bytes() == raw
+    first = saver.save()["stats_log"]
+    size = (tmp_path / STATS_LOG).stat().st_size
+    assert len(first) == 1 and first[0]["bytes"] == size
+    assert saver.save()["stats_log"] == first and (tmp_path / STATS_LOG).stat().st_size == size  # nothing new
+    fields.add("val", *episode_part("e1", {"a": np.zeros((2, 2)), "b": np.array([[np.inf]])}))
+    second = saver.save()["stats_log"]
+    raw = (tmp_path / STATS_LOG).read_bytes()
+    assert second[:1] == first and second[1] == statsfile.descriptor(raw[size:])["stats_file"]
+    assert read_log(tmp_path, second, where="p").to_json() == fields.to_json()
+    resumed = StatsFields()  # an older progress file's statistics become the first record of a new log
+    resumed.add_loaded(*statsfile.decode(statsfile.encode(fields.stats, fields.missing), where="t"))
+    (tmp_path / "sub").mkdir()
+    again = StatsLog(tmp_path / "sub", Progress(options={}), resumed)
+    resumed.add("train", *episode_part("e2", {"a": np.full((4, 2), 3.0)}))
+    fields.add("train", *episode_part("e2", {"a": np.full((4, 2), 3.0)}))
+    assert read_log(tmp_path / "sub", again.save()["stats_log"], where="p").to_json() == fields.to_json()
 
 
 BUCKET = "stats"

@@ -3,9 +3,9 @@
 After every finished shard the writer records, atomically: the options, the finished shards,
 the index entries of the episodes they complete, the skipped episodes, and a cursor (position
 in the job's episode list, first frame not yet in a finished shard, and that episode's finished
-segments). The finished episodes' statistics go in a side file (`episodepipes.statsfile` layout),
-rewritten only when an episode finished since the last save, and alternating between two fixed names
-so the one the saved progress names is never the one being written.
+segments). The finished episodes' statistics are appended, one record per episode, to a log beside it
+(`episodepipes.sharding.progress_stats`), so a save costs what the episodes finished since the last one
+add, not all the statistics again.
 
 Encoding is deterministic, so a re-run re-encodes the cursor's episode, drops the
 frames already written, and continues to output byte-identical to an uninterrupted run.
@@ -22,13 +22,12 @@ from pathlib import Path
 from episodepipes import statsfile
 from episodepipes.format import INDEX_NAME
 from episodepipes.sharding.writer import atomic_write_bytes
-from episodepipes.statsfields import StatsFields
 
 log = logging.getLogger(__name__)
 
 PROGRESS_NAME = "_progress.json"
 JOBS_DIR = "_jobs"
-STATS_SLOTS = ("_progress.stats.0.bin", "_progress.stats.1.bin")  # `Progress.stats_slot` picks one
+STATS_LOG = "_progress.stats.log"  # `Progress.stats_log` names its records
 
 
 @dataclass
@@ -42,41 +41,22 @@ class Progress:
     segments: list[dict] = field(default_factory=list)  # that episode's segments in finished shards
     splits: dict = field(default_factory=dict)  # where the finished episodes' splits came from: origin -> count
     stats: dict | None = None  # the finished episodes' `StatsFields.to_json()`, as older episodepipes saved them
-    stats_file: dict | None = None  # size and sha256 of the side file holding them (`statsfile.check_descriptor`)
-    stats_slot: int = 0  # which of STATS_SLOTS that is
+    stats_log: list = field(default_factory=list)  # each STATS_LOG record's {"bytes", "sha256"}, in order
 
     def save(self, out: Path) -> None:
         atomic_write_bytes(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())
 
 
-class StatsSaver:
-    """Saves the finished episodes' statistics beside the progress file, only when they changed since the last
-    save: a shard that finishes no episode costs nothing here."""
-
-    def __init__(self, out: Path, prog: Progress) -> None:
-        self.out, self.desc, self.slot = out, prog.stats_file, prog.stats_slot
-        self.changes: int | None = None
-
-    def save(self, fields: StatsFields) -> dict:
-        """The `Progress` fields naming the saved statistics (written first, to the slot not named now)."""
-        if self.desc is None or fields.changes != self.changes:
-            self.slot = 1 - self.slot if self.desc is not None else 0
-            self.desc = fields.write(self.out / STATS_SLOTS[self.slot])[statsfile.FIELD]
-            self.changes = fields.changes
-        return {"stats_file": self.desc, "stats_slot": self.slot}
-
-
 def finish(out: Path) -> None:
     """Remove the progress of a write whose index is written."""
     (out / PROGRESS_NAME).unlink(missing_ok=True)
-    for name in STATS_SLOTS:
-        (out / name).unlink(missing_ok=True)
+    (out / STATS_LOG).unlink(missing_ok=True)
 
 
 def clear(out: Path, *, jobs: bool = True) -> None:
     """Remove everything a write puts in ``out`` (and nothing else); ``jobs`` also the partial job outputs."""
     for pattern in (INDEX_NAME, INDEX_NAME + ".tmp", PROGRESS_NAME, PROGRESS_NAME + ".tmp", statsfile.NAME,
-                    statsfile.NAME + ".tmp", *STATS_SLOTS, *(n + ".tmp" for n in STATS_SLOTS),
+                    statsfile.NAME + ".tmp", STATS_LOG,
                     "shard-*.tar", "shard-*.tar.tmp"):
         for p in out.glob(pattern):
             p.unlink()

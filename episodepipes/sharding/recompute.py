@@ -22,7 +22,8 @@ from episodepipes import statsfile
 from episodepipes.format import INDEX_NAME
 from episodepipes.index import EpisodeIndex, mapped
 from episodepipes.sharding.lock import write_lock
-from episodepipes.sharding.progress import PROGRESS_NAME, STATS_SLOTS, Progress
+from episodepipes.sharding.progress import PROGRESS_NAME, Progress
+from episodepipes.sharding.progress_stats import read_log
 from episodepipes.sharding.writer import atomic_write_bytes
 from episodepipes.statsfields import MISSING, STATS, StatsFields, episode_part
 from episodepipes.tarmembers import frame_fields
@@ -80,11 +81,8 @@ def resumed_stats(target: Path, prog: Progress) -> StatsFields:
     out = StatsFields()
     file = target / PROGRESS_NAME
     try:
-        if prog.stats_file is not None:
-            if prog.stats_slot not in (0, 1) or type(prog.stats_slot) is not int:
-                raise ValueError(f"{file}: stats_slot={prog.stats_slot!r} should be 0 or 1")
-            side = target / STATS_SLOTS[prog.stats_slot]
-            out.add_loaded(*statsfile.read(side.read_bytes, prog.stats_file, where=str(file), file=str(side)))
+        if prog.stats_log:
+            out = read_log(target, prog.stats_log, where=str(file))
         elif prog.stats is not None:  # saved as JSON by an older episodepipes
             if not isinstance(prog.stats, dict):
                 raise ValueError(f"{file}: stats should be an object, found {type(prog.stats).__name__}")

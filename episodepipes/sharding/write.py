@@ -33,7 +33,8 @@ from episodepipes.sharding.encoders import encoded, samples
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.meter import Meter
-from episodepipes.sharding.progress import JOBS_DIR, Progress, StatsSaver, finish, start
+from episodepipes.sharding.progress import JOBS_DIR, Progress, finish, start
+from episodepipes.sharding.progress_stats import StatsLog
 from episodepipes.sharding.recompute import resumed_stats
 from episodepipes.sharding.write_plan import assign_splits, job_block
 from episodepipes.sharding.writer import ShardWriter
@@ -222,7 +223,7 @@ class _Run:
         self.origins = Counter(prog.splits)
         self.position = prog.position  # relative to the block; read by `save` when a shard finishes
         self.stats = resumed_stats(target, prog)  # of the finished episodes, folded in output order
-        self.stats_saver = StatsSaver(target, prog)
+        self.stats_log = StatsLog(target, prog, self.stats)  # appends each finished episode's part at a save
 
     def save(self, w: ShardWriter) -> None:
         # no episode in flight happens only at the final flush: every episode has been added
@@ -230,7 +231,7 @@ class _Run:
         Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
                  position=self.position if w.pending else len(self.block), frame=pend["frame"],
                  segments=pend["segments"], splits=dict(self.origins),
-                 **self.stats_saver.save(self.stats)).save(self.target)
+                 **self.stats_log.save()).save(self.target)
 
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
