@@ -95,11 +95,13 @@ def _read_arrays(raw: bytes, where: str) -> dict[str, np.ndarray]:
     for name, kinds in _ARRAYS:
         try:
             version = np.lib.format.read_magic(buf)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f".npy version {version}")
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read(buf)
         except (ValueError, SyntaxError, TypeError, KeyError, OverflowError, EOFError) as e:
             raise ValueError(f"{where}: array {name!r} has no readable .npy header ({e})") from None
-        if dtype.str not in kinds or len(shape) != 1 or fortran:
+        if dtype.str not in kinds or len(shape) != 1 or shape[0] < 0 or fortran:
             raise ValueError(f"{where}: array {name!r} is {dtype.str} of shape {shape}, should be 1-D "
                              f"{'/'.join(kinds)}")
         start, size = buf.tell(), shape[0] * dtype.itemsize

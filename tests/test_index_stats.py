@@ -191,6 +191,10 @@ def test_an_older_index_with_inline_statistics_serves_them_and_upgrade_moves_the
     assert all(np.array_equal(got[k], want[k]) for k in want)
     upgrade(tmp_path / "s")
     assert _index_bytes(tmp_path / "s") == fresh and (tmp_path / "s" / STATS_NAME).read_bytes() == side
+    _inline(tmp_path / "s")  # a v2 index with inline statistics: upgrade only moves them out
+    assert EpisodeIndex.open(tmp_path / "s").version == 2
+    upgrade(tmp_path / "s")
+    assert _index_bytes(tmp_path / "s") == fresh and (tmp_path / "s" / STATS_NAME).read_bytes() == side
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -100,11 +100,12 @@ def _edit(name, fn):
     return go
 
 
-def _huge(a):
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False, "shape": (2**40,)})
-    head = _pack({"header": a["header"]})
-    return head + buf.getvalue() + b"\0" * 64
+def _shaped(n):
+    def go(a):
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False, "shape": (n,)})
+        return _pack({"header": a["header"]}) + buf.getvalue() + b"\0" * 64
+    return go
 
 
 def _set(i, v):
@@ -141,7 +142,8 @@ def _other_count(a):
 HOSTILE = [
     ("truncated", lambda a: _pack(a)[:-3], r"array 'counts' declares \d+ values, more than the file holds"),
     ("trailing", lambda a: _pack(a) + b"\0" * 16, "16 bytes follow the last array"),
-    ("huge shape", _huge, r"array 'min' declares 1099511627776 values, more than the file holds"),
+    ("huge shape", _shaped(2**40), r"array 'min' declares 1099511627776 values, more than the file holds"),
+    ("negative shape", _shaped(-1), r"array 'min' is <f8 of shape \(-1,\), should be 1-D <f8"),
     ("NaN min", _edit("min", _set(0, np.nan)), "min and max should be finite"),
     ("float counts", _edit("counts", lambda x: np.full(len(x), np.nan)), r"array 'counts' is <f8 .* should be 1-D"),
     ("pickle", _pickled, r"array 'nkeys' is \|O .* should be 1-D <u4"),
