@@ -12,7 +12,7 @@ Layout: ten ``.npy`` arrays back to back (each with its own header; never pickle
 ``max`` (float64), the exact sums then sums of squares as ``sign`` (int8), ``shift`` (uint16) and ``length``
 (uint16) of each odd magnitude ``>> shift``, whose little-endian bytes are back to back in ``blob`` (uint8),
 ``nkeys`` (uint32: each element's sketch buckets), ``keys`` (each element's first key plus ``KEY_LIMIT``,
-then the gaps to its next keys) and ``counts`` (both the narrowest unsigned dtype that holds them).
+then the gaps to its next keys) and ``counts``, both as LEB128 bytes (uint8; mostly one byte a value).
 """
 
 from __future__ import annotations
@@ -36,18 +36,43 @@ if TYPE_CHECKING:
 NAME = "index.stats.bin"
 FIELD = "stats_file"  # index.json: {"bytes": size, "sha256": hex digest} of NAME
 MAGIC = "episodepipes-stats"
-_UINTS = ("|u1", "<u2", "<u4", "<u8")
 _ARRAYS = (("header", ("|u1",)), ("min", ("<f8",)), ("max", ("<f8",)), ("sign", ("|i1",)), ("shift", ("<u2",)),
-           ("length", ("<u2",)), ("blob", ("|u1",)), ("nkeys", ("<u4",)), ("keys", _UINTS[:3]), ("counts", _UINTS))
+           ("length", ("<u2",)), ("blob", ("|u1",)), ("nkeys", ("<u4",)), ("keys", ("|u1",)), ("counts", ("|u1",)))
 _MAX_INT_BYTES, _MAX_SHIFT = 1024, 8192  # an exact sum of squares has at most ~4,400 bits
 _MAX_FILE = 1 << 34
 Stats = dict[tuple[str, str], ArrayStats]
 Missing = dict[tuple[str, str], str]
 
 
-def _narrow(a: np.ndarray, kinds: tuple[str, ...]) -> np.ndarray:
-    top = int(a.max()) if len(a) else 0
-    return a.astype(next(k for k in kinds if top <= np.iinfo(np.dtype(k)).max))
+def _varints(v: np.ndarray) -> np.ndarray:
+    """Non-negative int64 values as LEB128 bytes (7 bits a byte, low first, the top bit set on all but the last):
+    a sketch's gaps and counts are mostly below 128, so mostly one byte each."""
+    n = np.ones(len(v), np.int64)
+    for j in range(1, 9):
+        n += v >= (1 << (7 * j))
+    ends = np.cumsum(n)
+    out = np.zeros(int(ends[-1]) if len(v) else 0, np.uint8)
+    for j in range(9):
+        at = n > j
+        out[(ends - n)[at] + j] = ((v[at] >> (7 * j)) & 0x7F) | np.where(n[at] > j + 1, 0x80, 0)
+    return out
+
+
+def _unvarints(b: np.ndarray, what: str, where: str) -> np.ndarray:
+    """`_varints` read back (int64), refusing a cut-short, over-long (over 63 bits) or non-canonical value."""
+    end = (b & 0x80) == 0
+    if end.all():  # every value below 128: the common case of counts
+        return b.astype(np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], end[:-1]]))
+    size = np.diff(np.append(starts, len(b)))
+    last = starts + size - 1
+    if not end[-1] or (size > 9).any() or ((size > 1) & (b[last] == 0)).any():
+        raise ValueError(f"{where}: array {what!r} is not a sequence of canonical LEB128 values below 2**63")
+    out = (b[starts] & 0x7F).astype(np.int64)
+    for j in range(1, int(size.max())):  # only the few values of more than one byte
+        at = np.flatnonzero(size > j)
+        out[at] |= (b[starts[at] + j] & 0x7F).astype(np.int64) << (7 * j)
+    return out
 
 
 def encode(stats: Mapping[tuple[str, str], ArrayStats], missing: Mapping[tuple[str, str], str]) -> bytes:
@@ -85,7 +110,7 @@ def encode(stats: Mapping[tuple[str, str], ArrayStats], missing: Mapping[tuple[s
     arrays = [np.frombuffer(json.dumps(head, sort_keys=True, separators=(",", ":")).encode(), np.uint8),
               cat(lo, "<f8"), cat(hi, "<f8"), np.array(sign, "|i1"), np.array(shift, "<u2"), np.array(length, "<u2"),
               np.frombuffer(b"".join(blob), np.uint8), cat(nkeys, "<u4"),
-              _narrow(cat(keys, np.int64), _UINTS[:3]), _narrow(cat(counts, np.int64), _UINTS)]
+              _varints(cat(keys, np.int64)), _varints(cat(counts, np.int64))]
     return b"".join(npy_bytes(a) for a in arrays)
 
 
@@ -163,7 +188,8 @@ def decode(raw: bytes, *, where: str) -> tuple[StatsTable, Missing]:
         if s and (not mag & 1 or blob[e - 1] == 0):
             raise ValueError(f"{where}: an exact sum is not in its canonical form (odd magnitude, no high zero byte)")
         ints.append(s * (mag << z))
-    nkeys, keys, counts = a["nkeys"].astype(np.int64), a["keys"].astype(np.int64), a["counts"].astype(np.int64)
+    nkeys = a["nkeys"].astype(np.int64)
+    keys, counts = (_unvarints(a[k], k, where) for k in ("keys", "counts"))
     per_count = np.repeat(np.array([e[3] for e in entries], np.int64), dims)
     if (int(nkeys.sum()) != len(keys) or len(counts) != len(keys)
             or (nkeys > np.minimum(per_count, 2 * KEY_LIMIT)).any()):
@@ -181,9 +207,9 @@ def decode(raw: bytes, *, where: str) -> tuple[StatsTable, Missing]:
         raise ValueError(f"{where}: sketch keys should stay in (-{KEY_LIMIT}, {KEY_LIMIT})")
     owner = np.repeat(np.arange(d), nkeys)
     approx = np.bincount(owner, weights=counts.astype(np.float64), minlength=d)
-    exact = np.zeros(d, np.uint64)
-    np.add.at(exact, owner, counts.astype(np.uint64))
-    if (np.abs(approx - per_count) > 1e-6 * per_count + 0.5).any() or (exact != per_count.astype(np.uint64)).any():
+    exact = np.zeros(d, np.int64)  # int64 cannot wrap here: every count is positive and approx bounds their sum
+    exact[nkeys > 0] = np.add.reduceat(counts, first) if len(first) else []
+    if (np.abs(approx - per_count) > 1e-6 * per_count + 0.5).any() or (exact != per_count).any():
         raise ValueError(f"{where}: each element's sketch counts should add up to its entry's count")
     lo, hi = a["min"], a["max"]
     seen = per_count > 0

@@ -87,6 +87,16 @@ def test_the_side_file_is_deterministic_and_reads_back_to_equal_statistics():
     assert statsfile.decode(statsfile.encode({("val", "e"): empty}, {}), where="x")[0].get("e", split="val") == empty
 
 
+def test_leb128_round_trips_every_width_and_refuses_what_it_never_writes():
+    v = np.array([0, 1, 127, 128, 300, 2**14 - 1, 2**14, 2**35 + 7, 2**62, 2**63 - 1], np.int64)
+    b = statsfile._varints(v)
+    assert len(b) == 1 + 1 + 1 + 2 + 2 + 2 + 3 + 6 + 9 + 9
+    assert np.array_equal(statsfile._unvarints(b, "x", "w"), v)
+    for bad in ([0x80], [0x81, 0x00], [0xFF] * 9 + [0x01]):  # cut short, a zero top byte, over 63 bits
+        with pytest.raises(ValueError, match="w: array 'x' is not a sequence of canonical LEB128"):
+            statsfile._unvarints(np.array(bad, np.uint8), "x", "w")
+
+
 def test_the_side_file_is_compact(written):
     table, _ = EpisodeIndex.open(written)._load_stats()
     as_json = json.dumps(table.to_json(), sort_keys=True, separators=(",", ":")).encode()
@@ -105,6 +115,14 @@ def _shaped(n):
         buf = io.BytesIO()
         np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False, "shape": (n,)})
         return _pack({"header": a["header"]}) + buf.getvalue() + b"\0" * 64
+    return go
+
+
+def _edit_values(name, fn):
+    """Edit the values an LEB128 array holds, then encode them again."""
+    def go(a):
+        a[name] = statsfile._varints(fn(statsfile._unvarints(a[name], name, "test").copy()))
+        return _pack(a)
     return go
 
 
@@ -147,9 +165,12 @@ HOSTILE = [
     ("NaN min", _edit("min", _set(0, np.nan)), "min and max should be finite"),
     ("float counts", _edit("counts", lambda x: np.full(len(x), np.nan)), r"array 'counts' is <f8 .* should be 1-D"),
     ("pickle", _pickled, r"array 'nkeys' is \|O .* should be 1-D <u4"),
-    ("key out of range", _edit("keys", _set(0, 0)), r"sketch keys should stay in"),
-    ("keys not increasing", _edit("keys", _set(1, 0)), "sketch keys should increase"),
-    ("counts off", _edit("counts", _set(0, 200)), "sketch counts should add up"),
+    ("key out of range", _edit_values("keys", _set(0, 0)), r"sketch keys should stay in"),
+    ("keys not increasing", _edit_values("keys", _set(1, 0)), "sketch keys should increase"),
+    ("counts off", _edit_values("counts", _set(0, 200)), "sketch counts should add up"),
+    ("counts fewer", _edit_values("counts", lambda x: x[:-1]), "keys and counts should have one value per bucket"),
+    ("varint too long", _edit("keys", lambda x: np.full(len(x), 0xFF, np.uint8)),
+     "array 'keys' is not a sequence of canonical LEB128 values"),
     ("not canonical", _high_zero_byte, "canonical form"),
     ("sum inconsistent", _edit("sign", lambda x: np.concatenate([x[:len(x) // 2], -x[len(x) // 2:]])),
      r"stats\['train'\]\['action'\]: element 0 has inconsistent sum"),
