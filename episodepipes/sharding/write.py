@@ -11,8 +11,8 @@ episodes without one; `WriteResult.split_origins` counts where each came from. O
 (`episodepipes.sharding.lock`); a full disk is a `DiskFullError` that keeps every finished shard.
 
 Statistics: each encoder also computes its episode's per-array statistics (`episodepipes.statsfields`),
-and the writer folds them in episode order into the index's ``stats`` (saved with the progress, so a
-resumed write gets the same numbers); `merge` folds the jobs' tables the same way.
+and the writer folds them in episode order into the index's side file ``index.stats.bin`` (logged with the
+progress, so a resumed write gets the same numbers); `merge` folds the jobs' tables the same way.
 """
 
 from __future__ import annotations
