@@ -3,8 +3,8 @@
 Writes ``--episodes`` synthetic episodes (two splits) with ``--arrays`` float32 arrays of ``--dims`` elements
 per step, with their statistics, twice: as the writer stores them (side file) and inline in ``index.json`` (as
 episodepipes did before the side file). Then times, best of ``--repeat``: `EpisodeIndex.open` of each, the first
-`EpisodeIndex.stats` call on a fresh open (reading and checking every statistic), and the cost of saving the
-statistics once (what a progress save paid per shard): the side file's encoding against ``json.dumps``.
+`EpisodeIndex.stats` call on a fresh open (reading and checking every statistic), the side file's encoding,
+and what a progress save pays for statistics: one finished episode's record now, ``json.dumps`` of all before.
 
     python benchmarks/bench_stats_open.py                       # 1,000 dims x 10 arrays, 6 x 40 steps
     python benchmarks/bench_stats_open.py --episodes 3 --length 1000
@@ -30,7 +30,8 @@ from episodepipes.sharding.writer import ShardWriter
 from episodepipes.statsfields import StatsFields, episode_part
 
 
-def write(out: Path, *, dims: int, arrays: int, episodes: int, length: int, inline: bool) -> StatsFields:
+def write(out: Path, *, dims: int, arrays: int, episodes: int, length: int, inline: bool) -> tuple[StatsFields, tuple]:
+    """The output's statistics, and its last episode's part (split, statistics, failures)."""
     reader = SyntheticReader(num_episodes=episodes, length=length, height=16, width=16)
     rng = np.random.default_rng(0)
     fields = StatsFields()
@@ -39,10 +40,11 @@ def write(out: Path, *, dims: int, arrays: int, episodes: int, length: int, inli
             values = {f"a{k}": rng.standard_normal((length, dims)).astype(np.float32) for k in range(arrays)}
             ep = dataclasses.replace(reader.read(eid), arrays=values)
             w.add(encode_episode(ep, EncodeOptions()))
-            fields.add(ep.split, *episode_part(eid, values))
+            part = (ep.split, *episode_part(eid, values))
+            fields.add(*part)
         out.mkdir(parents=True, exist_ok=True)
         w.extra = fields.to_json() if inline else fields.write(out / statsfile.NAME)  # as write_shards stores them
-    return fields
+    return fields, part
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
@@ -71,19 +73,22 @@ def main() -> None:
     shape = dict(dims=a.dims, arrays=a.arrays, episodes=a.episodes, length=a.length)
     with tempfile.TemporaryDirectory() as tmp:
         new, old = Path(tmp) / "side", Path(tmp) / "inline"
-        fields = write(new, **shape, inline=False)
+        fields, (split, stats, failed) = write(new, **shape, inline=False)
         write(old, **shape, inline=True)
         sizes = {d: (d / "index.json").stat().st_size for d in (new, old)}
         side = (new / statsfile.NAME).stat().st_size
         opens = {d: best(lambda d=d: EpisodeIndex.open(d), a.repeat) for d in (new, old)}
         first = {d: first_stats(d, a.repeat) for d in (new, old)}
         enc = best(lambda: statsfile.encode(fields.stats, fields.missing), a.repeat)
+        part = best(lambda: statsfile.encode({(split, k): v for k, v in stats.items()},
+                                             {(split, k): r for k, r in failed.items()}), a.repeat)
         dump = best(lambda: json.dumps(fields.to_json(), sort_keys=True), a.repeat)
     print(f"{a.dims} dims x {a.arrays} arrays, {a.episodes} episodes x {a.length} steps, best of {a.repeat}:")
     print(f"  side file: index.json {sizes[new] / 1e6:.3f} MB + {statsfile.NAME} {side / 1e6:.1f} MB; "
-          f"EpisodeIndex.open {opens[new]:.3f} s; first stats() {first[new]:.3f} s; save {enc:.3f} s")
+          f"EpisodeIndex.open {opens[new]:.3f} s; first stats() {first[new]:.3f} s; encode all {enc:.3f} s; "
+          f"a progress save's record for one finished episode {part:.3f} s")
     print(f"  inline:    index.json {sizes[old] / 1e6:.1f} MB; EpisodeIndex.open {opens[old]:.3f} s; "
-          f"first stats() {first[old]:.3f} s; save (json.dumps) {dump:.3f} s")
+          f"first stats() {first[old]:.3f} s; a progress save (json.dumps of all) {dump:.3f} s")
 
 if __name__ == "__main__":
     main()

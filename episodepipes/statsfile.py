@@ -50,11 +50,15 @@ def _varints(v: np.ndarray) -> np.ndarray:
     n = np.ones(len(v), np.int64)
     for j in range(1, 9):
         n += v >= (1 << (7 * j))
-    ends = np.cumsum(n)
-    out = np.zeros(int(ends[-1]) if len(v) else 0, np.uint8)
-    for j in range(9):
-        at = n > j
-        out[(ends - n)[at] + j] = ((v[at] >> (7 * j)) & 0x7F) | np.where(n[at] > j + 1, 0x80, 0)
+    if not len(v) or n.max() == 1:
+        return v.astype(np.uint8)
+    starts = np.cumsum(n) - n
+    out = np.zeros(int(starts[-1] + n[-1]), np.uint8)
+    out[starts] = (v & 0x7F) | np.where(n > 1, 0x80, 0)
+    wide = np.flatnonzero(n > 1)  # only the few values of more than one byte
+    for j in range(1, int(n.max())):
+        at = wide[n[wide] > j]
+        out[starts[at] + j] = ((v[at] >> (7 * j)) & 0x7F) | np.where(n[at] > j + 1, 0x80, 0)
     return out
 
 
