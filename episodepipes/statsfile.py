@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from episodepipes import _leb128 as leb128
 from episodepipes.format import npy_bytes
 from episodepipes.normstats import KEY_LIMIT, MAX_DIMS, SUB_BITS, ArrayStats, StatsTable
 
@@ -42,41 +43,6 @@ _MAX_INT_BYTES, _MAX_SHIFT = 1024, 8192  # an exact sum of squares has at most ~
 _MAX_FILE = 1 << 34
 Stats = dict[tuple[str, str], ArrayStats]
 Missing = dict[tuple[str, str], str]
-
-
-def _varints(v: np.ndarray) -> np.ndarray:
-    """Non-negative int64 values as LEB128 bytes (7 bits a byte, low first, the top bit set on all but the last):
-    a sketch's gaps and counts are mostly below 128, so mostly one byte each."""
-    n = np.ones(len(v), np.int64)
-    for j in range(1, 9):
-        n += v >= (1 << (7 * j))
-    if not len(v) or n.max() == 1:
-        return v.astype(np.uint8)
-    starts = np.cumsum(n) - n
-    out = np.zeros(int(starts[-1] + n[-1]), np.uint8)
-    out[starts] = (v & 0x7F) | np.where(n > 1, 0x80, 0)
-    wide = np.flatnonzero(n > 1)  # only the few values of more than one byte
-    for j in range(1, int(n.max())):
-        at = wide[n[wide] > j]
-        out[starts[at] + j] = ((v[at] >> (7 * j)) & 0x7F) | np.where(n[at] > j + 1, 0x80, 0)
-    return out
-
-
-def _unvarints(b: np.ndarray, what: str, where: str) -> np.ndarray:
-    """`_varints` read back (int64), refusing a cut-short, over-long (over 63 bits) or non-canonical value."""
-    end = (b & 0x80) == 0
-    if end.all():  # every value below 128: the common case of counts
-        return b.astype(np.int64)
-    starts = np.flatnonzero(np.concatenate([[True], end[:-1]]))
-    size = np.diff(np.append(starts, len(b)))
-    last = starts + size - 1
-    if not end[-1] or (size > 9).any() or ((size > 1) & (b[last] == 0)).any():
-        raise ValueError(f"{where}: array {what!r} is not a sequence of canonical LEB128 values below 2**63")
-    out = (b[starts] & 0x7F).astype(np.int64)
-    for j in range(1, int(size.max())):  # only the few values of more than one byte
-        at = np.flatnonzero(size > j)
-        out[at] |= (b[starts[at] + j] & 0x7F).astype(np.int64) << (7 * j)
-    return out
 
 
 def encode(stats: Mapping[tuple[str, str], ArrayStats], missing: Mapping[tuple[str, str], str]) -> bytes:
@@ -114,7 +80,7 @@ def encode(stats: Mapping[tuple[str, str], ArrayStats], missing: Mapping[tuple[s
     arrays = [np.frombuffer(json.dumps(head, sort_keys=True, separators=(",", ":")).encode(), np.uint8),
               cat(lo, "<f8"), cat(hi, "<f8"), np.array(sign, "|i1"), np.array(shift, "<u2"), np.array(length, "<u2"),
               np.frombuffer(b"".join(blob), np.uint8), cat(nkeys, "<u4"),
-              _varints(cat(keys, np.int64)), _varints(cat(counts, np.int64))]
+              leb128.encode(cat(keys, np.int64)), leb128.encode(cat(counts, np.int64))]
     return b"".join(npy_bytes(a) for a in arrays)
 
 
@@ -193,7 +159,7 @@ def decode(raw: bytes, *, where: str) -> tuple[StatsTable, Missing]:
             raise ValueError(f"{where}: an exact sum is not in its canonical form (odd magnitude, no high zero byte)")
         ints.append(s * (mag << z))
     nkeys = a["nkeys"].astype(np.int64)
-    keys, counts = (_unvarints(a[k], k, where) for k in ("keys", "counts"))
+    keys, counts = (leb128.decode(a[k], k, where) for k in ("keys", "counts"))
     per_count = np.repeat(np.array([e[3] for e in entries], np.int64), dims)
     if (int(nkeys.sum()) != len(keys) or len(counts) != len(keys)
             or (nkeys > np.minimum(per_count, 2 * KEY_LIMIT)).any()):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from episodepipes import _leb128 as leb128
 from episodepipes import statsfile
 from episodepipes.format import COLUMNS, npy_bytes
 from episodepipes.index import EpisodeIndex, IndexFormatError
@@ -89,12 +90,12 @@ def test_the_side_file_is_deterministic_and_reads_back_to_equal_statistics():
 
 def test_leb128_round_trips_every_width_and_refuses_what_it_never_writes():
     v = np.array([0, 1, 127, 128, 300, 2**14 - 1, 2**14, 2**35 + 7, 2**62, 2**63 - 1], np.int64)
-    b = statsfile._varints(v)
+    b = leb128.encode(v)
     assert len(b) == 1 + 1 + 1 + 2 + 2 + 2 + 3 + 6 + 9 + 9
-    assert np.array_equal(statsfile._unvarints(b, "x", "w"), v)
+    assert np.array_equal(leb128.decode(b, "x", "w"), v)
     for bad in ([0x80], [0x81, 0x00], [0xFF] * 9 + [0x01]):  # cut short, a zero top byte, over 63 bits
         with pytest.raises(ValueError, match="w: array 'x' is not a sequence of canonical LEB128"):
-            statsfile._unvarints(np.array(bad, np.uint8), "x", "w")
+            leb128.decode(np.array(bad, np.uint8), "x", "w")
 
 
 def test_the_side_file_is_compact(written):
@@ -121,7 +122,7 @@ def _shaped(n):
 def _edit_values(name, fn):
     """Edit the values an LEB128 array holds, then encode them again."""
     def go(a):
-        a[name] = statsfile._varints(fn(statsfile._unvarints(a[name], name, "test").copy()))
+        a[name] = leb128.encode(fn(leb128.decode(a[name], name, "test").copy()))
         return _pack(a)
     return go
 
