@@ -1,11 +1,13 @@
-"""Index open time with wide arrays: what the statistics in ``index.json`` cost to parse and to check.
+"""Index open time with wide arrays: the statistics in the side file ``index.stats.bin`` against ``index.json``.
 
 Writes ``--episodes`` synthetic episodes (two splits) with ``--arrays`` float32 arrays of ``--dims`` elements
-per step, with their statistics, then times (best of ``--repeat``) ``json.loads`` of the index, the check of
-its ``stats`` field (`statsfields.load`) and the whole `EpisodeIndex.open`.
+per step, with their statistics, twice: as the writer stores them (side file) and inline in ``index.json`` (as
+episodepipes did before the side file). Then times, best of ``--repeat``: `EpisodeIndex.open` of each, the first
+`EpisodeIndex.stats` call on a fresh open (reading and checking every statistic), the side file's encoding,
+and what a progress save pays for statistics: one finished episode's record now, ``json.dumps`` of all before.
 
-    python benchmarks/bench_stats_open.py                       # 1,000 dims x 10 arrays
-    python benchmarks/bench_stats_open.py --dims 100 --arrays 4
+    python benchmarks/bench_stats_open.py                       # 1,000 dims x 10 arrays, 6 x 40 steps
+    python benchmarks/bench_stats_open.py --episodes 3 --length 1000
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
+from episodepipes import statsfile
 from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.writer import ShardWriter
 from episodepipes.statsfields import StatsFields, episode_part
-from episodepipes.statsfields import load as load_stats
 
 
-def write(out: Path, *, dims: int, arrays: int, episodes: int, length: int) -> Path:
+def write(out: Path, *, dims: int, arrays: int, episodes: int, length: int, inline: bool) -> tuple[StatsFields, tuple]:
+    """The output's statistics, and its last episode's part (split, statistics, failures)."""
     reader = SyntheticReader(num_episodes=episodes, length=length, height=16, width=16)
     rng = np.random.default_rng(0)
     fields = StatsFields()
@@ -37,9 +40,11 @@ def write(out: Path, *, dims: int, arrays: int, episodes: int, length: int) -> P
             values = {f"a{k}": rng.standard_normal((length, dims)).astype(np.float32) for k in range(arrays)}
             ep = dataclasses.replace(reader.read(eid), arrays=values)
             w.add(encode_episode(ep, EncodeOptions()))
-            fields.add(ep.split, *episode_part(eid, values))
-        w.extra = fields.to_json()  # what write_shards stores: every (split, key)'s statistics
-    return out
+            part = (ep.split, *episode_part(eid, values))
+            fields.add(*part)
+        out.mkdir(parents=True, exist_ok=True)
+        w.extra = fields.to_json() if inline else fields.write(out / statsfile.NAME)  # as write_shards stores them
+    return fields, part
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
@@ -51,6 +56,12 @@ def best(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
+def first_stats(out: Path, repeat: int) -> float:
+    """Best time of the first `EpisodeIndex.stats` call, each on a fresh open (which reads and checks them all)."""
+    fresh = iter([EpisodeIndex.open(out) for _ in range(repeat)])
+    return best(lambda: next(fresh).stats("a0"), repeat)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dims", type=int, default=1000)
@@ -59,17 +70,25 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
+    shape = dict(dims=a.dims, arrays=a.arrays, episodes=a.episodes, length=a.length)
     with tempfile.TemporaryDirectory() as tmp:
-        out = write(Path(tmp) / "s", dims=a.dims, arrays=a.arrays, episodes=a.episodes, length=a.length)
-        raw = (out / "index.json").read_bytes()
-        data = json.loads(raw)
-        parse = best(lambda: json.loads(raw), a.repeat)
-        check = best(lambda: load_stats(data, where="index.json"), a.repeat)
-        total = best(lambda: EpisodeIndex.open(out), a.repeat)
-    print(f"{a.dims} dims x {a.arrays} arrays, {a.episodes} episodes x {a.length} steps: index.json "
-          f"{len(raw) / 1e6:.1f} MB; json.loads {parse:.3f} s, stats check {check:.3f} s, "
-          f"EpisodeIndex.open {total:.3f} s")
-
+        new, old = Path(tmp) / "side", Path(tmp) / "inline"
+        fields, (split, stats, failed) = write(new, **shape, inline=False)
+        write(old, **shape, inline=True)
+        sizes = {d: (d / "index.json").stat().st_size for d in (new, old)}
+        side = (new / statsfile.NAME).stat().st_size
+        opens = {d: best(lambda d=d: EpisodeIndex.open(d), a.repeat) for d in (new, old)}
+        first = {d: first_stats(d, a.repeat) for d in (new, old)}
+        enc = best(lambda: statsfile.encode(fields.stats, fields.missing), a.repeat)
+        part = best(lambda: statsfile.encode({(split, k): v for k, v in stats.items()},
+                                             {(split, k): r for k, r in failed.items()}), a.repeat)
+        dump = best(lambda: json.dumps(fields.to_json(), sort_keys=True), a.repeat)
+    print(f"{a.dims} dims x {a.arrays} arrays, {a.episodes} episodes x {a.length} steps, best of {a.repeat}:")
+    print(f"  side file: index.json {sizes[new] / 1e6:.3f} MB + {statsfile.NAME} {side / 1e6:.1f} MB; "
+          f"EpisodeIndex.open {opens[new]:.3f} s; first stats() {first[new]:.3f} s; encode all {enc:.3f} s; "
+          f"a progress save's record for one finished episode {part:.3f} s")
+    print(f"  inline:    index.json {sizes[old] / 1e6:.1f} MB; EpisodeIndex.open {opens[old]:.3f} s; "
+          f"first stats() {first[old]:.3f} s; a progress save (json.dumps of all) {dump:.3f} s")
 
 if __name__ == "__main__":
     main()

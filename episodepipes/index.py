@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from episodepipes import indexv2
+from episodepipes import indexv2, statsfile
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
 from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
@@ -334,18 +334,26 @@ class EpisodeIndex:
         self.episodes: Sequence[Episode] = _Episodes(self)
         self._by_shard: dict[int, list[int]] | None = None
         self._data: dict | None = None
-        self._stats, self._stats_missing = self._load_stats()
+        self._stats: tuple[StatsTable | None, dict[tuple[str, str], str]] | None = None  # read on first use
 
     def _load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
-        """The JSON part's statistics, checked field by field and against the episodes' step counts."""
+        """The statistics (side file `statsfile.NAME`, or an older index's JSON fields), read on first use: most
+        opens never ask for them. Checked field by field and against the episodes' step counts."""
+        if self._stats is not None:
+            return self._stats
+        side = self.location(statsfile.NAME)
+        read = ((lambda: self.source.read_file(statsfile.NAME)) if self.remote
+                else (lambda: (Path(self.root) / statsfile.NAME).read_bytes()))
         try:
-            table, missing = load_stats(self.meta, where=str(self.file))
+            table, missing = load_stats(self.meta, where=str(self.file), read_side=read, side=side)
             if table is not None:
                 check_counts(table, missing, self._ep[:, LENGTH], self._ep[:, SCHEMA], self._ep[:, SPLIT],
-                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits, str(self.file))
+                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits,
+                             side if statsfile.FIELD in self.meta else str(self.file))
         except ValueError as e:
             raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {self.root} --recompute") from None
-        return table, missing
+        self._stats = table, missing
+        return self._stats
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = False,
@@ -503,15 +511,22 @@ class EpisodeIndex:
             key: an array key, e.g. ``"action"``.
             split: the split, ``"train"`` by default.
         """
-        if self._stats is None:
+        table, missing = self._load_stats()
+        if table is None:
             raise KeyError(no_stats_hint(self.file))
-        if (split, key) in self._stats_missing:
+        if (split, key) in missing:
             raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}: "
-                           f"{self._stats_missing[(split, key)]}")
-        if (split, key) not in self._stats.keys():
-            have = sorted(f"{s}/{k}" for s, k in self._stats.keys() if (s, k) not in self._stats_missing)
+                           f"{missing[(split, key)]}")
+        if (split, key) not in table.keys():
+            have = sorted(f"{s}/{k}" for s, k in table.keys() if (s, k) not in missing)
             raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}; it has {have}")
-        return self._stats.get(key, split=split).summary()
+        return table.get(key, split=split).summary()
+
+    def stats_keys(self) -> list[tuple[str, str]] | None:
+        """Every (split, key) the index has statistics for or a reason for their absence, sorted; None when it
+        has none at all (written before episodepipes computed them). Reads them, as `stats` does."""
+        table, missing = self._load_stats()
+        return None if table is None else sorted(set(table.keys()) | set(missing))
 
     def split_numbers(self, split: str) -> np.ndarray:
         """The numbers (positions in `episodes`) of the episodes of ``split``, in index order.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from episodepipes import statsfile
 from episodepipes._indexcheck import IndexFormatError
 from episodepipes.format import COLUMNS, INDEX_NAME
 from episodepipes.tarmembers import frame_fields
@@ -32,6 +33,7 @@ def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: 
         if sha != c["sha256"]:
             out.append((IndexFormatError, f"column {col}: sha256 mismatch with {INDEX_NAME}; the file "
                                           "changed: restore it or re-shard"))
+    out += statsfile.problems(ix)
     try:
         ix._check_segments(range(len(ix._seg)))  # every frame's offsets, before any is used to slice a shard
     except IndexFormatError as e:

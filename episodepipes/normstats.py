@@ -39,6 +39,8 @@ _ROWS = 1 << 15  # rows per exact-sum chunk: a bin's float64 total stays below 2
 _HEX = re.compile(r"-?0x[0-9a-f]{1,700}")
 _FIELDS = {"shape", "count", "sum", "sumsq", "min", "max", "sketch", "sub_bits"}
 MAX_DIMS = 1 << 16
+KEY_LIMIT = _KMAX  # every bucket key k has -KEY_LIMIT < k < KEY_LIMIT
+Packed = tuple[np.ndarray, np.ndarray, np.ndarray]  # keys, counts (int64, back to back) and each element's end
 
 
 def _keys(x: np.ndarray) -> np.ndarray:
@@ -56,6 +58,14 @@ def _value(key: int) -> float:
     k = abs(key)
     e, sub = (k >> SUB_BITS) - _KEY_OFF, k & ((1 << SUB_BITS) - 1)
     return math.copysign(math.ldexp(0.5 + (sub + 0.5) / (1 << (SUB_BITS + 1)), e), key)
+
+
+def _values(keys: np.ndarray) -> np.ndarray:
+    """`_value` of many keys at once, with the same float64 operations (so the same bits)."""
+    k = np.abs(keys)
+    e, sub = (k >> SUB_BITS) - _KEY_OFF, k & ((1 << SUB_BITS) - 1)
+    out = np.copysign(np.ldexp(0.5 + (sub + 0.5) / (1 << (SUB_BITS + 1)), e.astype(np.int32)), keys)
+    return np.where(keys == 0, 0.0, out)
 
 
 def _exact_sums(x: np.ndarray) -> tuple[list[int], list[int]]:
@@ -96,19 +106,55 @@ class ArrayStats:
         self._min, self._max = np.full(d, np.inf), np.full(d, -np.inf)
         self._sketch_dicts: list[dict[int, int]] | None = [{} for _ in range(d)]
         self._sketch_lists: list | None = None  # checked [keys, counts] pairs from JSON, made dicts on first use
+        self._packed: Packed | None = None  # checked arrays from a stats file, made dicts only to update
 
     @property
     def _sketch(self) -> list[dict[int, int]]:
         """Per element, bucket key -> count. An index opened only to serve summaries never needs the dicts of
-        every element, so those read from JSON are built when first used."""
+        every element, so those read from JSON or a stats file are built when first used."""
         if self._sketch_dicts is None:
-            self._sketch_dicts = [dict(zip(*b)) for b in self._sketch_lists or ()]
-            self._sketch_lists = None
+            if self._packed is not None:
+                keys, counts, ends = (a.tolist() for a in self._packed)
+                self._sketch_dicts = [dict(zip(keys[a:b], counts[a:b])) for a, b in zip([0, *ends], ends)]
+            else:
+                self._sketch_dicts = [dict(zip(*b)) for b in self._sketch_lists or ()]
+            self._sketch_lists = self._packed = None
         return self._sketch_dicts
 
     @_sketch.setter
     def _sketch(self, value: list[dict[int, int]]) -> None:
-        self._sketch_dicts, self._sketch_lists = value, None
+        self._sketch_dicts, self._sketch_lists, self._packed = value, None, None
+
+    def packed(self) -> Packed:
+        """The sketch as arrays: every element's increasing keys and their counts back to back (int64), and
+        where each element's run ends; what a stats file stores."""
+        if self._packed is not None:
+            return self._packed
+        keys, counts, ends, n = [], [], [], 0
+        for sk in self._sketch:
+            k = np.fromiter(sk.keys(), np.int64, len(sk))
+            c = np.fromiter(sk.values(), np.int64, len(sk))
+            order = np.argsort(k, kind="stable")
+            keys.append(k[order])
+            counts.append(c[order])
+            n += len(sk)
+            ends.append(n)
+        if not keys:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(keys), np.concatenate(counts), np.array(ends, np.int64)
+
+    @classmethod
+    def from_arrays(cls, shape: tuple[int, ...], count: int, sums: list[int], squares: list[int], lo: np.ndarray,
+                    hi: np.ndarray, sketch: Packed, *, where: str) -> ArrayStats:
+        """An accumulator from a stats file's fields, each already checked by type, range and length; the
+        sums are checked here against each other and min/max."""
+        out = cls(shape)
+        out.count, out._sum, out._sq = count, list(sums), list(squares)
+        if count:
+            out._min, out._max = np.array(lo, np.float64), np.array(hi, np.float64)
+        out._sketch_dicts, out._packed = None, sketch
+        _check_sums(out, where)
+        return out
 
     def add(self, values: Any, *, where: str = "values") -> None:
         """Add ``values`` of shape ``(steps, *shape)``; ``where`` names them in errors (episode and key)."""
@@ -168,6 +214,12 @@ class ArrayStats:
         if not 0 <= q <= 1 or not self.count:
             raise ValueError(f"{q=} should be in [0, 1], over at least one step (count={self.count})")
         rank = int(np.floor(q * (self.count - 1)))  # numpy's "lower" virtual index, computed as numpy does
+        if self._packed is not None:  # every element at once: the first key whose running count passes rank
+            keys, counts, ends = self._packed
+            cum = np.cumsum(counts)
+            base = np.concatenate([[0], cum[ends[:-1] - 1]]) if len(ends) else np.zeros(0, np.int64)
+            at = keys[np.searchsorted(cum, base + rank, side="right")]
+            return np.clip(_values(at), self._min, self._max).reshape(self.shape)
         out = np.empty(len(self._sketch))
         for i, sk in enumerate(self._sketch):
             keys = sorted(sk)
@@ -233,12 +285,17 @@ class ArrayStats:
             out._sketch_dicts, out._sketch_lists = None, sketch
         else:  # find the entry to name
             out._sketch = [_bucket(b, count, f"{where}: sketch[{i}]") for i, b in enumerate(sketch)]
-        for i in range(d):
-            s, q = out._sum[i], out._sq[i]
-            if q < 0 or count * q < s * s or (count and not out._min[i] <= out._max[i]) or (not count and (s or q)):
-                raise ValueError(f"{where}: element {i} has inconsistent sum, sumsq, min and max; "
-                                 "recompute the statistics (episodepipes-shard stats --recompute)")
+        _check_sums(out, where)
         return out
+
+
+def _check_sums(out: ArrayStats, where: str) -> None:
+    count = out.count
+    for i in range(len(out._sum)):
+        s, q = out._sum[i], out._sq[i]
+        if q < 0 or count * q < s * s or (count and not out._min[i] <= out._max[i]) or (not count and (s or q)):
+            raise ValueError(f"{where}: element {i} has inconsistent sum, sumsq, min and max; "
+                             "recompute the statistics (episodepipes-shard stats --recompute)")
 
 
 def _is_int(v: Any) -> bool:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from episodepipes import statsfile
 from episodepipes.normstats import ArrayStats, StatsTable
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,16 @@ class StatsFields:
     def __init__(self) -> None:
         self.stats: dict[tuple[str, str], ArrayStats] = {}
         self.missing: dict[tuple[str, str], str] = {}
+        self.unsaved: list[tuple[dict, dict]] | None = None  # folded parts a progress log has yet to save
+
+    def write(self, path: Path) -> dict[str, Any]:
+        """Write them as a side file (`episodepipes.statsfile`) at ``path``; returns the index field naming it."""
+        return statsfile.write(path, self.stats, self.missing)
 
     def add(self, split: str, stats: Mapping[str, ArrayStats], failed: Mapping[str, str]) -> None:
         """Fold in the statistics of the next episode (or job) of ``split``, in output order."""
+        if self.unsaved is not None:
+            self.unsaved.append(({(split, k): v for k, v in stats.items()}, {(split, k): r for k, r in failed.items()}))
         for key in sorted(stats.keys() | failed.keys()):
             at = (split, key)
             if at in self.missing:
@@ -75,12 +83,17 @@ class StatsFields:
             if key in failed:
                 self.missing[at] = failed[key]
 
-    def add_fields(self, data: Mapping[str, Any], *, where: str) -> None:
-        """Fold in the fields of a job's index (or of saved progress), checked first."""
-        table, missing = load(data, where=where)
+    def add_fields(self, data: Mapping[str, Any], *, where: str, root: Path | None = None) -> None:
+        """Fold in the fields of a job's index (or of saved progress), checked first; ``root`` holds the side file."""
+        read = None if root is None else (lambda: (root / statsfile.NAME).read_bytes())
+        table, missing = load(data, where=where, read_side=read, side=str((root or Path()) / statsfile.NAME))
         if table is None:
             raise ValueError(f"{where} has no statistics (written by an older episodepipes?); re-run it with "
                              "--overwrite")
+        self.add_loaded(table, missing)
+
+    def add_loaded(self, table: StatsTable, missing: Mapping[tuple[str, str], str]) -> None:
+        """Fold in a whole table (and its failures), split by split, as `add_fields` does."""
         for split in sorted({s for s, _ in table.keys()} | {s for s, _ in missing}):
             self.add(split, {k: table.get(k, split=s) for s, k in table.keys() if s == split},
                      {k: r for (s, k), r in missing.items() if s == split})
@@ -96,8 +109,18 @@ class StatsFields:
         return out
 
 
-def load(data: Mapping[str, Any], *, where: str) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
-    """(table or None when ``data`` has no ``stats``, (split, key) -> reason), every field checked by name."""
+def load(data: Mapping[str, Any], *, where: str, read_side: Callable[[], bytes] | None = None,
+         side: str = statsfile.NAME) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+    """(table or None when ``data`` has no statistics, (split, key) -> reason), every field checked by name.
+
+    ``data`` names a side file (``stats_file``, read through ``read_side``, named ``side`` in errors), or holds
+    the statistics itself (``stats``/``stats_missing``, as indexes before the side file did).
+    """
+    if statsfile.FIELD in data:
+        if STATS in data or MISSING in data or read_side is None:
+            raise ValueError(f"{where}: has {statsfile.FIELD} and also {STATS} or {MISSING} (or no folder to "
+                             "read it from)")
+        return statsfile.read(read_side, data[statsfile.FIELD], where=where, file=side)
     raw_missing = data.get(MISSING, {})
     if not isinstance(raw_missing, dict) or not all(
             isinstance(keys, dict) and all(isinstance(k, str) and isinstance(r, str) for k, r in keys.items())
@@ -137,3 +160,8 @@ def check_counts(table: StatsTable, missing: Mapping[tuple[str, str], str], leng
 def no_stats_hint(file: Path) -> str:
     return (f"{file} has no statistics (written before episodepipes computed them); compute them with: "
             f"episodepipes-shard stats {file.parent} --recompute")
+
+
+def has_stats(data: Mapping[str, Any]) -> bool:
+    """Whether an index's (or progress file's) fields carry statistics, in a side file or inline."""
+    return STATS in data or statsfile.FIELD in data

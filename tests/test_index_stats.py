@@ -7,15 +7,19 @@ import numpy as np
 import pytest
 import torch
 
+from episodepipes import statsfile
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.normstats import QUANTILES, REL_ERROR
 from episodepipes.pipes.normalize import Normalize
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding import cli
 from episodepipes.sharding.merge import merge_jobs
-from episodepipes.sharding.progress import PROGRESS_NAME
+from episodepipes.sharding.progress import PROGRESS_NAME, STATS_LOG
+from episodepipes.sharding.progress_stats import read_log
 from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
+from episodepipes.statsfields import StatsFields
+from episodepipes.statsfile import NAME as STATS_NAME
 
 SYN = SyntheticReader(num_episodes=7, length=9, height=32, width=40, lengths=(9, 5, 12, 7, 9, 3, 10))
 OPTS = WriteOptions(format="synthetic", shard_size=20_000)
@@ -70,7 +74,10 @@ def test_merged_jobs_carry_the_single_job_statistics_byte_for_byte(tmp_path, num
         write_shards(SYN, tmp_path / "multi", OPTS, num_jobs=num_jobs, job_index=i)
     merge_jobs(tmp_path / "multi")
     one = json.loads(_index_bytes(tmp_path / "one"))
-    assert set(one["stats"]) == {"train", "val"} and _index_bytes(tmp_path / "multi") == _index_bytes(tmp_path / "one")
+    assert "stats" not in one and one["stats_file"]["bytes"] == len((tmp_path / "one" / STATS_NAME).read_bytes())
+    assert {s for s, _ in EpisodeIndex.open(tmp_path / "one").stats_keys()} == {"train", "val"}
+    assert _index_bytes(tmp_path / "multi") == _index_bytes(tmp_path / "one")
+    assert (tmp_path / "multi" / STATS_NAME).read_bytes() == (tmp_path / "one" / STATS_NAME).read_bytes()
 
 
 def test_a_key_with_nan_is_listed_with_its_episode_and_merges_to_the_same_bytes(tmp_path):
@@ -100,29 +107,94 @@ def test_a_resumed_write_keeps_the_statistics_of_the_finished_episodes(tmp_path)
             return super().read(episode_id)
 
     crashing = Crashing(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width", "lengths")})
-    for drop_saved_stats in (False, True):  # True: progress from an episodepipes without statistics
+    for saved in ("log", "json", "none"):  # json, none: progress from an older episodepipes
         with pytest.raises(Crash):
             write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
         prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
-        assert prog["episodes"] and prog["stats"]["stats"]
-        if drop_saved_stats:
-            del prog["stats"]
+        assert prog["episodes"] and prog["stats"] is None
+        assert len(prog["stats_log"]) == len(prog["episodes"])  # one record per finished episode
+        log = tmp_path / "out" / STATS_LOG
+        assert len(log.read_bytes()) == sum(r["bytes"] for r in prog["stats_log"])
+        if saved != "log":
+            fields = read_log(tmp_path / "out", prog["stats_log"], where="test")
+            prog.update(stats_log=[], stats=fields.to_json() if saved == "json" else None)
             (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
+            log.unlink()
         assert write_shards(SYN, tmp_path / "out", OPTS).resumed
         assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
+        assert (tmp_path / "out" / STATS_NAME).read_bytes() == (tmp_path / "ref" / STATS_NAME).read_bytes()
+        assert not [p.name for p in (tmp_path / "out").glob("_progress*")]  # a finished write leaves no progress
     with pytest.raises(Crash):
         write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
     prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
-    prog["stats"] = {"stats": {"train": {"state": {}}}}
+    prog["stats"], prog["stats_log"] = {"stats": {"train": {"state": {}}}}, []
     (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(prog))
     with pytest.raises(ValueError, match=r"_progress.json: stats\['train'\]\['state'\].*damaged.*--overwrite"):
         write_shards(SYN, tmp_path / "out", OPTS)
+    with pytest.raises(Crash):
+        write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
+    log = tmp_path / "out" / STATS_LOG
+    blob = bytearray(log.read_bytes())
+    blob[-5] ^= 1
+    log.write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match=r"_progress.stats.log: record \d+ does not match its sha256 in .*_progress"
+                                         r".json; .*damaged.*--overwrite"):
+        write_shards(SYN, tmp_path / "out", OPTS)
+
+
+def test_a_crash_between_the_statistics_and_the_progress_file_still_resumes(tmp_path):
+    """A save appends to the statistics log, then replaces the progress file: a crash in between leaves a tail
+    the saved progress does not list, which the resumed write cuts off."""
+    write_shards(SYN, tmp_path / "ref", OPTS)
+
+    class Crashing(SyntheticReader):
+        def read(self, episode_id):
+            if episode_id == "ep0005":
+                raise RuntimeError(episode_id)
+            return super().read(episode_id)
+
+    with pytest.raises(RuntimeError, match="ep0005"):
+        write_shards(Crashing(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width",
+                                                              "lengths")}), tmp_path / "out", OPTS)
+    with open(tmp_path / "out" / STATS_LOG, "ab") as f:
+        f.write(b"torn half of a record")  # the crash's half-written append
+    assert write_shards(SYN, tmp_path / "out", OPTS).resumed
+    assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
 
 
 def _rewrite(d, edit):
     data = json.loads(_index_bytes(d))
     edit(data)
     (d / "index.json").write_text(json.dumps(data))
+
+
+def _inline(d):
+    """Rewrite ``d``'s index as episodepipes wrote it before the side file: statistics in the JSON."""
+    fields = StatsFields()
+    fields.add_loaded(*statsfile.decode((d / STATS_NAME).read_bytes(), where="test"))
+    _rewrite(d, lambda data: (data.pop("stats_file"), data.update(fields.to_json())))
+    (d / STATS_NAME).unlink()
+    return d
+
+
+def test_an_older_index_with_inline_statistics_serves_them_and_upgrade_moves_them_out(tmp_path):
+    from helpers import as_v1
+
+    from episodepipes.sharding.upgrade import upgrade
+
+    write_shards(SYN, tmp_path / "s", OPTS)
+    fresh, side = _index_bytes(tmp_path / "s"), (tmp_path / "s" / STATS_NAME).read_bytes()
+    want = EpisodeIndex.open(tmp_path / "s").stats("action")
+    _inline(as_v1(tmp_path / "s"))
+    assert "stats" in json.loads(_index_bytes(tmp_path / "s"))
+    got = EpisodeIndex.open(tmp_path / "s").stats("action")
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    upgrade(tmp_path / "s")
+    assert _index_bytes(tmp_path / "s") == fresh and (tmp_path / "s" / STATS_NAME).read_bytes() == side
+    _inline(tmp_path / "s")  # a v2 index with inline statistics: upgrade only moves them out
+    assert EpisodeIndex.open(tmp_path / "s").version == 2
+    upgrade(tmp_path / "s")
+    assert _index_bytes(tmp_path / "s") == fresh and (tmp_path / "s" / STATS_NAME).read_bytes() == side
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -138,11 +210,12 @@ def _rewrite(d, edit):
      r"stats\['train'\]\['action'\] count=\d+, but the index's train episodes with 'action' have \d+ steps"),
     (lambda d: d.update(stats_missing={"train": {"state": 3}}), "stats_missing should be an object of splits"),
 ])
-def test_hostile_statistics_are_refused_at_open_naming_the_field(tmp_path, edit, message):
+def test_hostile_inline_statistics_are_refused_on_first_use_naming_the_field(tmp_path, edit, message):
     write_shards(SYN, tmp_path / "s", OPTS)
-    _rewrite(tmp_path / "s", edit)
+    _rewrite(_inline(tmp_path / "s"), edit)
+    index = EpisodeIndex.open(tmp_path / "s")  # an open reads no statistics
     with pytest.raises(IndexFormatError, match=message + ".*stats .*--recompute"):
-        EpisodeIndex.open(tmp_path / "s")
+        index.stats("state", split="val")
 
 
 def test_the_stats_command_prints_refuses_and_recomputes_an_older_index(tmp_path, capsys):
@@ -154,7 +227,7 @@ def test_the_stats_command_prints_refuses_and_recomputes_an_older_index(tmp_path
     assert f"train/action  count={n}  shape=(7,)" in out and "val/keypoints  count=15  shape=(1, 2)" in out
     assert len([line for line in out if line.startswith("  q50 ")]) == 6
 
-    _rewrite(tmp_path / "s", lambda d: d.pop("stats"))  # an index written before statistics
+    _rewrite(tmp_path / "s", lambda d: d.pop("stats_file"))  # an index written before statistics
     older = EpisodeIndex.open(tmp_path / "s")
     with pytest.raises(KeyError, match="has no statistics.*episodepipes-shard stats .* --recompute"):
         older.stats("action")
@@ -167,7 +240,7 @@ def test_the_stats_command_prints_refuses_and_recomputes_an_older_index(tmp_path
 
 def test_recompute_refuses_a_shard_whose_bytes_changed(tmp_path, capsys):
     write_shards(SYN, tmp_path / "s", OPTS)
-    _rewrite(tmp_path / "s", lambda d: d.pop("stats"))
+    _rewrite(tmp_path / "s", lambda d: d.pop("stats_file"))
     before = _index_bytes(tmp_path / "s")
     shard = tmp_path / "s" / "shard-000000.tar"
     blob = bytearray(shard.read_bytes())
@@ -209,7 +282,7 @@ def test_recompute_on_a_v1_index_and_upgrade_keeps_the_statistics(tmp_path):
     write_shards(SYN, tmp_path / "s", OPTS)
     want = EpisodeIndex.open(tmp_path / "s").stats("state", split="val")
     with_stats = _index_bytes(as_v1(tmp_path / "s"))
-    _rewrite(tmp_path / "s", lambda d: d.pop("stats"))  # a v1 index as an older episodepipes wrote it
+    _rewrite(tmp_path / "s", lambda d: d.pop("stats_file"))  # a v1 index as an older episodepipes wrote it
     with pytest.raises(KeyError, match="--recompute"):
         EpisodeIndex.open(tmp_path / "s").stats("state", split="val")
     assert cli.main(["stats", str(tmp_path / "s"), "--recompute"]) == 0

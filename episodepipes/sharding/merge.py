@@ -22,7 +22,8 @@ from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.recompute import recompute
 from episodepipes.sharding.writer import ShardWriter
 from episodepipes.shardio import ByteSource, LocalSource
-from episodepipes.statsfields import STATS, StatsFields
+from episodepipes.statsfields import StatsFields, has_stats
+from episodepipes.statsfile import NAME as STATS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
             raise ValueError(f"job {jobs[0][0].name}: options.shard_size={size!r} is not a positive integer; "
                              "re-run that job with --overwrite")
         skipped = [s for _, data in jobs for s in data.get("skipped", [])]
-        extra = dict(_job_stats(jobs).to_json(), **({"skipped": skipped} if skipped else {}))
+        extra = dict(_job_stats(jobs).write(out / STATS_NAME), **({"skipped": skipped} if skipped else {}))
         with ShardWriter(out, shard_size=size, options=options, extra=extra) as writer:
             for d, data in jobs:
                 with LocalSource(d) as job:
@@ -145,9 +146,9 @@ def _job_stats(jobs: list[tuple[Path, dict]]) -> StatsFields:
     """The jobs' statistics folded in job order, as a single job folds its episodes: the same fields."""
     out = StatsFields()
     for d, data in jobs:
-        if STATS not in data:  # a job written by an older episodepipes: read its arrays back
+        if not has_stats(data):  # a job written by an older episodepipes: read its arrays back
             data = recompute(d, data["shards"], data["episodes"]).to_json()
-        out.add_fields(data, where=f"job {d.name}: {d / INDEX_NAME}")
+        out.add_fields(data, where=f"job {d.name}: {d / INDEX_NAME}", root=d)
     return out
 
 

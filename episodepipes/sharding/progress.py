@@ -3,7 +3,11 @@
 After every finished shard the writer records, atomically: the options, the finished shards,
 the index entries of the episodes they complete, the skipped episodes, and a cursor (position
 in the job's episode list, first frame not yet in a finished shard, and that episode's finished
-segments). Encoding is deterministic, so a re-run re-encodes the cursor's episode, drops the
+segments). The finished episodes' statistics are appended, one record per episode, to a log beside it
+(`episodepipes.sharding.progress_stats`), so a save costs what the episodes finished since the last one
+add, not all the statistics again.
+
+Encoding is deterministic, so a re-run re-encodes the cursor's episode, drops the
 frames already written, and continues to output byte-identical to an uninterrupted run.
 """
 
@@ -15,6 +19,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from episodepipes import statsfile
 from episodepipes.format import INDEX_NAME
 from episodepipes.sharding.writer import atomic_write_bytes
 
@@ -22,6 +27,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_NAME = "_progress.json"
 JOBS_DIR = "_jobs"
+STATS_LOG = "_progress.stats.log"  # `Progress.stats_log` names its records
 
 
 @dataclass
@@ -34,15 +40,23 @@ class Progress:
     frame: int = 0  # first frame of that episode not in a finished shard
     segments: list[dict] = field(default_factory=list)  # that episode's segments in finished shards
     splits: dict = field(default_factory=dict)  # where the finished episodes' splits came from: origin -> count
-    stats: dict | None = None  # the finished episodes' `StatsFields.to_json()`; None from an older episodepipes
+    stats: dict | None = None  # the finished episodes' `StatsFields.to_json()`, as older episodepipes saved them
+    stats_log: list = field(default_factory=list)  # each STATS_LOG record's {"bytes", "sha256"}, in order
 
     def save(self, out: Path) -> None:
         atomic_write_bytes(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())
 
 
+def finish(out: Path) -> None:
+    """Remove the progress of a write whose index is written."""
+    (out / PROGRESS_NAME).unlink(missing_ok=True)
+    (out / STATS_LOG).unlink(missing_ok=True)
+
+
 def clear(out: Path, *, jobs: bool = True) -> None:
     """Remove everything a write puts in ``out`` (and nothing else); ``jobs`` also the partial job outputs."""
-    for pattern in (INDEX_NAME, INDEX_NAME + ".tmp", PROGRESS_NAME, PROGRESS_NAME + ".tmp",
+    for pattern in (INDEX_NAME, INDEX_NAME + ".tmp", PROGRESS_NAME, PROGRESS_NAME + ".tmp", statsfile.NAME,
+                    statsfile.NAME + ".tmp", STATS_LOG,
                     "shard-*.tar", "shard-*.tar.tmp"):
         for p in out.glob(pattern):
             p.unlink()

@@ -1,5 +1,6 @@
 """Statistics read back from finished shards: for an index written before statistics existed
-(``episodepipes-shard stats OUT --recompute``) and for resuming a write whose progress file has none.
+(``episodepipes-shard stats OUT --recompute``) and for resuming a write whose progress file has none;
+and the statistics a resumed write starts from (`resumed_stats`).
 
 The arrays are read through the same tar member parser as the pipes, each frame checked against the
 index's crc32 first, and folded in index order with the writer's rule (`StatsFields`), so recomputed
@@ -17,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from episodepipes import statsfile
 from episodepipes.format import INDEX_NAME, npy_header
 from episodepipes.index import EpisodeIndex, mapped
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import PROGRESS_NAME, Progress
+from episodepipes.sharding.progress_stats import read_log
 from episodepipes.sharding.writer import atomic_write_bytes
 from episodepipes.statsfields import MISSING, STATS, StatsFields, episode_part
 from episodepipes.tarmembers import frame_fields
@@ -95,32 +98,35 @@ def resumed_stats(target: Path, prog: Progress) -> StatsFields:
     """The statistics of the episodes an interrupted write finished: saved with its progress, or read back."""
     out = StatsFields()
     file = target / PROGRESS_NAME
-    if prog.stats is not None:
-        try:
+    try:
+        if prog.stats_log:
+            out = read_log(target, prog.stats_log, where=str(file))
+        elif prog.stats is not None:  # saved as JSON by an older episodepipes
             if not isinstance(prog.stats, dict):
                 raise ValueError(f"{file}: stats should be an object, found {type(prog.stats).__name__}")
             out.add_fields(prog.stats, where=str(file))
-        except ValueError as e:
-            raise ValueError(f"{e}; the progress file is damaged: pass --overwrite to start over") from None
-    elif prog.episodes:
-        log.info("%s has no statistics (an older episodepipes); reading them from the finished shards", file)
-        out = recompute(target, prog.shards, prog.episodes)
+        elif prog.episodes:
+            log.info("%s has no statistics (an older episodepipes); reading them from the finished shards", file)
+            out = recompute(target, prog.shards, prog.episodes)
+    except ValueError as e:
+        raise ValueError(f"{e}; the progress file is damaged: pass --overwrite to start over") from None
     return out
 
 
 def add_stats(out: str | Path) -> dict[str, Any]:
-    """Compute the statistics of a finished output from its shards and rewrite its index atomically with them.
+    """Compute the statistics of a finished output from its shards, write them as its side file and rewrite its
+    index atomically naming it.
 
-    Returns the new statistics fields. Only ``index.json`` is rewritten (a v2 index keeps its columns),
-    with every other field as it was and in the writer's layout (sorted keys, compact), so a recomputed
-    index equals one written with statistics.
+    Returns the new index field. Only ``index.json`` and the side file are written (a v2 index keeps its
+    columns), the side file first, with every other field as it was and in the writer's layout (sorted keys,
+    compact), so a recomputed index equals one written with statistics.
     """
     root = Path(out)
     with write_lock(root):
         index = EpisodeIndex.open(root)
         data = index.data
-        fields = recompute(root, data["shards"], data["episodes"]).to_json()
+        fields = recompute(root, data["shards"], data["episodes"]).write(root / statsfile.NAME)
         base = index.meta if index.version == 2 else data
-        new = dict({k: v for k, v in base.items() if k not in (STATS, MISSING)}, **fields)
+        new = dict({k: v for k, v in base.items() if k not in (STATS, MISSING, statsfile.FIELD)}, **fields)
         atomic_write_bytes(root / INDEX_NAME, json.dumps(new, sort_keys=True, separators=(",", ":")).encode())
     return fields

@@ -22,11 +22,8 @@ def _row(values: np.ndarray) -> str:
 
 def table(index: EpisodeIndex) -> list[str]:
     """A compact table per split and key: the count and shape, then one row per statistic."""
-    data = index.meta
-    keys = sorted({(s, k) for s, keys in data.get("stats", {}).items() for k in keys}
-                  | {(s, k) for s, keys in data.get("stats_missing", {}).items() for k in keys})
     lines = []
-    for split, key in keys:
+    for split, key in index.stats_keys() or ():
         try:
             s = index.stats(key, split=split)
         except KeyError as e:
@@ -42,7 +39,7 @@ def run(out: Path, *, recompute: bool) -> list[str]:
     if recompute:
         add_stats(out)
     index = EpisodeIndex.open(out)
-    if "stats" not in index.meta:
+    if index.stats_keys() is None:
         raise ValueError(f"{Path(out) / INDEX_NAME} has no statistics (written by an older episodepipes); "
                          f"compute them with: episodepipes-shard stats {out} --recompute")
     return table(index)

@@ -5,7 +5,8 @@ had no crc32 there carry none (the index says ``"crc32": false``). With ``crc`` 
 its sha256 checked against the index first (a checksum of damaged bytes would vouch for the damage), and
 every frame gets its crc32. The columns are written first and ``index.json`` last, each atomically, so a
 reader sees the old index or the new one; the shards are not touched, and the same v1 index always gives
-the same bytes (those a v2 write of the same episodes gives).
+the same bytes (those a v2 write of the same episodes gives). Statistics an older index kept in its JSON
+move to the side file (`episodepipes.statsfile`), written before the index.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from episodepipes import indexv2
+from episodepipes import indexv2, statsfile
 from episodepipes.index import EpisodeIndex, IndexFormatError, mapped
 from episodepipes.indexv2 import COUNT, ROW, SHARD
 from episodepipes.sharding.lock import write_lock
+from episodepipes.statsfields import MISSING, STATS
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,8 @@ def frame_crcs(index: EpisodeIndex) -> np.ndarray:
 
 
 def upgrade(out: str | Path, *, crc: bool = False) -> EpisodeIndex:
-    """Rewrite ``out``'s index as v2 (``crc``: reading the shards to add every frame's crc32); returns it.
+    """Rewrite ``out``'s index as v2 (``crc``: reading the shards to add every frame's crc32), its statistics in
+    the side file; returns it.
 
     Args:
         out: a finished shard folder.
@@ -55,13 +58,18 @@ def upgrade(out: str | Path, *, crc: bool = False) -> EpisodeIndex:
     """
     out = Path(out)
     index = EpisodeIndex.open(out)
-    if index.version == 2 and (index.has_crc or not crc):
+    if index.version == 2 and (index.has_crc or not crc) and STATS not in index.meta:
         raise ValueError(f"{out / 'index.json'} is already version 2"
                          f"{'' if index.has_crc else ' (without crc32: pass --crc to add them)'}; nothing to do")
     crcs = frame_crcs(index) if crc else None
     data = index.data
     rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
     with write_lock(out):
+        if STATS in rest:  # inline, as older episodepipes stored them: into the side file, written first
+            table, missing = index._load_stats()
+            rest = {k: v for k, v in rest.items() if k not in (STATS, MISSING)}
+            rest.update(statsfile.write(out / statsfile.NAME, {at: table.get(at[1], split=at[0])
+                                                              for at in table.keys()}, missing))
         meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
                                    offsets=index._offset, crcs=crcs, layout=index.meta.get("layout", "members"))
         indexv2.write(out, meta, cols)

@@ -11,8 +11,8 @@ episodes without one; `WriteResult.split_origins` counts where each came from. O
 (`episodepipes.sharding.lock`); a full disk is a `DiskFullError` that keeps every finished shard.
 
 Statistics: each encoder also computes its episode's per-array statistics (`episodepipes.statsfields`),
-and the writer folds them in episode order into the index's ``stats`` (saved with the progress, so a
-resumed write gets the same numbers); `merge` folds the jobs' tables the same way.
+and the writer folds them in episode order into the index's side file ``index.stats.bin`` (logged with the
+progress, so a resumed write gets the same numbers); `merge` folds the jobs' tables the same way.
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ from episodepipes.sharding.encoders import encoded, samples
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.meter import Meter
-from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, Progress, start
+from episodepipes.sharding.progress import JOBS_DIR, Progress, finish, start
+from episodepipes.sharding.progress_stats import StatsLog
 from episodepipes.sharding.recompute import resumed_stats
 from episodepipes.sharding.write_plan import assign_splits, job_block
 from episodepipes.sharding.writer import ShardWriter
+from episodepipes.statsfile import NAME as STATS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -226,13 +228,15 @@ class _Run:
         self.origins = Counter(prog.splits)
         self.position = prog.position  # relative to the block; read by `save` when a shard finishes
         self.stats = resumed_stats(target, prog)  # of the finished episodes, folded in output order
+        self.stats_log = StatsLog(target, prog, self.stats)  # appends each finished episode's part at a save
 
     def save(self, w: ShardWriter) -> None:
         # no episode in flight happens only at the final flush: every episode has been added
         pend = w.pending or {"segments": [], "frame": 0}
         Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
                  position=self.position if w.pending else len(self.block), frame=pend["frame"],
-                 segments=pend["segments"], splits=dict(self.origins), stats=self.stats.to_json()).save(self.target)
+                 segments=pend["segments"], splits=dict(self.origins),
+                 **self.stats_log.save()).save(self.target)
 
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
@@ -267,11 +271,11 @@ class _Run:
                     raise ValueError(f"every episode of {'this job' if 'job' in self.extra else 'the source'} "
                                      f"is bad ({len(self.skipped)} skipped, first: {self.skipped[0]['error']}); "
                                      f"no index was written to {target}: fix the source and re-run")
-                writer.extra = dict(self.extra, **self.stats.to_json(),
+                writer.extra = dict(self.extra, **self.stats.write(target / STATS_NAME),  # before the index
                                     **({"skipped": self.skipped} if self.skipped else {}))
         finally:
             shutil.rmtree(spool, ignore_errors=True)
-        (target / PROGRESS_NAME).unlink(missing_ok=True)
+        finish(target)
         return meter
 
 
