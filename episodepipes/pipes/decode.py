@@ -75,16 +75,32 @@ class Decoder(BaseNode[dict]):
         self.source, self.index = source, index
         self.stats = stats if stats is not None else Stats()
         self.fn = SampleDecode(self.options.resize, frames, transform)
+        self._asked = (prefetch, chunk)
         self._sink = self._choose_sink(slab if transform is None else 0)
-        num_workers = self.options.num_workers
-        pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
-        self.prefetch = prefetch or (2 * chunk if pickled else 4) * num_workers
-        self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if pickled else 1
+        self._plan()
         self._ex: InOrder[_InFlight] | None = None
         self._specs: dict[str, EpisodeSpec] = {}
         self._done = False
         self._corrupt = 0  # this pass, for the end-of-pass summary
         self._resume: dict | None = None  # the state of a pass shut down with samples in flight
+
+    def _plan(self) -> None:
+        """Samples in flight and per task, for the sink chosen."""
+        (prefetch, chunk), num_workers = self._asked, self.options.num_workers
+        pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
+        self.prefetch = prefetch or (2 * chunk if pickled else 4) * num_workers
+        self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if pickled else 1
+
+    def batch_rows(self, size: int) -> None:
+        """Decode frames into rows of ``size``-sample batch buffers, as the `BatchStacker` right after this
+        node asks: its batches are then views of those buffers, and collation copies no pixels.
+
+        Nothing changes where a ``slab`` was given already, a ``transform`` runs (it may return other
+        arrays), or a pass is running.
+        """
+        if isinstance(self._sink, Allocate) and self.fn.transform is None and self._ex is None and size > 0:
+            self._sink = self._choose_sink(Slabs(size))
+            self._plan()
 
     def _choose_sink(self, slab: int | Slabs) -> FrameSink:
         slabs = slab if isinstance(slab, Slabs) else Slabs(slab) if slab else None
