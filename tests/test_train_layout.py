@@ -52,3 +52,27 @@ def test_batches_held_by_the_consumer_keep_their_frames(tmp_path, method):
         for i, (e, f) in enumerate(zip(b["episode"], b["frame"].tolist())):
             for cam in ("front", "wrist"):
                 np.testing.assert_array_equal(b[cam][i].numpy(), _plain(idx, e, f, cam))
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_stacked_decoder_sends_samples_in_chunks_and_resumes_inside_one(tmp_path, method):
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", **SHAPE))
+
+    def pipe():
+        return train_pipe(idx, batch_size=4, seed=2, rank=0, world_size=1, num_workers=2, method=method)
+
+    reader = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=4,
+                         epochs=1)
+    dec = Decoder(reader, idx, num_workers=2, method=method)
+    assert dec.chunk == 1
+    BatchStacker(dec, batch_size=4)
+    assert dec.chunk > 1 and dec.prefetch >= 2 * dec.chunk * 2  # a task per chunk, two per worker in flight
+    ref = [(e, f) for b in pipe() for e, f in zip(b["episode"], b["frame"].tolist())]
+    p = pipe()
+    it = iter(p)
+    head = [(e, f) for _ in range(2) for b in [next(it)] for e, f in zip(b["episode"], b["frame"].tolist())]
+    state = p.state_dict()  # taken with chunks in flight: resumes at the first sample not handed out
+    q = pipe()
+    q.load_state_dict(state)
+    rest = [(e, f) for b in q for e, f in zip(b["episode"], b["frame"].tolist())]
+    assert head + rest == ref

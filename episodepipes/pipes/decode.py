@@ -51,7 +51,8 @@ class Decoder(BaseNode[dict]):
         slab: the batch size, to have workers decode into batch rows; a `Slabs` keeps those buffers across
             passes (a pipe gives one to every pass's decoder). Not used with a ``transform``.
         chunk: samples per task for processes whose frames come back pickled (a ``transform``, no
-            ``slab``, or no fork); every other case sends one sample per task.
+            ``slab``, or no fork), and for every method when a `BatchStacker` asked for batch rows
+            (`batch_rows`); every other case sends one sample per task.
         flat: `DecodeOptions` fields as keywords (``num_workers=2``, ``method="process"``...), replacing
             those of ``options``; each is checked where `DecodeOptions` defines it.
 
@@ -76,6 +77,7 @@ class Decoder(BaseNode[dict]):
         self.stats = stats if stats is not None else Stats()
         self.fn = SampleDecode(self.options.resize, frames, transform)
         self._asked = (prefetch, chunk)
+        self._batched = False  # a BatchStacker takes every sample (batch_rows): chunk tasks for every method
         self._sink = self._choose_sink(slab if transform is None else 0)
         self._plan()
         self._ex: InOrder[_InFlight] | None = None
@@ -88,18 +90,21 @@ class Decoder(BaseNode[dict]):
         """Samples in flight and per task, for the sink chosen."""
         (prefetch, chunk), num_workers = self._asked, self.options.num_workers
         pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
-        self.prefetch = prefetch or (2 * chunk if pickled else 4) * num_workers
-        self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if pickled else 1
+        chunked = pickled or self._batched
+        self.prefetch = prefetch or (2 * chunk if chunked else 4) * num_workers
+        self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if chunked else 1
 
     def batch_rows(self, size: int) -> None:
         """Decode frames into rows of ``size``-sample batch buffers, as the `BatchStacker` right after this
         node asks: its batches are then views of those buffers, and collation copies no pixels.
 
-        Nothing changes where a ``slab`` was given already, a ``transform`` runs (it may return other
-        arrays), or a pass is running.
+        Samples then go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
+        a queue hand-off and GIL switches that leave the decode threads waiting. Nothing changes where a
+        ``slab`` was given already, a ``transform`` runs (it may return other arrays), or a pass is running.
         """
-        if isinstance(self._sink, Allocate) and self.fn.transform is None and self._ex is None and size > 0:
+        if self._ex is None and size > 0 and isinstance(self._sink, Allocate) and self.fn.transform is None:
             self._sink = self._choose_sink(Slabs(size))
+            self._batched = True
             self._plan()
 
     def _choose_sink(self, slab: int | Slabs) -> FrameSink:
