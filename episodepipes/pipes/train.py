@@ -22,6 +22,7 @@ from torchdata.nodes import BaseNode
 from torchdata.nodes.loader import LoaderIterator
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.pipes._mapped import MappedShards
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
@@ -179,6 +180,7 @@ class TrainReader(BaseNode[RawSample]):
         """Close shard files; they are reopened on demand."""
         if not self.index.remote:
             self.source.close()
+            self._mapped = None  # the slices samples still hold keep their mappings alive
 
     def _frames_of(self, epoch: int, step: int) -> np.ndarray:
         """This rank's flat frame numbers at global ``step`` of ``epoch`` (one batch's worth, cached)."""
@@ -229,14 +231,21 @@ class TrainReader(BaseNode[RawSample]):
         ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root).
         """
         shard, start, end = ep.frame_range(step)
-        name, path, read = self._names[shard], self._where[shard], self.source.read
+        name, path = self._names[shard], self._where[shard]
+        if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
+            mapped = self.__dict__.get("_mapped")
+            if mapped is None:
+                mapped = self._mapped = MappedShards(self.source)
+            read = mapped.read
+        else:
+            read = self.source.read
         if fetched is not None:
             def read(_: str, offset: int, size: int) -> bytes:
                 return fetched[offset - start:offset - start + size]
         crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
-        reads: list[bytes] = []
+        reads: list[bytes | memoryview] = []
 
-        def pread(size: int, offset: int) -> bytes:
+        def pread(size: int, offset: int) -> bytes | memoryview:
             reads.append(read(name, offset, size))
             return reads[-1]
 
