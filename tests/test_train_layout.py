@@ -76,3 +76,21 @@ def test_a_stacked_decoder_sends_samples_in_chunks_and_resumes_inside_one(tmp_pa
     q.load_state_dict(state)
     rest = [(e, f) for b in q for e, f in zip(b["episode"], b["frame"].tolist())]
     assert head + rest == ref
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_camera_window_is_decoded_into_its_batch_rows_padding_included(tmp_path, method):
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", **SHAPE))
+    pipe = train_pipe(idx, batch_size=4, seed=3, rank=0, world_size=1, num_workers=2, method=method,
+                      history={"front": 3}, horizon={"state": 2})
+    seen_pad = False
+    for b in pipe:
+        assert b["front"].shape == (4, 3, 3, 32, 48) and b["wrist"].shape == (4, 3, 32, 48)
+        for i, (e, f) in enumerate(zip(b["episode"], b["frame"].tolist())):
+            for j, pad in enumerate(b["front_pad"][i].tolist()):
+                step = max(f - 2 + j, 0)
+                assert pad == (f - 2 + j < 0)
+                seen_pad |= pad
+                np.testing.assert_array_equal(b["front"][i, j].numpy(), _plain(idx, e, step, "front"))
+    assert seen_pad
+    assert pipe.stats["frames_corrupt"] == 0

@@ -173,17 +173,23 @@ class Decoder(BaseNode[dict]):
                 self._done = True
                 break
             spec = self._spec(raw.item.episode)
-            shapes = self._shapes(spec)
+            shapes = self._shapes(spec, raw)
             if self._ex is None:  # first sample of the pass: workers start now, not at reset
                 self._sink.start(shapes, self.prefetch)
                 self._ex = InOrder(self.options.method, self.options.num_workers, self.stats, chunk=self.chunk)
             claim = self._sink.claim(shapes)
-            self._ex.put(_InFlight(before, raw, claim), decode_into, self.fn, raw, spec, claim.ticket)
+            sent = portable(raw) if self.options.method == "process" else raw
+            self._ex.put(_InFlight(before, raw, claim), decode_into, self.fn, sent, spec, claim.ticket)
         if self._ex is not None and (self._done or self._ex.idle):  # a partial chunk: nothing else is coming
             self._ex.flush()
 
-    def _shapes(self, spec: EpisodeSpec) -> Shapes:
-        return {c: (3, *(self.options.resize or src)) for c, src in spec.cameras.items()}
+    def _shapes(self, spec: EpisodeSpec, raw: RawSample) -> Shapes:
+        """Each camera's row shape: ``[3, H, W]``, or ``[steps, 3, H, W]`` for a camera window."""
+        out = {}
+        for c, src in spec.cameras.items():
+            w = raw.windows.get(c)
+            out[c] = (3, *(self.options.resize or src)) if w is None else (len(w.steps), 3, *(self.options.resize or src))
+        return out
 
     def _spec(self, episode: str) -> EpisodeSpec:
         """What decoding needs of an episode, cached for the node's life."""
@@ -207,3 +213,16 @@ class Decoder(BaseNode[dict]):
             self._corrupt += len(bad)
             fields["valid"] = False
         return fields
+
+
+def portable(raw: RawSample) -> RawSample:
+    """``raw`` with bytes where a reader handed out memoryviews (slices of mapped shards), which do not pickle
+    to a worker process; ``raw`` itself when it holds none."""
+    views = any(isinstance(v, memoryview) for v in raw.members.values()) or any(
+        isinstance(v, memoryview) for w in raw.windows.values() for v in w.data.values())
+    if not views:
+        return raw
+    return dataclasses.replace(
+        raw, members={k: bytes(v) for k, v in raw.members.items()},
+        windows={k: dataclasses.replace(w, data={s: bytes(v) for s, v in w.data.items()})
+                 for k, w in raw.windows.items()})
