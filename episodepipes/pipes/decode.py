@@ -187,8 +187,8 @@ class Decoder(BaseNode[dict]):
         """Each camera's row shape: ``[3, H, W]``, or ``[steps, 3, H, W]`` for a camera window."""
         out = {}
         for c, src in spec.cameras.items():
-            w = raw.windows.get(c)
-            out[c] = (3, *(self.options.resize or src)) if w is None else (len(w.steps), 3, *(self.options.resize or src))
+            w, hw = raw.windows.get(c), self.options.resize or src
+            out[c] = (3, *hw) if w is None else (len(w.steps), 3, *hw)
         return out
 
     def _spec(self, episode: str) -> EpisodeSpec:
