@@ -101,6 +101,9 @@ class Decoder(BaseNode[dict]):
         Samples then go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
         a queue hand-off and GIL switches that leave the decode threads waiting. Nothing changes where a
         ``slab`` was given already, a ``transform`` runs (it may return other arrays), or a pass is running.
+
+        Args:
+            size: samples per batch (the stacker's ``batch_size``); rows are counted from each pass's start.
         """
         if self._ex is None and size > 0 and isinstance(self._sink, Allocate) and self.fn.transform is None:
             self._sink = self._choose_sink(Slabs(size))
