@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import _pool
+from episodepipes.pipes._batchmemo import BatchMemo
 from episodepipes.pipes._executor import InOrder
 from episodepipes.pipes._lifecycle import shutdown_node
 from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
@@ -53,6 +54,9 @@ class Decoder(BaseNode[dict]):
         chunk: samples per task for processes whose frames come back pickled (a ``transform``, no
             ``slab``, or no fork), and for every method when a `BatchStacker` asked for batch rows
             (`batch_rows`); every other case sends one sample per task.
+        share_frames: once a `BatchStacker` asked for batch rows (`batch_rows`), decode a camera frame that
+            several samples of a batch show (overlapping windows) once, and copy it into the others
+            (`episodepipes.pipes._batchmemo`); ``frames_decoded`` then counts distinct frames.
         flat: `DecodeOptions` fields as keywords (``num_workers=2``, ``method="process"``...), replacing
             those of ``options``; each is checked where `DecodeOptions` defines it.
 
@@ -68,7 +72,7 @@ class Decoder(BaseNode[dict]):
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, options: DecodeOptions | None = None, *,
                  transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, frames: FrameDecoder = JPEG,
                  prefetch: int | None = None, stats: Stats | None = None, slab: int | Slabs = 0, chunk: int = 8,
-                 **flat: Any) -> None:
+                 share_frames: bool = False, **flat: Any) -> None:
         super().__init__()
         self.options = dataclasses.replace(options or DecodeOptions(), **flat)
         if chunk < 1:
@@ -78,6 +82,8 @@ class Decoder(BaseNode[dict]):
         self.fn = SampleDecode(self.options.resize, frames, transform)
         self._asked = (prefetch, chunk)
         self._batched = False  # a BatchStacker takes every sample (batch_rows): chunk tasks for every method
+        self._share = share_frames
+        self._memo: BatchMemo | None = None  # with batch rows and share_frames: a frame shown twice is decoded once
         self._sink = self._choose_sink(slab if transform is None else 0)
         self._plan()
         self._ex: InOrder[_InFlight] | None = None
@@ -98,7 +104,8 @@ class Decoder(BaseNode[dict]):
         """Decode frames into rows of ``size``-sample batch buffers, as the `BatchStacker` right after this
         node asks: its batches are then views of those buffers, and collation copies no pixels.
 
-        Samples then go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
+        With ``share_frames``, a camera frame that several samples of a batch show is then decoded once.
+        Samples go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
         a queue hand-off and GIL switches that leave the decode threads waiting. Nothing changes where a
         ``slab`` was given already, a ``transform`` runs (it may return other arrays), or a pass is running.
 
@@ -108,6 +115,7 @@ class Decoder(BaseNode[dict]):
         if self._ex is None and size > 0 and isinstance(self._sink, Allocate) and self.fn.transform is None:
             self._sink = self._choose_sink(Slabs(size))
             self._batched = True
+            self._memo = BatchMemo(size) if self._share else None
             self._plan()
 
     def _choose_sink(self, slab: int | Slabs) -> FrameSink:
@@ -123,6 +131,8 @@ class Decoder(BaseNode[dict]):
         super().reset(initial_state)
         self.shutdown()
         self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
+        if self._memo is not None:
+            self._memo.start()
         self._done = False
         self._corrupt = 0
         self._resume = None
@@ -138,6 +148,9 @@ class Decoder(BaseNode[dict]):
             self.shutdown()  # the last frame is decoded: release the workers now, not at the next call
         if entry.claim.shared:  # a process wrote these frames into shared rows: nothing was pickled
             decoded.fields.update(entry.claim.rows)
+        if self._memo is not None:
+            spec = self._spec(entry.raw.item.episode)
+            self._memo.fill(entry.raw, decoded.fields, decoded.corrupt, list(spec.cameras))
         out = self._report(entry.raw, decoded)
         if self._done and not self._ex and self._corrupt:
             log.warning("%d corrupt frame(s) skipped this pass (their samples have valid=False); "
@@ -181,8 +194,9 @@ class Decoder(BaseNode[dict]):
                 self._sink.start(shapes, self.prefetch)
                 self._ex = InOrder(self.options.method, self.options.num_workers, self.stats, chunk=self.chunk)
             claim = self._sink.claim(shapes)
-            sent = portable(raw) if self.options.method == "process" else raw
-            self._ex.put(_InFlight(before, raw, claim), decode_into, self.fn, sent, spec, claim.ticket)
+            sent = raw if self._memo is None else self._memo.plan(raw, list(spec.cameras))
+            work = portable(sent) if self.options.method == "process" else sent
+            self._ex.put(_InFlight(before, sent, claim), decode_into, self.fn, work, spec, claim.ticket)
         if self._ex is not None and (self._done or self._ex.idle):  # a partial chunk: nothing else is coming
             self._ex.flush()
 

@@ -21,11 +21,14 @@ class StepWindow:
             the nearest real step, so a step may appear more than once: it is decoded once).
         pad: per position, True where it lies outside the episode (the sample's ``<key>_pad`` mask).
         data: step -> that step's member bytes; empty in a damaged sample.
+        borrowed: steps whose frame an earlier sample of the batch decodes (no bytes in ``data``): the
+            worker leaves their rows alone and the `Decoder` copies them in (`_batchmemo`).
     """
 
     steps: tuple[int, ...]
     pad: tuple[bool, ...]
     data: Mapping[int, bytes] = field(default_factory=dict)
+    borrowed: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -40,6 +43,8 @@ class RawSample:
         damaged: why the frame's bytes are not the ones written (``"crc32 mismatch"``), or None. A damaged
             sample is corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
         windows: windowed key -> its `StepWindow` (training samples with ``history``/``horizon`` only).
+        borrowed: cameras whose frame of this step an earlier sample of the batch decodes (see
+            `StepWindow.borrowed`).
     """
 
     item: Item
@@ -47,3 +52,4 @@ class RawSample:
     members: dict[str, bytes]
     damaged: str | None = None
     windows: dict[str, StepWindow] = field(default_factory=dict)
+    borrowed: frozenset[str] = frozenset()

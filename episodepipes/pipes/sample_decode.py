@@ -101,8 +101,11 @@ class SampleDecode:
         for cam, src in spec.cameras.items():
             if cam in raw.windows:
                 continue
-            data = raw.members.get(self.frames.field(cam))
             slot = rows.get(cam) if rows else None
+            if cam in raw.borrowed:  # an earlier sample of the batch decodes it; the Decoder copies it in
+                f[cam] = slot if slot is not None else np.zeros((3, *(self.resize or src)), np.uint8)
+                continue
+            data = raw.members.get(self.frames.field(cam))
             img = None if data is None else self.frames.decode(cam, data, src=src, size=self.resize, out=slot)
             if img is None:
                 bad.append(cam)
@@ -132,12 +135,15 @@ class SampleDecode:
     def _camera_window(self, key: str, w: StepWindow, src: tuple[int, int], slot: np.ndarray | None,
                        bad: list[str]) -> tuple[np.ndarray, int]:
         """(a camera window ``[steps, 3, H, W]``, frames decoded): each distinct step decoded once, into
-        the window's batch row when it has one; a step repeated as padding is a copy of its first."""
+        the window's batch row when it has one; a step repeated as padding is a copy of its first; a
+        borrowed step is left for the `Decoder` to copy in."""
         shape = (len(w.steps), 3, *(self.resize or src))
         out = slot if slot is not None and slot.shape == shape else np.empty(shape, np.uint8)
         first: dict[int, int] = {}
         n = 0
         for j, s in enumerate(w.steps):
+            if s in w.borrowed:  # an earlier sample of the batch decodes it; the Decoder copies it in
+                continue
             if s in first:
                 out[j] = out[first[s]]
                 continue
