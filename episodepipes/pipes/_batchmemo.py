@@ -13,11 +13,11 @@ did not decode there is corrupt here too). Batches are counted from the pass's s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
 from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.sample_decode import Decoded
 
 Key = tuple[str, int, str]  # (episode, step, camera)
 
@@ -66,28 +66,32 @@ class BatchMemo:
             return raw
         return dataclasses.replace(raw, borrowed=frozenset(members), windows={**raw.windows, **windows})
 
-    def fill(self, sent: RawSample, fields: dict[str, Any], corrupt: list[str], cameras: list[str]) -> None:
-        """At hand-out, in order: copy ``sent``'s borrowed frames into ``fields`` (a borrowed frame that was
-        corrupt makes its camera corrupt here too), then keep this sample's own frames for later ones."""
+    def fill(self, sent: RawSample, decoded: Decoded, cameras: list[str]) -> None:
+        """At hand-out, in order: copy ``sent``'s borrowed frames into its decoded fields (a borrowed frame
+        that was corrupt makes its camera corrupt here too), then keep this sample's own frames for later ones
+        (as corrupt where its bytes failed their crc32 in the worker)."""
         if self._out % self.size == 0:
             self._done = {}
         self._out += 1
         if sent.damaged is not None:
             return
+        fields, corrupt, whole = decoded.fields, decoded.corrupt, decoded.damaged is None
         e, t = sent.item.episode, sent.item.frame
         for cam in cameras:
             w = sent.windows.get(cam)
             if w is None:
                 if cam in sent.borrowed:
-                    self._take((e, t, cam), fields[cam], cam, corrupt)
+                    if whole:
+                        self._take((e, t, cam), fields[cam], cam, corrupt)
                 else:
-                    self._done[(e, t, cam)] = (fields[cam], cam not in corrupt)
+                    self._done[(e, t, cam)] = (fields[cam], whole and cam not in corrupt)
                 continue
             for j, s in enumerate(w.steps):
                 if s in w.borrowed:
-                    self._take((e, s, cam), fields[cam][j], cam, corrupt)
+                    if whole:
+                        self._take((e, s, cam), fields[cam][j], cam, corrupt)
                 elif (e, s, cam) not in self._done:
-                    self._done[(e, s, cam)] = (fields[cam][j], cam not in corrupt)
+                    self._done[(e, s, cam)] = (fields[cam][j], whole and cam not in corrupt)
 
     def _take(self, key: Key, into: np.ndarray, cam: str, corrupt: list[str]) -> None:
         src, ok = self._done[key]

@@ -23,7 +23,7 @@ from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, Sha
 from episodepipes.pipes._slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
 from episodepipes.pipes.options import DecodeOptions
-from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.sample import RawSample, crc_mismatch
 from episodepipes.pipes.sample_decode import Decoded, EpisodeSpec, SampleDecode
 from episodepipes.pipes.stats import Stats
 
@@ -150,7 +150,7 @@ class Decoder(BaseNode[dict]):
             decoded.fields.update(entry.claim.rows)
         if self._memo is not None:
             spec = self._spec(entry.raw.item.episode)
-            self._memo.fill(entry.raw, decoded.fields, decoded.corrupt, list(spec.cameras))
+            self._memo.fill(entry.raw, decoded, list(spec.cameras))
         out = self._report(entry.raw, decoded)
         if self._done and not self._ex and self._corrupt:
             log.warning("%d corrupt frame(s) skipped this pass (their samples have valid=False); "
@@ -220,7 +220,7 @@ class Decoder(BaseNode[dict]):
         self.stats.add("frames_decoded", decoded.frames)
         fields, bad = decoded.fields, decoded.corrupt
         if bad:
-            reason = raw.damaged or "does not decode to what the index describes"
+            reason = decoded.damaged or raw.damaged or "does not decode to what the index describes"
             where = (f"shard {raw.shard} episode {raw.item.episode!r} frame {raw.item.frame} "
                      f"(camera/array {', '.join(bad)})")
             if self.options.on_corrupt == "raise":
@@ -234,7 +234,10 @@ class Decoder(BaseNode[dict]):
 
 def portable(raw: RawSample) -> RawSample:
     """``raw`` with bytes where a reader handed out memoryviews (slices of mapped shards), which do not pickle
-    to a worker process; ``raw`` itself when it holds none."""
+    to a worker process; ``raw`` itself when it holds none. Its crc32 checks are made here: a process worker
+    would need the whole frames sent beside their members."""
+    if raw.checks:
+        raw = dataclasses.replace(raw, checks=(), damaged=raw.damaged or crc_mismatch(raw.checks))
     views = any(isinstance(v, memoryview) for v in raw.members.values()) or any(
         isinstance(v, memoryview) for w in raw.windows.values() for v in w.data.values())
     if not views:

@@ -6,6 +6,7 @@ member of every window step, which steps are padding), not as extra members with
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ class RawSample:
         windows: windowed key -> its `StepWindow` (training samples with ``history``/``horizon`` only).
         borrowed: cameras whose frame of this step an earlier sample of the batch decodes (see
             `StepWindow.borrowed`).
+        checks: ``(step, whole frame bytes, crc32)`` of frames the decode worker checks against the index's
+            crc32 before decoding (`crc_mismatch`); a mismatch makes the sample damaged there.
     """
 
     item: Item
@@ -53,3 +56,12 @@ class RawSample:
     damaged: str | None = None
     windows: dict[str, StepWindow] = field(default_factory=dict)
     borrowed: frozenset[str] = frozenset()
+    checks: tuple[tuple[int, bytes, int], ...] = ()
+
+
+def crc_mismatch(checks: tuple[tuple[int, bytes, int], ...]) -> str | None:
+    """Why the first frame of ``checks`` whose bytes differ from their crc32 is damaged, or None."""
+    for step, data, crc in checks:
+        if zlib.crc32(data) != crc:
+            return f"frame {step} does not match its crc32 in the index"
+    return None

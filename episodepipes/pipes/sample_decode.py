@@ -20,7 +20,7 @@ import numpy as np
 from episodepipes.format import npy_header, npy_load
 from episodepipes.index import Episode
 from episodepipes.pipes.frames import JPEG, FrameDecoder
-from episodepipes.pipes.sample import RawSample, StepWindow
+from episodepipes.pipes.sample import RawSample, StepWindow, crc_mismatch
 
 Rows = dict[str, np.ndarray]  # camera -> the [3, H, W] array its frame is decoded into
 
@@ -48,11 +48,14 @@ class Decoded:
         fields: key -> value (cameras ``[3, H, W]`` or ``[W, 3, H, W]`` uint8, arrays, ``timestamp``...).
         corrupt: the cameras and arrays that did not decode to what the index describes (zeros instead).
         frames: camera frames decoded (a window step repeated as padding once).
+        damaged: why the sample's bytes are not the ones written (``RawSample.damaged``, or a frame of
+            ``RawSample.checks`` that failed its crc32 here), or None.
     """
 
     fields: dict[str, Any]
     corrupt: list[str]
     frames: int
+    damaged: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class SampleDecode:
         transform: ``sample -> sample``, run after decoding (train_pipe); ``episode``, ``frame``,
             ``valid``, ``prompt`` and ``timestamp`` are set before it and restored after it.
 
-    A damaged sample (``RawSample.damaged``) decodes nothing: every camera and array is zeros of its
+    A damaged sample (``RawSample.damaged``, or a frame of ``RawSample.checks`` whose bytes fail their
+    crc32, checked here so the reading thread does not) decodes nothing: every camera and array is zeros of its
     shape (windows with their step axis) and every camera is corrupt.
     """
 
@@ -74,8 +78,9 @@ class SampleDecode:
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def __call__(self, raw: RawSample, spec: EpisodeSpec, rows: Rows | None = None) -> Decoded:
-        if raw.damaged is not None:
-            out = Decoded(self._zeros(raw, spec, rows), sorted(spec.cameras), 0)
+        damaged = raw.damaged if raw.damaged is not None else crc_mismatch(raw.checks)
+        if damaged is not None:
+            out = Decoded(self._zeros(raw, spec, rows), sorted(spec.cameras), 0, damaged)
         else:
             out = self._decode(raw, spec, rows)
         f = out.fields
@@ -88,7 +93,7 @@ class SampleDecode:
                 raise TypeError(f"transform={self.transform!r} returned {type(f).__name__}; it should return "
                                 "the sample dict")
             f.update(kept)
-            if raw.damaged is not None:  # what a transform made of zeros is not data either
+            if damaged is not None:  # what a transform made of zeros is not data either
                 _zero(f, [*spec.cameras, *spec.arrays])
             out.fields = f
         return out
