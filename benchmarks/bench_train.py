@@ -6,16 +6,19 @@ bounded buffer (``.shuffle(1000)``), which reads sequentially but only mixes fra
 The read-only rows show what the random seeks cost; the ceiling is bare ``cv2.imdecode`` of the same
 JPEGs on 2 threads, bytes already in memory. A sample is one frame of two 224x224 cameras.
 
-Each repeat is a ceiling pass followed at once by one epoch of each of our pipes (threads, processes, a
-camera window), so each ratio to the ceiling compares runs that saw the same machine; the notes give the
-median ratio and its range over the repeats. The window row also counts in JPEGs: the JPEGs it decoded per
-second against the ceiling's, and per batch the distinct (episode, step, camera) JPEGs its samples show
-beside the JPEGs it decoded. First batch: from building the pipe (imports done) to its first batch.
+Each repeat is a ceiling pass followed at once by one epoch of each of our pipes (threads, processes, a camera
+window), so each ratio to the ceiling compares runs that saw the same machine; the notes give the median ratio
+and its range over the repeats, in wall time and in CPU time (samples per CPU second of this process and its
+workers against the ceiling's: other load on a shared machine moves it far less). The window row also counts
+in JPEGs: the JPEGs it decoded per second against the ceiling's, and per batch the distinct (episode, step,
+camera) JPEGs its samples show beside the JPEGs it decoded. First batch: from building the pipe (imports done)
+to its first batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import resource
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -131,15 +134,21 @@ def _timed_pass(pipe, window: bool = False) -> dict:  # noqa: ANN001
     """One pass of ``pipe``: samples/s, camera frames decoded, and (window pipe) distinct JPEGs shown."""
     before = pipe.stats["frames_decoded"]
     n = distinct = batches = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     for b in pipe:
         n += len(b["episode"])
         batches += 1
         if window:
             distinct += _distinct_jpegs(b)
-    t = time.perf_counter() - t0
-    return {"fps": n / t, "jpegs_per_s": (pipe.stats["frames_decoded"] - before) / t,
+    t, c = time.perf_counter() - t0, _cpu() - c0
+    return {"fps": n / t, "cpu_fps": n / max(c, 1e-9), "jpegs_per_s": (pipe.stats["frames_decoded"] - before) / t,
             "decoded": pipe.stats["frames_decoded"] - before, "distinct": distinct, "batches": batches}
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its reaped children (process workers are reaped at a pass's end)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _first_batch(idx: EpisodeIndex, method: str) -> float:
@@ -174,12 +183,16 @@ def run(workdir: Path, quick: bool) -> dict:
     # paired repeats: a ceiling pass, then each pipe's next epoch right after it, so a ratio sees one machine state
     runs: dict[str, list[dict]] = {k: [] for k in pipes}
     ceilings: list[float] = []
+    cpu_ceilings: list[float] = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        ceilings.append(_ceiling_pass(jpegs) / (time.perf_counter() - t0))
+        t0, c0 = time.perf_counter(), _cpu()
+        done = _ceiling_pass(jpegs)
+        ceilings.append(done / (time.perf_counter() - t0))
+        cpu_ceilings.append(done / max(_cpu() - c0, 1e-9))
         for k, p in pipes.items():
             runs[k].append(_timed_pass(p, window=k == "window"))
     ratio = {k: [r["fps"] / c for r, c in zip(v, ceilings)] for k, v in runs.items()}
+    cpu_ratio = {k: [r["cpu_fps"] / c for r, c in zip(v, cpu_ceilings)] for k, v in runs.items()}
     jpeg_ratio = [r["jpegs_per_s"] / (2 * c) for r, c in zip(runs["window"], ceilings)]  # ceiling: 2 JPEGs a sample
 
     def mid(k: str) -> float:
@@ -193,21 +206,22 @@ def run(workdir: Path, quick: bool) -> dict:
     read_ours = _best(lambda: _reader_only(idx), repeat)
     read_wds = _best(lambda: sum(1 for _ in _wds(urls, None, decode=False)), repeat)
     note = f"{frames} frames x 2 cameras 224x224, {len(urls)} shards, batch {BATCH}, 2 workers"
-    paired = "ratio to the ceiling pass run just before it {}"
+    paired = "ratio to the ceiling pass run just before it {}; in samples per CPU second {}"
+    both = {k: paired.format(_span(ratio[k]), _span(cpu_ratio[k])) for k in runs}
     rows = [
         {"metric": "train frames/s, threads vs wds+DataLoader (cv2 decode)", "ours": mid("thread"),
          "baseline": wds_cv2, "ceiling": ceiling, "unit": "frames/s",
-         "note": f"{note}; {paired.format(_span(ratio['thread']))} (goal 0.85); baseline: "
+         "note": f"{note}; {both['thread']} (goal 0.85); baseline: "
                  "WebDataset(shardshuffle).shuffle(1000).decode(cv2) + DataLoader(num_workers=2)"},
         {"metric": "train frames/s, threads vs wds+DataLoader (decode('rgb8'))", "ours": mid("thread"),
          "baseline": wds_pil, "ceiling": ceiling, "unit": "frames/s", "note": "baseline decodes with PIL, its default"},
         {"metric": "train frames/s, processes", "ours": mid("process"), "baseline": wds_cv2, "ceiling": ceiling,
          "unit": "frames/s", "note": f"method='process': forked decode workers writing into shared batch rows; "
-                                     f"{paired.format(_span(ratio['process']))} (goal 0.75)"},
+                                     f"{both['process']} (goal 0.75)"},
         {"metric": "train frames/s, windows", "ours": mid("window"), "baseline": None, "ceiling": ceiling,
          "unit": "frames/s",
          "note": "history front 2 + state 2, horizon action 16: three JPEGs per sample instead of two; "
-                 f"{paired.format(_span(ratio['window']))}; in JPEGs decoded/s against the ceiling's "
+                 f"{both['window']}; in JPEGs decoded/s against the ceiling's "
                  f"{_span(jpeg_ratio)}; per batch {w['distinct'] / w['batches']:.2f} distinct JPEGs shown, "
                  f"{w['decoded'] / w['batches']:.2f} decoded"},
         {"metric": "read only (no decode): permutation seeks vs wds sequential", "ours": read_ours,
