@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 from episodepipes.format import BLOCK, sample_key
 
-Pread = Callable[[int, int], bytes]  # (size, offset) -> bytes
+Pread = Callable[[int, int], bytes | memoryview]  # (size, offset) -> bytes
 
 
 def _header(buf: bytes, where: str, offset: int) -> tuple[str, int, bytes]:
     """(name, size, type) of a tar header block; plain octal fields parsed directly, the rest by tarfile."""
+    buf = bytes(buf)  # a block of a mapped shard comes as a memoryview
     size_field = buf[124:136]
     if len(buf) == BLOCK and buf[257:262] == b"ustar" and size_field[:1] != b"\x80":
         try:
@@ -60,7 +61,7 @@ def frame_fields(pread: Pread, start: int, end: int, episode: str, frame: int, w
         if kind == tarfile.GNUTYPE_LONGNAME:  # the next member's name, longer than 100 bytes
             raw = buf[data_at - start:data_at - start + size] if whole else pread(size, data_at)
             nread += 0 if whole else len(raw)
-            long_name = raw.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            long_name = bytes(raw).rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
         if not name.startswith(prefix):
             raise ValueError(f"{where}: member {name!r} at byte {data_at - BLOCK} is not in frame {prefix[:-1]!r}; "

@@ -18,7 +18,7 @@ import numpy as np
 
 from episodepipes.pipes._buffers import BufferPool, Lendable
 
-Shapes = dict[str, tuple[int, int, int]]
+Shapes = dict[str, tuple[int, ...]]  # camera -> its row's shape: [3, H, W], or [steps, 3, H, W] (a window)
 _RINGS: dict[int, list[dict[str, np.ndarray]]] = {}  # the workers' arrays over the ring, inherited when they fork
 _tokens = itertools.count()
 

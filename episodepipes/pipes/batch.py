@@ -15,6 +15,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.pipes._buffers import BufferPool, consecutive_rows
 from episodepipes.pipes._lifecycle import shutdown_node
+from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.stats import Stats
 
 __all__ = ["BufferPool", "BatchStacker", "collate"]
@@ -75,6 +76,8 @@ class BatchStacker(BaseNode[dict]):
             raise ValueError(f"batch_size={batch_size} should be a positive int")
         self.source, self.batch_size, self.stats = source, batch_size, stats if stats is not None else Stats()
         self._buffers = BufferPool() if reuse_buffers else None
+        if reuse_buffers and isinstance(source, Decoder):  # its samples come in batch order: lay them out so
+            source.batch_rows(batch_size)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)

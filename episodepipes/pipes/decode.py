@@ -16,13 +16,14 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import _pool
+from episodepipes.pipes._batchmemo import BatchMemo
 from episodepipes.pipes._executor import InOrder
 from episodepipes.pipes._lifecycle import shutdown_node
 from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
 from episodepipes.pipes._slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
 from episodepipes.pipes.options import DecodeOptions
-from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.sample import RawSample, crc_mismatch
 from episodepipes.pipes.sample_decode import Decoded, EpisodeSpec, SampleDecode
 from episodepipes.pipes.stats import Stats
 
@@ -51,7 +52,11 @@ class Decoder(BaseNode[dict]):
         slab: the batch size, to have workers decode into batch rows; a `Slabs` keeps those buffers across
             passes (a pipe gives one to every pass's decoder). Not used with a ``transform``.
         chunk: samples per task for processes whose frames come back pickled (a ``transform``, no
-            ``slab``, or no fork); every other case sends one sample per task.
+            ``slab``, or no fork), and for every method when a `BatchStacker` asked for batch rows
+            (`batch_rows`); every other case sends one sample per task.
+        share_frames: once a `BatchStacker` asked for batch rows (`batch_rows`), decode a camera frame that
+            several samples of a batch show (overlapping windows) once, and copy it into the others
+            (`episodepipes.pipes._batchmemo`); ``frames_decoded`` then counts distinct frames.
         flat: `DecodeOptions` fields as keywords (``num_workers=2``, ``method="process"``...), replacing
             those of ``options``; each is checked where `DecodeOptions` defines it.
 
@@ -67,7 +72,7 @@ class Decoder(BaseNode[dict]):
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, options: DecodeOptions | None = None, *,
                  transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, frames: FrameDecoder = JPEG,
                  prefetch: int | None = None, stats: Stats | None = None, slab: int | Slabs = 0, chunk: int = 8,
-                 **flat: Any) -> None:
+                 share_frames: bool = False, **flat: Any) -> None:
         super().__init__()
         self.options = dataclasses.replace(options or DecodeOptions(), **flat)
         if chunk < 1:
@@ -75,16 +80,43 @@ class Decoder(BaseNode[dict]):
         self.source, self.index = source, index
         self.stats = stats if stats is not None else Stats()
         self.fn = SampleDecode(self.options.resize, frames, transform)
+        self._asked = (prefetch, chunk)
+        self._batched = False  # a BatchStacker takes every sample (batch_rows): chunk tasks for every method
+        self._share = share_frames
+        self._memo: BatchMemo | None = None  # with batch rows and share_frames: a frame shown twice is decoded once
         self._sink = self._choose_sink(slab if transform is None else 0)
-        num_workers = self.options.num_workers
-        pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
-        self.prefetch = prefetch or (2 * chunk if pickled else 4) * num_workers
-        self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if pickled else 1
+        self._plan()
         self._ex: InOrder[_InFlight] | None = None
         self._specs: dict[str, EpisodeSpec] = {}
         self._done = False
         self._corrupt = 0  # this pass, for the end-of-pass summary
         self._resume: dict | None = None  # the state of a pass shut down with samples in flight
+
+    def _plan(self) -> None:
+        """Samples in flight and per task, for the sink chosen."""
+        (prefetch, chunk), num_workers = self._asked, self.options.num_workers
+        pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
+        chunked = pickled or self._batched
+        self.prefetch = prefetch or (2 * chunk if chunked else 4) * num_workers
+        self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if chunked else 1
+
+    def batch_rows(self, size: int) -> None:
+        """Decode frames into rows of ``size``-sample batch buffers, as the `BatchStacker` right after this
+        node asks: its batches are then views of those buffers, and collation copies no pixels.
+
+        With ``share_frames``, a camera frame that several samples of a batch show is then decoded once.
+        Samples go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
+        a queue hand-off and GIL switches that leave the decode threads waiting. Nothing changes where a
+        ``slab`` was given already, a ``transform`` runs (it may return other arrays), or a pass is running.
+
+        Args:
+            size: samples per batch (the stacker's ``batch_size``); rows are counted from each pass's start.
+        """
+        if self._ex is None and size > 0 and isinstance(self._sink, Allocate) and self.fn.transform is None:
+            self._sink = self._choose_sink(Slabs(size))
+            self._batched = True
+            self._memo = BatchMemo(size) if self._share else None
+            self._plan()
 
     def _choose_sink(self, slab: int | Slabs) -> FrameSink:
         slabs = slab if isinstance(slab, Slabs) else Slabs(slab) if slab else None
@@ -99,6 +131,8 @@ class Decoder(BaseNode[dict]):
         super().reset(initial_state)
         self.shutdown()
         self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
+        if self._memo is not None:
+            self._memo.start()
         self._done = False
         self._corrupt = 0
         self._resume = None
@@ -114,6 +148,9 @@ class Decoder(BaseNode[dict]):
             self.shutdown()  # the last frame is decoded: release the workers now, not at the next call
         if entry.claim.shared:  # a process wrote these frames into shared rows: nothing was pickled
             decoded.fields.update(entry.claim.rows)
+        if self._memo is not None:
+            spec = self._spec(entry.raw.item.episode)
+            self._memo.fill(entry.raw, decoded, list(spec.cameras))
         out = self._report(entry.raw, decoded)
         if self._done and not self._ex and self._corrupt:
             log.warning("%d corrupt frame(s) skipped this pass (their samples have valid=False); "
@@ -152,17 +189,24 @@ class Decoder(BaseNode[dict]):
                 self._done = True
                 break
             spec = self._spec(raw.item.episode)
-            shapes = self._shapes(spec)
+            shapes = self._shapes(spec, raw)
             if self._ex is None:  # first sample of the pass: workers start now, not at reset
                 self._sink.start(shapes, self.prefetch)
                 self._ex = InOrder(self.options.method, self.options.num_workers, self.stats, chunk=self.chunk)
             claim = self._sink.claim(shapes)
-            self._ex.put(_InFlight(before, raw, claim), decode_into, self.fn, raw, spec, claim.ticket)
+            sent = raw if self._memo is None else self._memo.plan(raw, list(spec.cameras))
+            work = portable(sent) if self.options.method == "process" else sent
+            self._ex.put(_InFlight(before, sent, claim), decode_into, self.fn, work, spec, claim.ticket)
         if self._ex is not None and (self._done or self._ex.idle):  # a partial chunk: nothing else is coming
             self._ex.flush()
 
-    def _shapes(self, spec: EpisodeSpec) -> Shapes:
-        return {c: (3, *(self.options.resize or src)) for c, src in spec.cameras.items()}
+    def _shapes(self, spec: EpisodeSpec, raw: RawSample) -> Shapes:
+        """Each camera's row shape: ``[3, H, W]``, or ``[steps, 3, H, W]`` for a camera window."""
+        out = {}
+        for c, src in spec.cameras.items():
+            w, hw = raw.windows.get(c), self.options.resize or src
+            out[c] = (3, *hw) if w is None else (len(w.steps), 3, *hw)
+        return out
 
     def _spec(self, episode: str) -> EpisodeSpec:
         """What decoding needs of an episode, cached for the node's life."""
@@ -176,7 +220,7 @@ class Decoder(BaseNode[dict]):
         self.stats.add("frames_decoded", decoded.frames)
         fields, bad = decoded.fields, decoded.corrupt
         if bad:
-            reason = raw.damaged or "does not decode to what the index describes"
+            reason = decoded.damaged or raw.damaged or "does not decode to what the index describes"
             where = (f"shard {raw.shard} episode {raw.item.episode!r} frame {raw.item.frame} "
                      f"(camera/array {', '.join(bad)})")
             if self.options.on_corrupt == "raise":
@@ -186,3 +230,19 @@ class Decoder(BaseNode[dict]):
             self._corrupt += len(bad)
             fields["valid"] = False
         return fields
+
+
+def portable(raw: RawSample) -> RawSample:
+    """``raw`` with bytes where a reader handed out memoryviews (slices of mapped shards), which do not pickle
+    to a worker process; ``raw`` itself when it holds none. Its crc32 checks are made here: a process worker
+    would need the whole frames sent beside their members."""
+    if raw.checks:
+        raw = dataclasses.replace(raw, checks=(), damaged=raw.damaged or crc_mismatch(raw.checks))
+    views = any(isinstance(v, memoryview) for v in raw.members.values()) or any(
+        isinstance(v, memoryview) for w in raw.windows.values() for v in w.data.values())
+    if not views:
+        return raw
+    return dataclasses.replace(
+        raw, members={k: bytes(v) for k, v in raw.members.items()},
+        windows={k: dataclasses.replace(w, data={s: bytes(v) for s, v in w.data.items()})
+                 for k, w in raw.windows.items()})

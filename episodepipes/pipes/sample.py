@@ -6,6 +6,7 @@ member of every window step, which steps are padding), not as extra members with
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -21,11 +22,14 @@ class StepWindow:
             the nearest real step, so a step may appear more than once: it is decoded once).
         pad: per position, True where it lies outside the episode (the sample's ``<key>_pad`` mask).
         data: step -> that step's member bytes; empty in a damaged sample.
+        borrowed: steps whose frame an earlier sample of the batch decodes (no bytes in ``data``): the
+            worker leaves their rows alone and the `Decoder` copies them in (`_batchmemo`).
     """
 
     steps: tuple[int, ...]
     pad: tuple[bool, ...]
     data: Mapping[int, bytes] = field(default_factory=dict)
+    borrowed: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -40,6 +44,10 @@ class RawSample:
         damaged: why the frame's bytes are not the ones written (``"crc32 mismatch"``), or None. A damaged
             sample is corrupt as a whole: the decoder zeroes it, marks it valid=False, counts and names it.
         windows: windowed key -> its `StepWindow` (training samples with ``history``/``horizon`` only).
+        borrowed: cameras whose frame of this step an earlier sample of the batch decodes (see
+            `StepWindow.borrowed`).
+        checks: ``(step, whole frame bytes, crc32)`` of frames the decode worker checks against the index's
+            crc32 before decoding (`crc_mismatch`); a mismatch makes the sample damaged there.
     """
 
     item: Item
@@ -47,3 +55,13 @@ class RawSample:
     members: dict[str, bytes]
     damaged: str | None = None
     windows: dict[str, StepWindow] = field(default_factory=dict)
+    borrowed: frozenset[str] = frozenset()
+    checks: tuple[tuple[int, bytes, int], ...] = ()
+
+
+def crc_mismatch(checks: tuple[tuple[int, bytes, int], ...]) -> str | None:
+    """Why the first frame of ``checks`` whose bytes differ from their crc32 is damaged, or None."""
+    for step, data, crc in checks:
+        if zlib.crc32(data) != crc:
+            return f"frame {step} does not match its crc32 in the index"
+    return None

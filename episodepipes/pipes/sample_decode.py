@@ -20,7 +20,7 @@ import numpy as np
 from episodepipes.format import npy_header, npy_load
 from episodepipes.index import Episode
 from episodepipes.pipes.frames import JPEG, FrameDecoder
-from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.sample import RawSample, StepWindow, crc_mismatch
 
 Rows = dict[str, np.ndarray]  # camera -> the [3, H, W] array its frame is decoded into
 
@@ -48,11 +48,14 @@ class Decoded:
         fields: key -> value (cameras ``[3, H, W]`` or ``[W, 3, H, W]`` uint8, arrays, ``timestamp``...).
         corrupt: the cameras and arrays that did not decode to what the index describes (zeros instead).
         frames: camera frames decoded (a window step repeated as padding once).
+        damaged: why the sample's bytes are not the ones written (``RawSample.damaged``, or a frame of
+            ``RawSample.checks`` that failed its crc32 here), or None.
     """
 
     fields: dict[str, Any]
     corrupt: list[str]
     frames: int
+    damaged: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class SampleDecode:
         transform: ``sample -> sample``, run after decoding (train_pipe); ``episode``, ``frame``,
             ``valid``, ``prompt`` and ``timestamp`` are set before it and restored after it.
 
-    A damaged sample (``RawSample.damaged``) decodes nothing: every camera and array is zeros of its
+    A damaged sample (``RawSample.damaged``, or a frame of ``RawSample.checks`` whose bytes fail their
+    crc32, checked here so the reading thread does not) decodes nothing: every camera and array is zeros of its
     shape (windows with their step axis) and every camera is corrupt.
     """
 
@@ -74,8 +78,9 @@ class SampleDecode:
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def __call__(self, raw: RawSample, spec: EpisodeSpec, rows: Rows | None = None) -> Decoded:
-        if raw.damaged is not None:
-            out = Decoded(self._zeros(raw, spec, rows), sorted(spec.cameras), 0)
+        damaged = raw.damaged if raw.damaged is not None else crc_mismatch(raw.checks)
+        if damaged is not None:
+            out = Decoded(self._zeros(raw, spec, rows), sorted(spec.cameras), 0, damaged)
         else:
             out = self._decode(raw, spec, rows)
         f = out.fields
@@ -88,7 +93,7 @@ class SampleDecode:
                 raise TypeError(f"transform={self.transform!r} returned {type(f).__name__}; it should return "
                                 "the sample dict")
             f.update(kept)
-            if raw.damaged is not None:  # what a transform made of zeros is not data either
+            if damaged is not None:  # what a transform made of zeros is not data either
                 _zero(f, [*spec.cameras, *spec.arrays])
             out.fields = f
         return out
@@ -101,8 +106,11 @@ class SampleDecode:
         for cam, src in spec.cameras.items():
             if cam in raw.windows:
                 continue
-            data = raw.members.get(self.frames.field(cam))
             slot = rows.get(cam) if rows else None
+            if cam in raw.borrowed:  # an earlier sample of the batch decodes it; the Decoder copies it in
+                f[cam] = slot if slot is not None else np.zeros((3, *(self.resize or src)), np.uint8)
+                continue
+            data = raw.members.get(self.frames.field(cam))
             img = None if data is None else self.frames.decode(cam, data, src=src, size=self.resize, out=slot)
             if img is None:
                 bad.append(cam)
@@ -115,25 +123,46 @@ class SampleDecode:
             if name.endswith(".npy"):
                 f[name[:-4]] = self._array(name[:-4], data, spec, bad, copy)
         if "json" in raw.members:
-            f["timestamp"] = float(json.loads(raw.members["json"])["timestamp"])
+            f["timestamp"] = float(json.loads(bytes(raw.members["json"]))["timestamp"])  # a mapped slice
         for key, w in raw.windows.items():
-            done: dict[int, np.ndarray] = {}  # a step repeated as padding is decoded once
-            for s in w.steps:
-                if s in done:
-                    continue
-                if key in spec.cameras:
-                    img = self.frames.decode(key, w.data[s], src=spec.cameras[key], size=self.resize)
-                    if img is None:
-                        bad.append(key)
-                        img = np.zeros((3, *(self.resize or spec.cameras[key])), np.uint8)
-                    else:
-                        n += 1
-                    done[s] = img
-                else:
-                    done[s] = self._array(key, w.data[s], spec, bad, False)
-            f[key] = np.stack([done[s] for s in w.steps])
+            if key in spec.cameras:
+                f[key], k = self._camera_window(key, w, spec.cameras[key], rows.get(key) if rows else None, bad)
+                n += k
+            else:
+                done: dict[int, np.ndarray] = {}  # a step repeated as padding is loaded once
+                for s in w.steps:
+                    if s not in done:
+                        done[s] = self._array(key, w.data[s], spec, bad, False)
+                f[key] = np.stack([done[s] for s in w.steps])
             f[f"{key}_pad"] = np.array(w.pad, bool)
         return Decoded(f, bad, n)
+
+    def _camera_window(self, key: str, w: StepWindow, src: tuple[int, int], slot: np.ndarray | None,
+                       bad: list[str]) -> tuple[np.ndarray, int]:
+        """(a camera window ``[steps, 3, H, W]``, frames decoded): each distinct step decoded once, into
+        the window's batch row when it has one; a step repeated as padding is a copy of its first; a
+        borrowed step is left for the `Decoder` to copy in."""
+        shape = (len(w.steps), 3, *(self.resize or src))
+        out = slot if slot is not None and slot.shape == shape else np.empty(shape, np.uint8)
+        first: dict[int, int] = {}
+        n = 0
+        for j, s in enumerate(w.steps):
+            if s in w.borrowed:  # an earlier sample of the batch decodes it; the Decoder copies it in
+                continue
+            if s in first:
+                out[j] = out[first[s]]
+                continue
+            first[s] = j
+            row = out[j]
+            img = self.frames.decode(key, w.data[s], src=src, size=self.resize, out=row)
+            if img is None:
+                bad.append(key)
+                row[...] = 0
+            else:
+                n += 1
+                if img.ctypes.data != row.ctypes.data:  # a decoder that did not write into the row
+                    row[...] = img
+        return out, n
 
     def _array(self, key: str, data: bytes, spec: EpisodeSpec, bad: list[str], copy: bool) -> np.ndarray:
         """An .npy member as the index says it is, or zeros of that dtype and shape (and ``key`` corrupt)."""
@@ -151,14 +180,19 @@ class SampleDecode:
         """A damaged sample's fields: zeros of every camera's and array's shape, windows with their step axis."""
         f: dict[str, Any] = {}
         for cam, src in spec.cameras.items():
-            slot = rows.get(cam) if rows and cam not in raw.windows else None
-            if slot is not None:
+            w = raw.windows.get(cam)
+            shape = (3, *(self.resize or src)) if w is None else (len(w.steps), 3, *(self.resize or src))
+            slot = rows.get(cam) if rows else None
+            if slot is not None and slot.shape == shape:
                 slot[...] = 0
-            f[cam] = slot if slot is not None else np.zeros((3, *(self.resize or src)), np.uint8)
+                f[cam] = slot
+            else:
+                f[cam] = np.zeros(shape, np.uint8)
         for key, (dtype, shape) in spec.arrays.items():
-            f[key] = np.zeros(shape, np.dtype(dtype).newbyteorder("="))  # native order, as npy_load gives them
+            w = raw.windows.get(key)
+            # native order, as npy_load gives them
+            f[key] = np.zeros(shape if w is None else (len(w.steps), *shape), np.dtype(dtype).newbyteorder("="))
         for key, w in raw.windows.items():
-            f[key] = np.zeros((len(w.steps), *f[key].shape), f[key].dtype)
             f[f"{key}_pad"] = np.array(w.pad, bool)
         return f
 

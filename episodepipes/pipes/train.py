@@ -22,6 +22,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes import train_state as ts
+from episodepipes.pipes._mapped import MappedShards
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
@@ -138,6 +139,7 @@ class TrainReader(BaseNode[RawSample]):
         """Close shard files; they are reopened on demand."""
         if not self.index.remote:
             self.source.close()
+            self._mapped = None  # the slices samples still hold keep their mappings alive
 
     def _frames_of(self, epoch: int, step: int) -> np.ndarray:
         """This rank's flat frame numbers at global ``step`` of ``epoch`` (one batch's worth, cached)."""
@@ -154,13 +156,17 @@ class TrainReader(BaseNode[RawSample]):
         read: dict[int, dict[str, bytes]] = {}
         steps = ((t, None), *fields_by_step(t, ep.length, self.windows).items())
         got = self._fetch(ep, [s for s, _ in steps]) if self.index.remote else {}
-        damaged = [why for s, want in steps if (why := self._read(ep, s, want, read, got.get(s))) is not None]
+        checks: list[tuple[int, bytes, int]] = []  # crc32 checks left to the decode worker (local shards)
+        damaged = [why for s, want in steps
+                   if (why := self._read(ep, s, want, read, got.get(s), checks)) is not None]
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
         shard = self.index.shards[ep.frame_range(t)[0]].name
         if damaged:  # nothing of it is decoded: the Decoder gives zeros and counts it corrupt
             return damaged_sample(item, shard, ep.length, self.windows, damaged[0])
-        return window_sample(item, shard, ep.length, self.windows, read)
+        raw = window_sample(item, shard, ep.length, self.windows, read)
+        raw.checks = tuple(checks)
+        return raw
 
     def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
         """The whole bytes of each step's frame through the index's byte source (a remote root).
@@ -180,22 +186,31 @@ class TrainReader(BaseNode[RawSample]):
         return out
 
     def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]],
-              fetched: bytes | None = None) -> str | None:
+              fetched: bytes | None = None, checks: list[tuple[int, bytes, int]] | None = None) -> str | None:
         """Read ``step``'s fields into ``into[step]``; why its bytes are damaged, or None.
 
         A frame read whole (the current step, and window steps of a camera) is checked against its crc32 in
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
-        ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root).
+        ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root). With ``checks``, a
+        frame of a local shard is not checked here but appended to it, for the decode worker to check
+        (`RawSample.checks`): zlib releases the GIL, and this thread then waits behind the decode threads.
         """
         shard, start, end = ep.frame_range(step)
-        name, path, read = self._names[shard], self._where[shard], self.source.read
+        name, path = self._names[shard], self._where[shard]
+        if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
+            mapped = self.__dict__.get("_mapped")
+            if mapped is None:
+                mapped = self._mapped = MappedShards(self.source)
+            read = mapped.read
+        else:
+            read = self.source.read
         if fetched is not None:
             def read(_: str, offset: int, size: int) -> bytes:
                 return fetched[offset - start:offset - start + size]
         crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
-        reads: list[bytes] = []
+        reads: list[bytes | memoryview] = []
 
-        def pread(size: int, offset: int) -> bytes:
+        def pread(size: int, offset: int) -> bytes | memoryview:
             reads.append(read(name, offset, size))
             return reads[-1]
 
@@ -207,7 +222,9 @@ class TrainReader(BaseNode[RawSample]):
             fields, n = {}, len(reads[0])
         self.stats.add("bytes_read", n)
         into[step] = fields
-        if crc is not None and zlib.crc32(reads[0]) != crc:
+        if crc is not None and checks is not None and fetched is None and not self.index.remote and fields:
+            checks.append((step, reads[0], crc))
+        elif crc is not None and zlib.crc32(reads[0]) != crc:
             return f"frame {step} does not match its crc32 in the index"
         return None
 
@@ -341,7 +358,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     stats = Stats()
     reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
                          batch_size=batch_size, epochs=epochs, stats=stats, on_resize=on_resize)
-    dec = Decoder(reader, idx, options, stats=stats, transform=checked)
+    dec = Decoder(reader, idx, options, stats=stats, transform=checked, share_frames=True)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)

@@ -164,7 +164,7 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
                        batch_size=batch_size, epochs=epochs, on_resize=on_resize)
     fn = None if transform is None else Sourced(transform)
     dec = Decoder(reader, MixIndex(names, [i for i, _ in idxs], keys), options, stats=stats,  # type: ignore[arg-type]
-                  transform=fn)
+                  transform=fn, share_frames=True)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: a mixture of %s, %d samples and %d batches per epoch on rank %d of %d", names, reader.n,
               per, rank, world_size)

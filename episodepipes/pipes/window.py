@@ -67,18 +67,26 @@ def plan_windows(history: Mapping[str, int] | None, horizon: Mapping[str, int] |
 
 def window_steps(t: int, length: int, w: Window) -> tuple[np.ndarray, np.ndarray]:
     """(steps clamped into the episode, pad mask) of ``w`` around step ``t`` of an episode of ``length``."""
+    steps, pad = _steps(t, length, w)
+    return np.array(steps, np.int64), np.array(pad, bool)
+
+
+def _steps(t: int, length: int, w: Window) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """`window_steps` as tuples of Python ints: the reader calls it per sample and window, and numpy's
+    per-call cost on a few elements is most of the reader's time."""
     if not 0 <= t < length:
         raise IndexError(f"step {t} is outside an episode of length {length}")
-    raw = np.arange(t + w.first, t + w.last + 1)
-    steps = np.clip(raw, 0, length - 1)
-    return steps, steps != raw
+    last = length - 1
+    raw = range(t + w.first, t + w.last + 1)
+    steps = tuple(0 if s < 0 else last if s > last else s for s in raw)
+    return steps, tuple(s != r for s, r in zip(steps, raw))
 
 
 def fields_by_step(t: int, length: int, windows: Mapping[str, Window]) -> dict[int, set[str]]:
     """The member fields to read at each step other than ``t`` (step ``t`` itself is read whole)."""
     need: dict[int, set[str]] = {}
     for w in windows.values():
-        for s in window_steps(t, length, w)[0].tolist():
+        for s in _steps(t, length, w)[0]:
             if s != t:
                 need.setdefault(s, set()).add(w.field)
     return need
@@ -92,9 +100,8 @@ def window_sample(item: Item, shard: str, length: int, windows: Mapping[str, Win
     members = {f: b for f, b in read[t].items() if f not in windowed}
     out = {}
     for w in windows.values():
-        steps, pad = window_steps(t, length, w)
-        st = tuple(steps.tolist())
-        out[w.key] = StepWindow(st, tuple(pad.tolist()), {s: read[s][w.field] for s in set(st)})
+        st, pad = _steps(t, length, w)
+        out[w.key] = StepWindow(st, pad, {s: read[s][w.field] for s in set(st)})
     return RawSample(item, shard, members, windows=out)
 
 
@@ -102,6 +109,5 @@ def damaged_sample(item: Item, shard: str, length: int, windows: Mapping[str, Wi
     """A sample whose bytes are damaged: no member data, only its item, its windows' steps and ``why``."""
     out = {}
     for w in windows.values():
-        steps, pad = window_steps(item.frame, length, w)
-        out[w.key] = StepWindow(tuple(steps.tolist()), tuple(pad.tolist()))
+        out[w.key] = StepWindow(*_steps(item.frame, length, w))
     return RawSample(item, shard, {}, damaged=why, windows=out)
