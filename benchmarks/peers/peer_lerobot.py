@@ -58,6 +58,8 @@ def _ids(b: dict) -> list[int]:
 
 
 def train(a: argparse.Namespace) -> dict:
+    import lerobot  # noqa: F401  (imports before the timer, as for every peer)
+
     meta = common.load_meta(a.data)
     t0 = time.perf_counter()
     ds = _dataset(a)

@@ -69,6 +69,8 @@ def _ids(b: dict) -> list[int]:
 
 
 def train(a: argparse.Namespace) -> dict:
+    import litdata  # noqa: F401  (imports before the timer, as for every peer)
+
     meta = common.load_meta(a.data)
     t0 = time.perf_counter()
     loader = _loader(_dataset(a.out, shuffle=True, seed=a.seed))

@@ -78,6 +78,8 @@ def _pipe(a: argparse.Namespace):  # noqa: ANN202
 
 
 def train(a: argparse.Namespace) -> dict:
+    import episodepipes.pipes.train  # noqa: F401  (imports before the timer, as for every peer)
+
     meta = common.load_meta(a.data)
     t0 = time.perf_counter()
     pipe = _pipe(a)

@@ -52,6 +52,8 @@ def _pipeline(urls: list[str], seed: int):  # noqa: ANN202
 
 
 def train(a: argparse.Namespace) -> dict:
+    import webdataset  # noqa: F401  (imports before the timer, as for every peer)
+
     meta = common.load_meta(a.data)
     t0 = time.perf_counter()
     loader = torch.utils.data.DataLoader(_pipeline(_urls(a.out), a.seed), batch_size=common.BATCH,
