@@ -5,9 +5,7 @@ bytes only; the index's frame offsets split a run into samples, each frame's byt
 against the index's CRC32 (where it has one), and `episodepipes.tarmembers` parses the tar headers
 of a sample's byte range into its members. The runs of a shard go to the source's `read_ranges` in
 bounded batches, so a remote root (``s3://``...) fetches them as coalesced, concurrent ranged GETs,
-in this process (never in a decode worker). A caller's ``url=`` naming a stream (``pipe:``,
-``http://``) is read by `episodepipes.pipes._stream` instead (webdataset's ``gopen`` and tar
-iterator, without the CRC32 check).
+in this process (never in a decode worker).
 """
 
 from __future__ import annotations
@@ -16,18 +14,17 @@ import functools
 import itertools
 import os
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes._stream import is_local, stream_members
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.videoframes import attach_gop, checked, video_cameras
-from episodepipes.shardio import ByteSource, LocalSource, open_source
+from episodepipes.shardio import ByteSource, open_source
 from episodepipes.tarmembers import frame_fields
 
 
@@ -40,23 +37,19 @@ class ShardReader(BaseNode[RawSample]):
         stats: counters to add ``bytes_read`` and ``frames_read`` to.
         source: the byte source the shards are read from; by default the index folder's, which the
             reader opens and closes itself (a source passed in is the caller's to close).
-        url: maps a shard number to a copy webdataset's ``gopen`` opens (``pipe:``, ``http://``: streamed;
-            a local path: read through a byte source on its folder). Only the caller chooses it.
     """
 
     POS_KEY = "pos"
     BATCH_BYTES = 32 << 20  # runs of one shard handed to read_ranges at once (a remote source overlaps their GETs)
 
     def __init__(self, index: EpisodeIndex, items: Sequence[Item], *, stats: Stats | None = None,
-                 source: ByteSource | None = None, url: Callable[[int], str] | None = None) -> None:
+                 source: ByteSource | None = None) -> None:
         super().__init__()
         self.index, self.items, self.stats = index, items, stats if stats is not None else Stats()
-        self.url = url
         if source is None and index.remote:
             source = index.source  # the index's own: kept open across passes, for its connections
         self._own = source is None
         self.source = source if source is not None else open_source(index.root)
-        self._copies: dict[str, LocalSource] = {}  # folder -> source, for local paths that url= gives
         self._it: Iterator[RawSample] | None = None
         self._pos = 0
 
@@ -76,10 +69,10 @@ class ShardReader(BaseNode[RawSample]):
         return {self.POS_KEY: self._pos}
 
     def shutdown(self) -> None:
-        """Close open shard files and any stream (a ``pipe:`` subprocess, a socket); `reset` reopens them."""
+        """Close open shard files; `reset` reopens them."""
         it, self._it = self._it, None
         if it is not None:
-            it.close()  # runs the generator's `finally`, which closes a stream it holds
+            it.close()
         self._close_files()
 
     close = shutdown  # the name callers used before torchdata's `shutdown`
@@ -87,33 +80,11 @@ class ShardReader(BaseNode[RawSample]):
     def _close_files(self) -> None:
         if self._own:
             self.source.close()
-        for src in self._copies.values():
-            src.close()
-        self._copies.clear()
 
     def _samples(self, items: Sequence[Item]) -> Iterator[RawSample]:
         for shard, group in itertools.groupby(read_runs(self.index, items), key=lambda r: r.shard):
-            url = self.url(shard) if self.url is not None else None
-            if url is None or is_local(url):
-                source, name = self._where(shard, url)
-                yield from self._read_runs(list(group), source, name)
-            elif self._video:
-                raise ValueError(f"{url=} streams shard {shard}, but {self.index.root} has video-codec cameras, "
-                                 "whose GOPs are read by byte range; pass a local url= (or none) for them")
-            else:  # one forward stream per consecutive use of a shard
-                name = os.path.basename(url)
-                for item, members in stream_members([i for r in group for i in r.items], url, self.stats):
-                    yield RawSample(item, name, members)
+            yield from self._read_runs(list(group), self.source, self.index.shards[shard].name)
         self._close_files()  # not close(): this generator is still running
-
-    def _where(self, shard: int, url: str | None) -> tuple[ByteSource, str]:
-        """(source, file name) of a shard: the index's, or the local copy ``url`` names."""
-        if url is None:
-            return self.source, self.index.shards[shard].name
-        folder, name = os.path.split(url.removeprefix("file://"))
-        if folder not in self._copies:
-            self._copies[folder] = LocalSource(folder or ".")
-        return self._copies[folder], name
 
     @functools.cached_property
     def _video(self) -> bool:
