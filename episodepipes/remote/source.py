@@ -189,6 +189,12 @@ class RemoteSource:
         if pool is not None:
             pool.shutdown(wait=True)
 
+    def __enter__(self) -> RemoteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return f"RemoteSource({self.root!r})"
 
