@@ -212,3 +212,13 @@ def test_jobs_write_to_the_remote_out_and_merge_there_into_the_single_job_object
     assert f"{url}/index.json exists: already merged" in capsys.readouterr().err
     assert main([*base, "--job-index", "0", "--staging", str(tmp_path / "m0")]) == 2
     assert f"{url}/index.json exists: the output is finished" in capsys.readouterr().err
+
+
+def test_encoder_processes_forked_after_the_first_request_and_the_default_staging(bucket, local, proxy, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = f"s3://{BUCKET}/forked"
+    write_shards(SyntheticReader(**READER), url, OPTS, workers=2)  # the pool forks after the listing and HEAD
+    assert _objects(bucket, "forked") == _files(local)
+    stage = tmp_path / "cache" / "episodepipes" / "staging"
+    assert [p.parent for p in stage.rglob("*")] == [stage]  # its one staging folder, emptied
