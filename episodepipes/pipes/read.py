@@ -24,6 +24,7 @@ from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.videoframes import attach_gop, checked, video_cameras
+from episodepipes.remote.ahead import ReadAhead
 from episodepipes.shardio import ByteSource, open_source
 from episodepipes.tarmembers import frame_fields
 
@@ -41,6 +42,7 @@ class ShardReader(BaseNode[RawSample]):
 
     POS_KEY = "pos"
     BATCH_BYTES = 32 << 20  # runs of one shard handed to read_ranges at once (a remote source overlaps their GETs)
+    READ_AHEAD = 2  # calls a remote root's reader fetches ahead of the one it yields
 
     def __init__(self, index: EpisodeIndex, items: Sequence[Item], *, stats: Stats | None = None,
                  source: ByteSource | None = None) -> None:
@@ -82,9 +84,37 @@ class ShardReader(BaseNode[RawSample]):
             self.source.close()
 
     def _samples(self, items: Sequence[Item]) -> Iterator[RawSample]:
-        for shard, group in itertools.groupby(read_runs(self.index, items), key=lambda r: r.shard):
-            yield from self._read_runs(list(group), self.source, self.index.shards[shard].name)
+        calls = list(self._calls(items))
+        ahead = None
+        if self.index.remote:  # the plan is known: the next calls' GETs go out while this one's frames decode
+            ahead = ReadAhead(lambda k: self.source.read_ranges(calls[k][0], _spans(calls[k][1])),
+                              lambda k: k + 1 if k + 1 < len(calls) else None, depth=self.READ_AHEAD)
+        try:
+            for k, (name, runs) in enumerate(calls):
+                datas = ahead.get(k) if ahead is not None else self.source.read_ranges(name, _spans(runs))
+                for r, data in zip(runs, datas):
+                    yield from self._read_run(r, self.source, name, data)
+        finally:
+            if ahead is not None:
+                ahead.close()
         self._close_files()  # not close(): this generator is still running
+
+    def _calls(self, items: Sequence[Item]) -> Iterator[tuple[str, list[Run]]]:
+        """The plan's runs as `read_ranges` calls: one shard's runs, ``BATCH_BYTES`` of them per call.
+
+        A remote source fetches a call's ranges together (coalesced, in flight at once), so per-request
+        latency is paid once per call rather than once per run; the bound keeps a long pass's memory bounded.
+        """
+        for shard, group in itertools.groupby(read_runs(self.index, items), key=lambda r: r.shard):
+            name, batch, size = self.index.shards[shard].name, [], 0
+            for run in group:
+                batch.append(run)
+                size += run.end - run.start
+                if size >= self.BATCH_BYTES:
+                    yield name, batch
+                    batch, size = [], 0
+            if batch:
+                yield name, batch
 
     @functools.cached_property
     def _video(self) -> bool:
@@ -109,23 +139,6 @@ class ShardReader(BaseNode[RawSample]):
             return None
         seen[episode, frame] = got
         return got
-
-    def _read_runs(self, runs: list[Run], source: ByteSource, name: str) -> Iterator[RawSample]:
-        """The runs of one shard, ``BATCH_BYTES`` of them per `read_ranges` call.
-
-        A remote source fetches a batch's ranges together (coalesced, in flight at once), so per-request
-        latency is paid once per batch rather than once per run; the bound keeps a long pass's memory bounded.
-        """
-        batch: list[Run] = []
-        size = 0
-        for k, run in enumerate(runs):
-            batch.append(run)
-            size += run.end - run.start
-            if size < self.BATCH_BYTES and k + 1 < len(runs):
-                continue
-            for r, data in zip(batch, source.read_ranges(name, [(r.start, r.end - r.start) for r in batch])):
-                yield from self._read_run(r, source, name, data)
-            batch, size = [], 0
 
     def _read_run(self, run: Run, source: ByteSource, name: str, data: bytes | None = None) -> Iterator[RawSample]:
         """The samples of one run, from its bytes (``data``, read here if not given)."""
@@ -160,3 +173,7 @@ class ShardReader(BaseNode[RawSample]):
                                      lambda f, e=item.episode: self._earlier(seen, e, f, source, name, run.shard))
             self.stats.add("frames_read")
             yield RawSample(item, name, members, damaged)
+
+
+def _spans(runs: list[Run]) -> list[tuple[int, int]]:
+    return [(r.start, r.end - r.start) for r in runs]
