@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "lerobot", "peers"]
+SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "lerobot", "peers", "remote"]
 
 
 def _commit() -> str:
