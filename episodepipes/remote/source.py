@@ -134,11 +134,18 @@ class RemoteSource:
         """
         jobs: list[tuple[str, list[tuple[int, int]], list[bytes | None], list[int], RangeCache | None]] = []
         reqs: list[tuple[int, Request]] = []
-        for name, ranges in calls:
-            name, ranges = check_name(name), check_ranges(ranges)
+        calls = [(check_name(name), check_ranges(ranges)) for name, ranges in calls]
+        wholes: dict[int, list[bytes] | None] = {}
+        if self._cache is not None and self.options.cache_whole:  # whole objects fetched side by side too
+            todo_whole = [k for k, (name, _) in enumerate(calls) if name not in self._uncached]
+            cache = self._cache
+            fetch = self._executor().map if len(todo_whole) > 1 else map
+            for k, got in zip(todo_whole, fetch(lambda k: self._read_whole(cache, *calls[k]), todo_whole)):
+                wholes[k] = got
+        for k, (name, ranges) in enumerate(calls):
             cache = self._cache
             if cache is not None and self.options.cache_whole:
-                whole = self._read_whole(cache, name, ranges) if name not in self._uncached else None
+                whole = wholes.get(k)
                 if whole is not None:
                     jobs.append((name, ranges, list(whole), [], None))
                     continue
