@@ -6,6 +6,8 @@ pair, then the median and range of the ratios), on the same 224x224 two-camera J
 
 - ``open pass``: `video_pipe` over every episode (the rank-0 render pass: a sequential plan);
 - ``train``: one shuffled epoch of `train_pipe` (random single frames: one ranged GET per frame, in batches);
+- ``train, whole shards``: the same epoch with ``RemoteOptions(cache_dir=..., cache_whole=True)``, each run
+  with an empty cache (one GET per shard, every shard of a batch side by side; later epochs read locally);
 - ``metric``: a sparse `metric_pipe` plan (a few frames per episode: gaps between them are skipped or
   read through, by the coalescing threshold).
 
@@ -18,6 +20,7 @@ Run: ``python scripts/bench.py remote [--quick]``.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import time
@@ -88,6 +91,7 @@ def run(workdir: Path, quick: bool) -> dict:
     from episodepipes.pipes import metric_pipe, video_pipe
     from episodepipes.pipes.plan import metric_items
     from episodepipes.pipes.train import train_pipe
+    from episodepipes.remote import RemoteOptions
 
     eps, length = (8, 60) if quick else (24, 150)
     repeat = 3 if quick else 5
@@ -96,9 +100,11 @@ def run(workdir: Path, quick: bool) -> dict:
     every = [(e.id, f) for e in local.episodes for f in range(e.length)]
     sparse = [(i.episode, i.frame) for i in metric_items(local.split("train"), METRIC_FRAMES)]
     own = {"open pass": _own_bytes(local, every), "train": _own_bytes(local, every),
+           "train, whole shards": _own_bytes(local, every),
            "metric": _own_bytes(local, sparse)}
     servers = ServerProcess(LATENCIES)
     rows, table = [], []
+    runs = itertools.count()  # a fresh cache folder per cold run
     try:
         servers.upload_dir(local.root, "bench", "ds")
         for i, latency in enumerate(LATENCIES):
@@ -120,12 +126,23 @@ def run(workdir: Path, quick: bool) -> dict:
                 pipe = train_pipe(idx, batch_size=BATCH, seed=0, rank=0, world_size=1, num_workers=2)
                 return lambda: _count(pipe)  # each pass is the next epoch
 
+            def whole(idx: EpisodeIndex) -> Callable[[], int]:
+                if not idx.remote:
+                    return train(idx)
+
+                def cold() -> int:  # a fresh, empty cache per run: the epoch downloads every shard
+                    opts = RemoteOptions(cache_dir=Path(workdir) / f"cache-{next(runs)}", cache_whole=True)
+                    return _count(train_pipe(EpisodeIndex.open("s3://bench/ds", options=opts), batch_size=BATCH,
+                                             seed=0, rank=0, world_size=1, num_workers=2))
+                return cold
+
             def metric(idx: EpisodeIndex) -> Callable[[], int]:
                 pipe = metric_pipe(idx, split="train", frames_per_episode=METRIC_FRAMES, batch_size=BATCH,
                                    rank=0, world_size=1)
                 return lambda: _count(pipe)
 
-            for name, make in (("open pass", video), ("train", train), ("metric", metric)):
+            for name, make in (("open pass", video), ("train", train), ("train, whole shards", whole),
+                               ("metric", metric)):
                 lo, re = make(local), make(remote)
                 re()  # warm: connections, the first GETs
                 res = _paired(lo, re, repeat, stats)
