@@ -1,164 +1,176 @@
-"""Reading a pass's frames from a local S3 server (moto) through a latency-injecting proxy, against local disk.
+"""Remote roots: the pipes on ``s3://`` (moto behind a proxy adding per-request latency) against local disk.
 
-For each injected per-request latency, three access patterns of a validation/training pass are read through
-`RemoteSource.read_ranges` and through `LocalSource` (same calls, same ranges):
+For each injected latency (20 and 50 ms per request, a same-region to cross-region object store), the
+same pipe runs on the local folder and on the S3 root in alternation (paired repeats: the ratio of each
+pair, then the median and range of the ratios), on the same 224x224 two-camera JPEG frames:
 
-- ``episode``: every frame of each episode, one call per episode and shard (a pinned video pipe);
-- ``every 4th``: every 4th frame of each episode, one call per episode and shard (a metric subsample);
-- ``pass``: all frames of the pass, one call per shard (a reader that plans a whole pass).
+- ``open pass``: `video_pipe` over every episode (the rank-0 render pass: a sequential plan);
+- ``train``: one shuffled epoch of `train_pipe` (random single frames: one ranged GET per frame, in batches);
+- ``train, whole shards``: the same epoch with ``RemoteOptions(cache_dir=..., cache_whole=True)``, each run
+  with an empty cache (one GET per shard, every shard of a batch side by side; later epochs read locally);
+- ``metric``: a sparse `metric_pipe` plan (a few frames per episode: gaps between them are skipped or
+  read through, by the coalescing threshold).
 
-Reported: frames per second for both, reads alone and reads feeding two JPEG-decode threads through a
-bounded queue (what a pipe with prefetch does), the ratios, the body bytes that crossed the proxy against
-the frames' own bytes, and the GET count. moto and the proxies run in a child process.
-Run: ``python benchmarks/bench_remote.py [--quick]``.
+Bytes are the response bodies that crossed the proxy, against the frames' own bytes (the index's ranges).
+moto and the proxies run in a child process, so their CPU is not the client's (on a 2-core machine they
+still compete for it). ``server GETs/s`` is what that server sustains for single-frame GETs (64 in flight):
+a train pass needs one GET per frame, so its remote frames/s cannot exceed it, whatever the client does.
+Run: ``python scripts/bench.py remote [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import queue
+import itertools
+import statistics
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LATENCIES = (0.02, 0.05)
+BATCH = 32
+METRIC_FRAMES = 6
 
 
-Calls = list[tuple[str, list[tuple[int, int]]]]
+def _count(pipe: object) -> int:
+    return sum(len(b["episode"]) for b in pipe)  # type: ignore[attr-defined]
 
 
-def _plans(index: object) -> dict[str, Calls]:
-    """Per pattern, the list of read_ranges calls ``(shard name, ranges)`` in the order a reader makes them."""
-
-    def per_episode(step: int) -> list[tuple[str, list[tuple[int, int]]]]:
-        calls = []
-        for ep in index.episodes:  # type: ignore[attr-defined]
-            by: dict[str, list[tuple[int, int]]] = {}
-            for f in range(0, ep.length, step):
-                shard, a, b = ep.frame_range(f)
-                by.setdefault(index.shards[shard].name, []).append((a, b - a))  # type: ignore[attr-defined]
-            calls += list(by.items())
-        return calls
-
-    whole: dict[str, list[tuple[int, int]]] = {}
-    for name, rs in per_episode(1):
-        whole.setdefault(name, []).extend(rs)
-    return {"episode": per_episode(1), "every 4th": per_episode(4), "pass": list(whole.items())}
-
-
-def _time(calls: Calls, read: Callable, repeat: int) -> float:
-    best = float("inf")
+def _paired(local: Callable[[], int], remote: Callable[[], int], repeat: int,
+            stats: Callable[[], tuple[int, int]]) -> dict:
+    """``repeat`` (local, remote) pairs: frames/s of each, the ratio per pair, GETs and bytes of one remote run."""
+    pairs, gets, body = [], 0, 0
     for _ in range(repeat):
         t = time.perf_counter()
-        for name, rs in calls:
-            read(name, rs)
-        best = min(best, time.perf_counter() - t)
-    return best
+        n = local()
+        t_local = time.perf_counter() - t
+        stats()  # reset the proxy's counters
+        t = time.perf_counter()
+        m = remote()
+        t_remote = time.perf_counter() - t
+        gets, body = stats()
+        pairs.append((n / t_local, m / t_remote))
+    ratios = [r / lo for lo, r in pairs]
+    return {"local_fps": statistics.median(p[0] for p in pairs), "remote_fps": statistics.median(p[1] for p in pairs),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "gets": gets, "body": body, "frames": m}
 
 
-def _decode_frame(blob: bytes) -> int:
-    import io
-
-    import cv2
-    import numpy as np
-    from webdataset.tariterators import tar_file_iterator
-
-    n = 0
-    for m in tar_file_iterator(io.BytesIO(blob)):
-        if m["fname"].endswith(".jpg"):
-            n += cv2.imdecode(np.frombuffer(m["data"], np.uint8), cv2.IMREAD_COLOR) is not None
-    return n
+def _own_bytes(index: object, items: list[tuple[str, int]]) -> int:
+    total = 0
+    for eid, f in items:
+        _, a, b = index.episode(eid).frame_range(f)  # type: ignore[attr-defined]
+        total += b - a
+    return total
 
 
-def _time_pipelined(calls: Calls, read: Callable, decoders: int = 2, depth: int = 64) -> float:
-    """One reader thread feeding ``decoders`` decode threads through a bounded queue, as a pipe with prefetch."""
-    q: queue.Queue[bytes | None] = queue.Queue(depth)
+def _server_ceiling(url: str, index: object, n: int = 400) -> float:
+    """Single-frame GETs per second the server answers with 64 in flight (gap 0: one GET per frame)."""
+    from episodepipes.remote import RemoteOptions, RemoteSource
 
-    def decode() -> None:
-        while (blob := q.get()) is not None:
-            _decode_frame(blob)
-
-    threads = [threading.Thread(target=decode) for _ in range(decoders)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for name, rs in calls:
-        for blob in read(name, rs):
-            q.put(blob)
-    for _ in threads:
-        q.put(None)
-    for th in threads:
-        th.join()
-    return time.perf_counter() - t
+    calls = []
+    for ep in index.episodes:  # type: ignore[attr-defined]
+        for f in range(ep.length):
+            shard, a, b = ep.frame_range(f)
+            calls.append((index.shards[shard].name, [(a, b - a)]))  # type: ignore[attr-defined]
+    calls = calls[:n]
+    with RemoteSource(url, RemoteOptions(max_in_flight=64, gap=0)) as src:
+        src.read_many(calls[:8])
+        t = time.perf_counter()
+        src.read_many(calls)
+        return len(calls) / (time.perf_counter() - t)
 
 
-LATENCIES = (0.0, 0.02, 0.05)
-
-
-def run(workdir: Path, quick: bool = False) -> dict:
+def run(workdir: Path, quick: bool) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from s3server import ServerProcess, s3_env, set_env
 
+    from benchmarks.bench_train import make_data
     from episodepipes.index import EpisodeIndex
-    from episodepipes.remote import RemoteOptions, RemoteSource
-    from episodepipes.sharding.synthetic import SyntheticReader
-    from episodepipes.sharding.write import WriteOptions, write_shards
-    from episodepipes.shardio import LocalSource
+    from episodepipes.pipes import metric_pipe, video_pipe
+    from episodepipes.pipes.plan import metric_items
+    from episodepipes.pipes.train import train_pipe
+    from episodepipes.remote import RemoteOptions
 
-    out = Path(workdir) / "shards"
-    reader = SyntheticReader(num_episodes=4 if quick else 8, length=40, height=240, width=320)
-    write_shards(reader, out, WriteOptions(format="bench", shard_size=3_000_000))
-    index = EpisodeIndex.open(out)
+    eps, length = (8, 60) if quick else (24, 150)
+    repeat = 3 if quick else 5
+    local = make_data(Path(workdir) / "shards", episodes=eps, length=length)
+    ids = [e.id for e in local.episodes]
+    every = [(e.id, f) for e in local.episodes for f in range(e.length)]
+    sparse = [(i.episode, i.frame) for i in metric_items(local.split("train"), METRIC_FRAMES)]
+    own = {"open pass": _own_bytes(local, every), "train": _own_bytes(local, every),
+           "train, whole shards": _own_bytes(local, every),
+           "metric": _own_bytes(local, sparse)}
     servers = ServerProcess(LATENCIES)
-    servers.upload_dir(out, "bench", "ds")
-    local = LocalSource(out)
-    rows = []
+    rows, table = [], []
+    runs = itertools.count()  # a fresh cache folder per cold run
     try:
+        servers.upload_dir(local.root, "bench", "ds")
         for i, latency in enumerate(LATENCIES):
             set_env(s3_env(servers.endpoints[i]))
-            for pattern, calls in _plans(index).items():
-                frames = sum(len(rs) for _, rs in calls)
-                own = sum(n for _, rs in calls for _, n in rs)
-                src = RemoteSource("s3://bench/ds", RemoteOptions())
-                src.read_ranges(calls[0][0], calls[0][1][:1])  # connect once, outside the timing
+            remote = EpisodeIndex.open("s3://bench/ds")  # one source (its connections) for every pipe and pass
+            ceiling = _server_ceiling("s3://bench/ds", local)
+            table.append([f"{round(latency * 1000)} ms", "server GETs/s", "", "", f"{ceiling:,.0f}", "", "", ""])
+
+            def stats(i: int = i) -> tuple[int, int]:
+                got = servers.stats(i)
                 servers.reset(i)
-                t_remote = _time(calls, src.read_ranges, 1)
-                gets, body = servers.stats(i)
-                t_local = _time(calls, local.read_ranges, 3)
-                p_local = min(_time_pipelined(calls, local.read_ranges) for _ in range(2))
-                p_remote = _time_pipelined(calls, src.read_ranges)
-                rows.append({"latency_ms": round(latency * 1000), "pattern": pattern, "frames": frames,
-                             "mb": own / 1e6, "local_fps": frames / t_local, "remote_fps": frames / t_remote,
-                             "read_ratio": t_local / t_remote, "decoded_local_fps": frames / p_local,
-                             "decoded_remote_fps": frames / p_remote, "decoded_ratio": p_local / p_remote,
-                             "bytes_ratio": body / own, "gets": gets})
-                src.close()
+                return got
+
+            def video(idx: EpisodeIndex) -> Callable[[], int]:
+                pipe = video_pipe(idx, episodes=ids, batch_size=BATCH, max_batches=10**6)
+                return lambda: _count(pipe)
+
+            def train(idx: EpisodeIndex) -> Callable[[], int]:
+                pipe = train_pipe(idx, batch_size=BATCH, seed=0, rank=0, world_size=1, num_workers=2)
+                return lambda: _count(pipe)  # each pass is the next epoch
+
+            def whole(idx: EpisodeIndex) -> Callable[[], int]:
+                if not idx.remote:
+                    return train(idx)
+
+                def cold() -> int:  # a fresh, empty cache per run: the epoch downloads every shard
+                    opts = RemoteOptions(cache_dir=Path(workdir) / f"cache-{next(runs)}", cache_whole=True)
+                    return _count(train_pipe(EpisodeIndex.open("s3://bench/ds", options=opts), batch_size=BATCH,
+                                             seed=0, rank=0, world_size=1, num_workers=2))
+                return cold
+
+            def metric(idx: EpisodeIndex) -> Callable[[], int]:
+                pipe = metric_pipe(idx, split="train", frames_per_episode=METRIC_FRAMES, batch_size=BATCH,
+                                   rank=0, world_size=1)
+                return lambda: _count(pipe)
+
+            for name, make in (("open pass", video), ("train", train), ("train, whole shards", whole),
+                               ("metric", metric)):
+                lo, re = make(local), make(remote)
+                re()  # warm: connections, the first GETs
+                res = _paired(lo, re, repeat, stats)
+                ms = round(latency * 1000)
+                bytes_ratio = res["body"] / own[name]
+                table.append([f"{ms} ms", name, res["frames"], f"{res['local_fps']:,.0f}", f"{res['remote_fps']:,.0f}",
+                              f"{res['ratio']:.2f} ({res['ratio_min']:.2f}-{res['ratio_max']:.2f})",
+                              f"{bytes_ratio:.3f}x", res["gets"]])
+                rows.append({"metric": f"{name} frames/s at {ms} ms per request, s3 vs local",
+                             "ours": res["remote_fps"], "baseline": res["local_fps"], "ceiling": None,
+                             "unit": "frames/s", "note": f"ratio per pair {res['ratio_min']:.2f}-{res['ratio_max']:.2f}"
+                             f" over {repeat} pairs; bytes {bytes_ratio:.3f}x the frames' own; {res['gets']} GETs"})
+            remote.source.close()
     finally:
         servers.close()
-    return {"rows": rows}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="half the episodes")
-    args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    with tempfile.TemporaryDirectory() as d:
-        res = run(Path(d), args.quick)
-    print("frames per second: reads alone (read_ranges), and reads feeding 2 JPEG-decode threads")
-    print(f"{'latency':>8} {'pattern':>10} {'frames':>6} {'MB':>5} | {'read local':>10} {'remote':>7} {'ratio':>6} | "
-          f"{'+decode local':>13} {'remote':>7} {'ratio':>6} | {'bytes':>6} {'GETs':>5}")
-    for r in res["rows"]:
-        print(f"{r['latency_ms']:>6}ms {r['pattern']:>10} {r['frames']:>6} {r['mb']:>5.1f} | "
-              f"{r['local_fps']:>10.0f} {r['remote_fps']:>7.0f} {r['read_ratio']:>6.3f} | "
-              f"{r['decoded_local_fps']:>13.0f} {r['decoded_remote_fps']:>7.0f} {r['decoded_ratio']:>6.2f} | "
-              f"{r['bytes_ratio']:>5.2f}x {r['gets']:>5}")
-    print(f"({os.cpu_count()} cores; moto and the proxy run in a child process on this machine)")
+    frames = sum(e.length for e in local.episodes)
+    return {"section": "remote", "intro": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0].strip(), "rows": rows,
+            "tables": [{"title": f"remote roots: {frames} frames x 2 cameras 224x224 in {len(local.shards)} shards, "
+                                 f"batch {BATCH}, 2 decode threads; ratio = s3/local frames/s, median (range) of "
+                                 f"{repeat} paired runs",
+                        "columns": ["latency", "pipe", "frames", "local frames/s", "s3 frames/s", "ratio",
+                                    "bytes / own", "GETs"], "rows": table}]}
 
 
 if __name__ == "__main__":
-    main()
+    import json
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    with tempfile.TemporaryDirectory() as d:
+        print(json.dumps(run(Path(d), "--quick" in sys.argv), indent=1))

@@ -152,7 +152,7 @@ def check_shards(w: Where, data: Any) -> tuple[list[int], list[int]]:
         name = w.text(s, "name", where)
         if not SHARD_NAME.fullmatch(name):
             raise w.fail(where, f"name={name!r} is not a shard file name like 'shard-000000.tar' (no paths, no "
-                                "URLs, no commands: a remote or piped copy is chosen with url=, never by the index)")
+                                "URLs, no commands: a remote copy is chosen by the caller's root, never by the index)")
         if name in names:
             raise w.fail(where, f"name={name!r} appears twice in the shard list")
         names.add(name)

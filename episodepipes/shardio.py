@@ -57,6 +57,10 @@ class ByteSource(Protocol):
         """``read(name, offset, size)`` for each ``(offset, size)``; a remote source coalesces and overlaps them."""
         ...
 
+    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        """`read_ranges` of each ``(name, ranges)``; a remote source has every object's GETs in flight together."""
+        ...
+
     def read_file(self, name: str) -> bytes:
         """The whole file (an index)."""
         ...
@@ -104,6 +108,9 @@ class LocalSource:
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return [self.read(name, off, size) for off, size in ranges]
+
+    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        return [self.read_ranges(name, ranges) for name, ranges in calls]
 
     def read_file(self, name: str) -> bytes:
         return self.read(name, 0, self.size(name))

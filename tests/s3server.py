@@ -56,12 +56,18 @@ class MotoS3:
 
 @dataclass
 class Faults:
-    """What the proxy does to each request: delay it, answer 503 SlowDown, or cut the body halfway."""
+    """What the proxy does to each request: delay it, answer 503 SlowDown, or cut the body halfway.
+
+    ``puts_ok``: after this many PUTs have been forwarded, every further PUT answers 503 (a store that
+    stops accepting writes mid-run, as an interrupted upload sees it). A dropped request with no body (a
+    PUT's answer) is forwarded, then its connection is cut before the answer: the client must retry.
+    """
 
     latency: float = 0.0
     error_rate: float = 0.0
     drop_rate: float = 0.0
     seed: int = 0
+    puts_ok: int | None = None
     rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,10 +118,17 @@ class FaultProxy:
     def gets(self) -> list[tuple[str, str, str | None]]:
         return [r for r in self.requests if r[0] == "GET"]
 
-    def _decide(self) -> str:
+    def puts(self) -> list[tuple[str, str, str | None]]:
+        return [r for r in self.requests if r[0] == "PUT"]
+
+    def _decide(self, method: str) -> str:
         with self._lock:
             f = self.faults
             x = f.rng.random()
+            if method == "PUT" and f.puts_ok is not None:
+                if f.puts_ok <= 0:
+                    return "503"
+                f.puts_ok -= 1
         return "503" if x < f.error_rate else "drop" if x < f.error_rate + f.drop_rate else "ok"
 
     def _record(self, method: str, path: str, rng: str | None) -> None:
@@ -172,7 +185,7 @@ class _Forward(BaseHTTPRequestHandler):
         owner = self.owner
         if owner.faults.latency:
             time.sleep(owner.faults.latency)
-        fate = owner._decide()
+        fate = owner._decide(self.command)
         if fate == "503":
             msg = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
             self.send_response(503)
@@ -199,11 +212,15 @@ class _Forward(BaseHTTPRequestHandler):
                 self.send_header(k, v)
         length = int(resp.getheader("Content-Length") or len(data)) if self.command == "HEAD" else len(data)
         self.send_header("Content-Length", str(length))
+        if fate == "drop" and (len(data) <= 1 or self.command == "HEAD"):  # forwarded, but the answer is lost
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
         self._finish()
         self.end_headers()
         if self.command == "HEAD":
             return
-        if fate == "drop" and len(data) > 1:
+        if fate == "drop":
             half = data[: len(data) // 2]
             owner._sent(len(half))  # counted before sending: the client may return before this thread resumes
             self.wfile.write(half)

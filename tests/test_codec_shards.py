@@ -173,14 +173,6 @@ def test_a_whole_episode_reads_each_frame_once_and_sparse_frames_read_their_gop(
     assert own < sparse.stats["bytes_read"] <= gops  # each frame's GOP up to it, and nothing more
 
 
-def test_streamed_urls_are_refused_for_video_cameras(src, tmp_path):
-    out = _write(src, tmp_path / "out", "--codec", "h264")
-    pipe = video_pipe(out, episodes=["ep0000"], batch_size=4, max_batches=1,
-                      url=lambda s: f"pipe:cat {out / EpisodeIndex.open(out).shards[s].name}")
-    with pytest.raises(ValueError, match="video-codec cameras"):
-        _frames(pipe)
-
-
 def test_resize_applies_to_video_frames(src, tmp_path):
     out = _write(src, tmp_path / "out", "--codec", "h264", "--gop", "3")
     full = _frames(video_pipe(out, episodes=["ep0003"], batch_size=9, max_batches=1))

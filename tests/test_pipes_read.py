@@ -4,8 +4,7 @@ import threading
 import pytest
 from helpers import make_shards
 
-from episodepipes.pipes import EpisodeIndex, ShardReader, metric_pipe, video_pipe
-from episodepipes.pipes.plan import Item
+from episodepipes.pipes import EpisodeIndex, metric_pipe, video_pipe
 
 
 @pytest.fixture(scope="module")
@@ -39,42 +38,6 @@ def test_metric_pipe_reads_only_the_chosen_frames(shards):
     list(pipe)
     want = sum(b - a for e in index.split("val") for f in (3, 10, 16) for _, a, b in [e.frame_range(f)])
     assert pipe.stats["bytes_read"] == want
-
-
-def test_streamed_url_gives_the_same_samples_as_seeking(shards):
-    index = EpisodeIndex.open(shards)
-    items = [Item("ep0004", f) for f in (0, 1, 2, 9, 19)] + [Item("ep0001", 5), Item("ep0004", 3, False)]
-    seek = [(r.item, r.members) for r in ShardReader(index, items)]
-    stream = ShardReader(index, items, url=lambda i: f"pipe:cat {index.shard_path(i)}")
-    assert [(r.item, r.members) for r in stream] == seek
-    assert stream.stats["bytes_read"] > 0
-
-
-def _child_pids():
-    import glob
-    import os
-
-    return {int(p) for f in glob.glob(f"/proc/{os.getpid()}/task/*/children") for p in open(f).read().split()}
-
-
-def test_closing_a_streamed_reader_mid_shard_ends_its_stream(shards):
-    index = EpisodeIndex.open(shards)
-    before = _child_pids()
-    reader = ShardReader(index, [Item("ep0004", f) for f in range(10)],
-                         url=lambda i: f"pipe:cat {index.shard_path(i)}")
-    reader.reset()
-    next(reader)
-    assert _child_pids() - before, "the pipe: stream should run a child process while open"
-    reader.close()
-    assert _child_pids() - before == set()
-
-
-def test_metric_pipe_over_streamed_urls_matches_local(shards):
-    index = EpisodeIndex.open(shards)
-    kw = dict(frames_per_episode=4, batch_size=3, rank=1, world_size=2, sampling="random", seed=3)
-    local = [(b["episode"], b["frame"].tolist(), b["front"].sum().item()) for b in metric_pipe(index, **kw)]
-    streamed = metric_pipe(index, url=lambda i: f"pipe:cat {index.shard_path(i)}", **kw)
-    assert [(b["episode"], b["frame"].tolist(), b["front"].sum().item()) for b in streamed] == local
 
 
 def test_missing_shard_is_named(shards, tmp_path):

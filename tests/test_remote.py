@@ -307,3 +307,18 @@ def test_an_object_too_big_for_the_cache_is_read_by_ranges(shards, proxy, tmp_pa
     assert src.read(name, 200, 50) == (shards / name).read_bytes()[200:250]
     assert [r[2] for r in proxy.gets()] == [None, "bytes=100-149", "bytes=200-249"]  # one try, then ranges
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_read_many_fetches_whole_shards_side_by_side_and_ranges_of_many_objects_together(shards, proxy, tmp_path):
+    index = EpisodeIndex.open(shards)
+    frames = _frames(index)
+    calls = [(s.name, [(o, n) for name, o, n in frames if name == s.name][:2]) for s in index.shards]
+    local = open_source(shards)
+    want = [local.read_ranges(name, rs) for name, rs in calls]
+    opts = RemoteOptions(cache_dir=tmp_path / "cache", cache_bytes=10 << 20, cache_whole=True, backoff=0.001)
+    proxy.reset(Faults(latency=0.1))
+    assert RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts).read_many(calls) == want
+    assert len(proxy.gets()) == len(index.shards) and proxy.peak == len(index.shards)  # whole GETs, all at once
+    proxy.reset(Faults(latency=0.1))
+    assert RemoteSource(f"s3://{BUCKET}/{PREFIX}", FAST).read_many(calls) == want
+    assert proxy.peak == len(proxy.gets()) > 1  # every object's ranged GETs in flight together

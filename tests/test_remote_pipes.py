@@ -116,7 +116,9 @@ def test_metric_pipe_yields_what_it_yields_locally(shards, proxy, method):
 
 
 def test_a_shards_runs_are_fetched_together_and_in_bounded_batches(shards, proxy, monkeypatch):
-    index = EpisodeIndex.open(URL)
+    from episodepipes.remote import RemoteOptions
+
+    index = EpisodeIndex.open(URL, options=RemoteOptions(waste=None))  # the gap alone merges a shard's runs
     kw = dict(split="train", frames_per_episode=4, batch_size=4, rank=0, world_size=1)
     pipe = metric_pipe(index, **kw)
     runs = read_runs(index, metric_items(index.split("train"), 4))  # the reader's plan: runs of adjacent frames
@@ -206,3 +208,33 @@ def test_h264_shards_read_from_s3_as_locally(moto, proxy, tmp_path):
     assert _plain(video_pipe(url, **video)) == _plain(video_pipe(out, **video))
     metric = dict(frames_per_episode=3, batch_size=2, split="train", rank=0, world_size=1)  # mid-GOP frames
     assert _plain(metric_pipe(url, **metric)) == _plain(metric_pipe(out, **metric))
+
+
+def test_a_sparse_metric_plan_costs_at_most_1_1x_its_bytes(moto, proxy, tmp_path):
+    from episodepipes.remote import RemoteOptions
+
+    big = make_shards(tmp_path / "big", shard_size=1 << 20, **SHAPE)  # one shard: the chosen frames lie close
+    moto.upload_dir(big, BUCKET, "sparse")
+    kw = dict(split="train", frames_per_episode=3, batch_size=4, rank=0, world_size=1)
+    local = metric_pipe(big, **kw)
+    want = _plain(local)
+    for options, most in ((RemoteOptions(waste=None), None), (RemoteOptions(), 1.1)):
+        index = EpisodeIndex.open(f"s3://{BUCKET}/sparse", options=options)
+        proxy.reset()
+        assert _plain(metric_pipe(index, **kw)) == want
+        ratio = proxy.body_bytes / local.stats["bytes_read"]
+        if most is None:
+            assert ratio > 1.5  # the gap alone reads through the unplanned frames between the chosen ones
+        else:
+            assert ratio <= most
+
+
+def test_train_pipe_fetches_each_batch_at_once_and_the_next_ones_ahead(shards, proxy):
+    from s3server import Faults
+
+    kw = dict(batch_size=4, seed=5, rank=0, world_size=1, num_workers=2)
+    local = _plain(train_pipe(shards, **kw))
+    index = EpisodeIndex.open(URL)
+    proxy.reset(Faults(latency=0.05))  # long enough for a batch's GETs, and the next batches', to overlap
+    assert _plain(train_pipe(index, **kw)) == local
+    assert proxy.peak > 4  # more than one batch's frames in flight: the read-ahead

@@ -44,3 +44,22 @@ def test_far_apart_ranges_and_the_size_cap_split_requests():
 def test_bad_ranges_are_refused_by_index(bad):
     with pytest.raises(ValueError, match=r"ranges\[0\]"):
         check_ranges(bad)
+
+
+@given(ranges_st, st.integers(0, 3_000), st.integers(1, 20_000), st.sampled_from([0.0, 0.05, 0.1, 0.5]))
+def test_waste_bounds_every_requests_dropped_bytes_by_a_fraction_of_its_own(ranges, gap, max_request, waste):
+    reqs = coalesce(ranges, gap=gap, max_request=max_request, waste=waste)
+    assert sorted(i for r in reqs for i in r.members) == [i for i, (_, n) in enumerate(ranges) if n > 0]
+    for r in reqs:
+        covered: set[int] = set()
+        for i in r.members:
+            covered.update(range(ranges[i][0], ranges[i][0] + ranges[i][1]))
+        assert (r.end - r.start) - len(covered) <= waste * len(covered)
+
+
+def test_a_sparse_plan_is_not_read_through_but_small_gaps_still_are():
+    frames = [(k * 3000, 1000) for k in range(10)]  # a frame in every 3: gaps twice the frames
+    assert len(coalesce(frames, gap=64 * 1024, max_request=1 << 24)) == 1  # gap alone reads 3x the bytes
+    assert len(coalesce(frames, gap=64 * 1024, max_request=1 << 24, waste=0.1)) == 10
+    headers = [(k * 1000 + 50, 950) for k in range(10)]  # 50-byte headers skipped: 5% waste, one GET
+    assert [(r.start, r.end) for r in coalesce(headers, gap=64 * 1024, max_request=1 << 24, waste=0.1)] == [(50, 10000)]

@@ -106,7 +106,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
         if read.verify and not verified:  # once, before the first byte of the first open pass
             index.verify(shards=shards_of(index, items))
             verified.append(True)
-        reader = ShardReader(index, items, stats=stats, url=read.url)
+        reader = ShardReader(index, items, stats=stats)
         dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames, transform=transform)
         return BatchStacker(dec, batch_size=batch_size, stats=stats)
 
@@ -117,8 +117,8 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 batch_size: int, rank: int | None = None, world_size: int | None = None, seed: int = 0,
                 sampling: str = "even", num_workers: int = 2, method: str = "thread",
                 resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
-                url: Callable[[int], str] | None = None, episodes: Sequence[str] | None = None,
-                where: Where | None = None, transform: Transform | None = None) -> Pipe:
+                episodes: Sequence[str] | None = None, where: Where | None = None,
+                transform: Transform | None = None) -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
 
     ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes, see
@@ -128,8 +128,6 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     generator seeded by ``(seed, episode id)`` (``"random"``); an episode shorter than K gives all its
     frames. Each rank takes a contiguous block of the chosen frames, so its reads go forward through
     the shards, one seek per frame or run of adjacent frames.
-    ``url(shard_number)`` may point the reader at copies of the shards anywhere webdataset's ``gopen``
-    opens (``pipe:``, ``http://``); local paths are read by seeking, other URLs are streamed.
     Padding samples repeat a real frame with ``valid=False``; the valid samples over all ranks are the
     chosen frames, each once. A corrupt frame (``on_corrupt="skip"``) also comes as ``valid=False``.
 
@@ -156,9 +154,6 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
             ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
         verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
             (open) pass; a missing or changed shard raises there. Must be a bool.
-        url: ``url(shard_number) -> str``, a copy of that shard for webdataset's ``gopen`` (``pipe:``,
-            ``http://``: streamed, without the crc32 check; a local path: read by seeking). None reads the
-            index folder. Only the caller chooses it, never the index.
         episodes: ids of the episodes to read, all in ``split``; None for every one.
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
         transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
@@ -167,7 +162,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
             restored after it (padding and corrupt samples stay ``valid=False``). None: no transform.
     """
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
-    read = ReadOptions(verify=verify, url=url)
+    read = ReadOptions(verify=verify)
     idx = open_index(index)
     inferred = rank is None or world_size is None
     rank, world_size = dist_rank_world(rank, world_size)
@@ -186,8 +181,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
 def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str] | None = None, batch_size: int,
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
-               verify: bool = False, url: Callable[[int], str] | None = None, where: Where | None = None,
-               transform: Transform | None = None) -> Pipe:
+               verify: bool = False, where: Where | None = None, transform: Transform | None = None) -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
 
     ``where=`` (a predicate over each episode's attributes, `episodepipes.pipes.select.attributes`) keeps
@@ -217,9 +211,6 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
             ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
         verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
             (open) pass; a missing or changed shard raises there. Must be a bool.
-        url: ``url(shard_number) -> str``, a copy of that shard for webdataset's ``gopen`` (``pipe:``,
-            ``http://``: streamed, without the crc32 check; a local path: read by seeking). None reads the
-            index folder. Only the caller chooses it, never the index.
         where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
         transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
             collation, as in `train_pipe`: it must return a dict, and pickle with ``method="process"`` (checked
@@ -232,7 +223,7 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
             "while the other ranks wait in the next collective; an uncapped render can outlast the process-group "
             "timeout and kill the run. Pick max_batches so one render pass takes well under that timeout.")
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
-    read = ReadOptions(verify=verify, url=url)
+    read = ReadOptions(verify=verify)
     idx = open_index(index)
     if episodes is None and where is None:
         raise ValueError("video_pipe needs episodes= (the ids to render) or where= (a predicate choosing them)")

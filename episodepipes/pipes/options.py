@@ -1,12 +1,11 @@
 """The options every pipe builder shares, each defined and checked once.
 
 `DecodeOptions` (workers, method, resize, corrupt-data policy) reaches the `Decoder`; `ReadOptions`
-(verify, url) reaches the shard reader. The builders keep their flat keywords and make these from them.
+(verify) reaches the shard reader. The builders keep their flat keywords and make these from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 METHODS = ("thread", "process")
@@ -58,14 +57,10 @@ class ReadOptions:
 
     Attributes:
         verify: check the sha256 of the shards a pass reads, once, before its first byte.
-        url: shard number -> what webdataset's ``gopen`` opens (``pipe:``, ``http://``); local paths when None.
     """
 
     verify: bool = False
-    url: Callable[[int], str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify={self.verify!r} should be True or False")
-        if self.url is not None and not callable(self.url):
-            raise ValueError(f"url={self.url!r} should be a function of the shard number, or None")

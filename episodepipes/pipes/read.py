@@ -5,9 +5,7 @@ bytes only; the index's frame offsets split a run into samples, each frame's byt
 against the index's CRC32 (where it has one), and `episodepipes.tarmembers` parses the tar headers
 of a sample's byte range into its members. The runs of a shard go to the source's `read_ranges` in
 bounded batches, so a remote root (``s3://``...) fetches them as coalesced, concurrent ranged GETs,
-in this process (never in a decode worker). A caller's ``url=`` naming a stream (``pipe:``,
-``http://``) is read by `episodepipes.pipes._stream` instead (webdataset's ``gopen`` and tar
-iterator, without the CRC32 check).
+in this process (never in a decode worker).
 
 Packed shards (video cameras, `episodepipes.codec.chunk`): a run starts at its first frame's key frame (`from_keys`),
 so a sparse frame reads its GOP's records up to itself and nothing else, and each record is CRC-checked and parsed
@@ -20,18 +18,18 @@ import functools
 import itertools
 import os
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes._stream import is_local, stream_members
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.videoframes import attach_gop, checked, key_frame, packed_members, parse_packed, video_cameras
-from episodepipes.shardio import ByteSource, LocalSource, open_source
+from episodepipes.remote.ahead import ReadAhead
+from episodepipes.shardio import ByteSource, open_source
 from episodepipes.tarmembers import frame_fields
 
 
@@ -44,23 +42,20 @@ class ShardReader(BaseNode[RawSample]):
         stats: counters to add ``bytes_read`` and ``frames_read`` to.
         source: the byte source the shards are read from; by default the index folder's, which the
             reader opens and closes itself (a source passed in is the caller's to close).
-        url: maps a shard number to a copy webdataset's ``gopen`` opens (``pipe:``, ``http://``: streamed;
-            a local path: read through a byte source on its folder). Only the caller chooses it.
     """
 
     POS_KEY = "pos"
     BATCH_BYTES = 32 << 20  # runs of one shard handed to read_ranges at once (a remote source overlaps their GETs)
+    READ_AHEAD = 2  # calls a remote root's reader fetches ahead of the one it yields
 
     def __init__(self, index: EpisodeIndex, items: Sequence[Item], *, stats: Stats | None = None,
-                 source: ByteSource | None = None, url: Callable[[int], str] | None = None) -> None:
+                 source: ByteSource | None = None) -> None:
         super().__init__()
         self.index, self.items, self.stats = index, items, stats if stats is not None else Stats()
-        self.url = url
         if source is None and index.remote:
             source = index.source  # the index's own: kept open across passes, for its connections
         self._own = source is None
         self.source = source if source is not None else open_source(index.root)
-        self._copies: dict[str, LocalSource] = {}  # folder -> source, for local paths that url= gives
         self._it: Iterator[RawSample] | None = None
         self._pos = 0
 
@@ -80,10 +75,10 @@ class ShardReader(BaseNode[RawSample]):
         return {self.POS_KEY: self._pos}
 
     def shutdown(self) -> None:
-        """Close open shard files and any stream (a ``pipe:`` subprocess, a socket); `reset` reopens them."""
+        """Close open shard files; `reset` reopens them."""
         it, self._it = self._it, None
         if it is not None:
-            it.close()  # runs the generator's `finally`, which closes a stream it holds
+            it.close()
         self._close_files()
 
     close = shutdown  # the name callers used before torchdata's `shutdown`
@@ -91,36 +86,43 @@ class ShardReader(BaseNode[RawSample]):
     def _close_files(self) -> None:
         if self._own:
             self.source.close()
-        for src in self._copies.values():
-            src.close()
-        self._copies.clear()
 
     def _samples(self, items: Sequence[Item]) -> Iterator[RawSample]:
+        calls = list(self._calls(items))
+        ahead = None
+        if self.index.remote:  # the plan is known: the next calls' GETs go out while this one's frames decode
+            ahead = ReadAhead(lambda k: self.source.read_ranges(calls[k][0], _spans(calls[k][1])),
+                              lambda k: k + 1 if k + 1 < len(calls) else None, depth=self.READ_AHEAD)
+        read = self._read_packed if self._packed else self._read_run
+        try:
+            for k, (name, runs) in enumerate(calls):
+                datas = ahead.get(k) if ahead is not None else self.source.read_ranges(name, _spans(runs))
+                for r, data in zip(runs, datas):
+                    yield from read(r, self.source, name, data)
+        finally:
+            if ahead is not None:
+                ahead.close()
+        self._close_files()  # not close(): this generator is still running
+
+    def _calls(self, items: Sequence[Item]) -> Iterator[tuple[str, list[Run]]]:
+        """The plan's runs as `read_ranges` calls: one shard's runs, ``BATCH_BYTES`` of them per call.
+
+        A remote source fetches a call's ranges together (coalesced, in flight at once), so per-request
+        latency is paid once per call rather than once per run; the bound keeps a long pass's memory bounded.
+        """
         runs = read_runs(self.index, items)
         if self._packed:
             runs = from_keys(self.index, runs)
         for shard, group in itertools.groupby(runs, key=lambda r: r.shard):
-            url = self.url(shard) if self.url is not None else None
-            if url is None or is_local(url):
-                source, name = self._where(shard, url)
-                yield from self._read_runs(list(group), source, name)
-            elif self._video:
-                raise ValueError(f"{url=} streams shard {shard}, but {self.index.root} has video-codec cameras, "
-                                 "whose GOPs are read by byte range; pass a local url= (or none) for them")
-            else:  # one forward stream per consecutive use of a shard
-                name = os.path.basename(url)
-                for item, members in stream_members([i for r in group for i in r.items], url, self.stats):
-                    yield RawSample(item, name, members)
-        self._close_files()  # not close(): this generator is still running
-
-    def _where(self, shard: int, url: str | None) -> tuple[ByteSource, str]:
-        """(source, file name) of a shard: the index's, or the local copy ``url`` names."""
-        if url is None:
-            return self.source, self.index.shards[shard].name
-        folder, name = os.path.split(url.removeprefix("file://"))
-        if folder not in self._copies:
-            self._copies[folder] = LocalSource(folder or ".")
-        return self._copies[folder], name
+            name, batch, size = self.index.shards[shard].name, [], 0
+            for run in group:
+                batch.append(run)
+                size += run.end - run.start
+                if size >= self.BATCH_BYTES:
+                    yield name, batch
+                    batch, size = [], 0
+            if batch:
+                yield name, batch
 
     @functools.cached_property
     def _video(self) -> bool:
@@ -149,24 +151,6 @@ class ShardReader(BaseNode[RawSample]):
             return None
         seen[episode, frame] = got
         return got
-
-    def _read_runs(self, runs: list[Run], source: ByteSource, name: str) -> Iterator[RawSample]:
-        """The runs of one shard, ``BATCH_BYTES`` of them per `read_ranges` call.
-
-        A remote source fetches a batch's ranges together (coalesced, in flight at once), so per-request
-        latency is paid once per batch rather than once per run; the bound keeps a long pass's memory bounded.
-        """
-        batch: list[Run] = []
-        size = 0
-        for k, run in enumerate(runs):
-            batch.append(run)
-            size += run.end - run.start
-            if size < self.BATCH_BYTES and k + 1 < len(runs):
-                continue
-            read = self._read_packed if self._packed else self._read_run
-            for r, data in zip(batch, source.read_ranges(name, [(r.start, r.end - r.start) for r in batch])):
-                yield from read(r, source, name, data)
-            batch, size = [], 0
 
     def _read_run(self, run: Run, source: ByteSource, name: str, data: bytes | None = None) -> Iterator[RawSample]:
         """The samples of one run, from its bytes (``data``, read here if not given)."""
@@ -242,3 +226,7 @@ def from_keys(index: EpisodeIndex, runs: list[Run]) -> list[Run]:
         else:
             out.append(Run(r.shard, start, r.end, r.items))
     return out
+
+
+def _spans(runs: list[Run]) -> list[tuple[int, int]]:
+    return [(r.start, r.end - r.start) for r in runs]

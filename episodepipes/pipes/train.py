@@ -36,10 +36,12 @@ from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train_state import TrainPipe, resume_at
 from episodepipes.pipes.transform import sample_transform
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
+from episodepipes.remote.ahead import ReadAhead
 from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
+READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
 
 
 class TrainReader(BaseNode[RawSample]):
@@ -97,6 +99,8 @@ class TrainReader(BaseNode[RawSample]):
         self.source = index.source if index.remote else open_source(index.root)
         self._names = [s.name for s in index.shards]
         self._where = [os.path.join(str(self.source.root), n) for n in self._names]  # for messages
+        # a remote root: each batch's frames in one read_many, the next batches' fetched while this one decodes
+        self._ahead = ReadAhead(self._fetch_batch, self._following, depth=READ_AHEAD) if index.remote else None
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -124,7 +128,8 @@ class TrainReader(BaseNode[RawSample]):
         if self._stop is not None and self._epoch >= self._stop:
             raise StopIteration
         step, i = divmod(self._pos, self.batch_size)
-        raw = self._sample(int(self._frames_of(self._epoch, step)[i]))
+        flat = int(self._frames_of(self._epoch, step)[i])
+        raw = self._sample(flat, None if self._ahead is None else self._ahead.get((self._epoch, step)).get(flat))
         self._pos += 1
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0
@@ -140,6 +145,8 @@ class TrainReader(BaseNode[RawSample]):
         if not self.index.remote:
             self.source.close()
             self._mapped = None  # the slices samples still hold keep their mappings alive
+        if self._ahead is not None:
+            self._ahead.close()
 
     def _frames_of(self, epoch: int, step: int) -> np.ndarray:
         """This rank's flat frame numbers at global ``step`` of ``epoch`` (one batch's worth, cached)."""
@@ -150,12 +157,13 @@ class TrainReader(BaseNode[RawSample]):
             self._batch = (epoch, step, self._shuffle[1](at))
         return self._batch[2]
 
-    def _sample(self, flat: int) -> RawSample:
+    def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
         e, t = self.table.locate(flat)
         ep = self.episodes[e]
         read: dict[int, dict[str, bytes]] = {}
         steps = ((t, None), *fields_by_step(t, ep.length, self.windows).items())
-        got = self._fetch(ep, [s for s, _ in steps]) if self.index.remote else {}
+        if got is None:
+            got = self._fetch(ep, [s for s, _ in steps]) if self.index.remote else {}
         checks: list[tuple[int, bytes, int]] = []  # crc32 checks left to the decode worker (local shards)
         damaged = [why for s, want in steps
                    if (why := self._read(ep, s, want, read, got.get(s), checks)) is not None]
@@ -167,6 +175,37 @@ class TrainReader(BaseNode[RawSample]):
         raw = window_sample(item, shard, ep.length, self.windows, read)
         raw.checks = tuple(checks)
         return raw
+
+    def _following(self, key: tuple[int, int]) -> tuple[int, int] | None:
+        """The (epoch, step) after ``key`` in this pass, or None past its last epoch."""
+        epoch, step = key
+        if (step + 1) * self.batch_size < self.per_epoch:
+            return epoch, step + 1
+        return (epoch + 1, 0) if self._stop is None or epoch + 1 < self._stop else None
+
+    def _fetch_batch(self, key: tuple[int, int]) -> dict[int, dict[int, bytes]]:
+        """Every frame this rank's batch at ``key`` (epoch, step) reads, windows included: flat -> step -> bytes.
+
+        Pure of the reader's cursor (it runs in a read-ahead thread): the order is recomputed from the seed.
+        """
+        epoch, step = key
+        at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
+        wants: list[tuple[int, int, int, int, int]] = []  # flat, step, shard, start, end
+        for flat in map(int, IndexShuffle.of(len(self.table), seed=self.seed, epoch=epoch)(at)):
+            e, t = self.table.locate(flat)
+            ep = self.episodes[e]
+            for s in (t, *fields_by_step(t, ep.length, self.windows)):
+                wants.append((flat, s, *ep.frame_range(s)))
+        by_shard: dict[int, list[int]] = {}
+        for k, w in enumerate(wants):
+            by_shard.setdefault(w[2], []).append(k)
+        datas = self.source.read_many([(self._names[shard], [(wants[k][3], wants[k][4] - wants[k][3]) for k in ks])
+                                       for shard, ks in by_shard.items()])
+        out: dict[int, dict[int, bytes]] = {}
+        for ks, ds in zip(by_shard.values(), datas):
+            for k, data in zip(ks, ds):
+                out.setdefault(wants[k][0], {})[wants[k][1]] = data
+        return out
 
     def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
         """The whole bytes of each step's frame through the index's byte source (a remote root).

@@ -26,27 +26,33 @@ def check_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def coalesce(ranges: Sequence[tuple[int, int]], *, gap: int, max_request: int) -> list[Request]:
+def coalesce(ranges: Sequence[tuple[int, int]], *, gap: int, max_request: int,
+             waste: float | None = None) -> list[Request]:
     """Merge ranges whose gap is at most ``gap`` bytes into GETs of at most ``max_request`` bytes.
 
     Overlapping and repeated ranges share a GET. Empty ranges need no bytes and belong to no request.
     A single range longer than ``max_request`` still gets one GET of its own: splitting it buys nothing.
-    The bytes fetched beyond the ranges' own are bounded by ``gap`` per merge, which is what keeps a
-    pinned episode's transfer close to its size.
+    The bytes fetched beyond the ranges' own are bounded by ``gap`` per merge, and with ``waste`` by that
+    fraction of the ranges' own bytes in every GET: a gap is read through only while the GET stays within
+    ``(1 + waste)`` times its ranges' union, so a sparse plan (a few frames per episode) costs at most that
+    ratio of its bytes, and a dense one (a header skipped per frame) still merges into one GET.
     """
     order = sorted((i for i, (_, n) in enumerate(ranges) if n > 0), key=lambda i: ranges[i][0])
     out: list[Request] = []
-    start = end = 0
+    start = end = covered = 0
     members: list[int] = []
     for i in order:
         off, n = ranges[i]
-        if members and off <= end + gap and max(end, off + n) - start <= max_request:
-            end = max(end, off + n)
+        new_end = max(end, off + n)
+        new_covered = covered + new_end - max(end, off)
+        if members and off <= end + gap and new_end - start <= max_request and \
+                (waste is None or new_end - start - new_covered <= waste * new_covered):
+            end, covered = new_end, new_covered
             members.append(i)
             continue
         if members:
             out.append(Request(start, end, tuple(members)))
-        start, end, members = off, off + n, [i]
+        start, end, covered, members = off, off + n, n, [i]
     if members:
         out.append(Request(start, end, tuple(members)))
     return out

@@ -39,6 +39,8 @@ class RemoteOptions:
 
     Args:
         gap: ranges at most this many bytes apart are fetched by one GET (the gap is read and dropped).
+        waste: ... and only while a GET's dropped bytes stay within this fraction of its ranges' own, so
+            every read costs at most ``1 + waste`` times its bytes (None: ``gap`` alone decides).
         max_request: a coalesced GET grows to at most this many bytes, so big plans still run in parallel.
         max_in_flight: GETs in flight at once per source.
         attempts: tries per GET on throttling (503/SlowDown), 5xx, timeouts and dropped connections.
@@ -50,6 +52,7 @@ class RemoteOptions:
     """
 
     gap: int = 64 * 1024
+    waste: float | None = 0.1
     max_request: int = 16 * 1024 * 1024
     max_in_flight: int = 16
     attempts: int = 5
@@ -66,6 +69,9 @@ class RemoteOptions:
             v = getattr(self, name)
             if type(v) is not int or v < low:
                 raise ValueError(f"{name}={v!r} should be an int >= {low}")
+        if self.waste is not None and (not isinstance(self.waste, int | float) or isinstance(self.waste, bool)
+                                       or not 0 <= self.waste <= 1e6):
+            raise ValueError(f"waste={self.waste!r} should be a fraction >= 0 (0.1: at most 1.1x the bytes), or None")
         for name, low in (("backoff", 0.0), ("max_backoff", 0.0), ("timeout", 1e-3)):
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool) or not low <= v < 1e6:
@@ -118,28 +124,49 @@ class RemoteSource:
         return self.read_ranges(name, [(offset, size)])[0]
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        name = check_name(name)
-        ranges = check_ranges(ranges)
-        cache = self._cache
-        if cache is not None and self.options.cache_whole:
-            whole = self._read_whole(cache, name, ranges) if name not in self._uncached else None
-            if whole is not None:
-                return whole
-            self._uncached.add(name)  # too big for the cache, or no disk: read ranges, uncached
-            cache = None
-        out: list[bytes | None] = [b"" if n == 0 else None for _, n in ranges]
-        if cache is not None:
-            for i, (off, n) in enumerate(ranges):
-                if n:
-                    out[i] = cache.get(self.root, name, off, n)
-        todo = [i for i, b in enumerate(out) if b is None]
-        o = self.options
-        reqs = coalesce([ranges[i] for i in todo], gap=o.gap, max_request=o.max_request)
+        return self.read_many([(name, ranges)])[0]
+
+    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        """`read_ranges` of several objects at once: every object's coalesced GETs are in flight together.
+
+        A training batch's frames lie in many shards; one call per shard would pay the latency once per
+        shard, this pays it about once per batch (``max_in_flight`` bounds the GETs at a time).
+        """
+        jobs: list[tuple[str, list[tuple[int, int]], list[bytes | None], list[int], RangeCache | None]] = []
+        reqs: list[tuple[int, Request]] = []
+        calls = [(check_name(name), check_ranges(ranges)) for name, ranges in calls]
+        wholes: dict[int, list[bytes] | None] = {}
+        if self._cache is not None and self.options.cache_whole:  # whole objects fetched side by side too
+            todo_whole = [k for k, (name, _) in enumerate(calls) if name not in self._uncached]
+            cache = self._cache
+            fetch = self._executor().map if len(todo_whole) > 1 else map
+            for k, got in zip(todo_whole, fetch(lambda k: self._read_whole(cache, *calls[k]), todo_whole)):
+                wholes[k] = got
+        for k, (name, ranges) in enumerate(calls):
+            cache = self._cache
+            if cache is not None and self.options.cache_whole:
+                whole = wholes.get(k)
+                if whole is not None:
+                    jobs.append((name, ranges, list(whole), [], None))
+                    continue
+                self._uncached.add(name)  # too big for the cache, or no disk: read ranges, uncached
+                cache = None
+            out: list[bytes | None] = [b"" if n == 0 else None for _, n in ranges]
+            if cache is not None:
+                for i, (off, n) in enumerate(ranges):
+                    if n:
+                        out[i] = cache.get(self.root, name, off, n)
+            todo = [i for i, b in enumerate(out) if b is None]
+            o = self.options
+            reqs += [(len(jobs), r) for r in coalesce([ranges[i] for i in todo], gap=o.gap, max_request=o.max_request,
+                                                      waste=o.waste)]
+            jobs.append((name, ranges, out, todo, cache))
         if len(reqs) > 1:
-            parts = list(self._executor().map(lambda r: self._get(name, r), reqs))
+            parts = list(self._executor().map(lambda jr: self._get(jobs[jr[0]][0], jr[1]), reqs))
         else:
-            parts = [self._get(name, r) for r in reqs]  # one GET: no thread hop
-        for req, data in zip(reqs, parts):
+            parts = [self._get(jobs[k][0], r) for k, r in reqs]  # one GET: no thread hop
+        for (k, req), data in zip(reqs, parts):
+            name, ranges, out, todo, cache = jobs[k]
             view = memoryview(data)  # slices of the GET's buffer, copied once into each range's bytes
             for j in req.members:
                 i = todo[j]
@@ -150,7 +177,7 @@ class RemoteSource:
                 out[i] = piece
                 if cache is not None:
                     cache.put(self.root, name, off, n, piece)
-        return out  # type: ignore[return-value]
+        return [job[2] for job in jobs]  # type: ignore[misc]
 
     def _read_whole(self, cache: RangeCache, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
         """``ranges`` from the cached whole object, fetching it first; None if it cannot be cached."""
@@ -188,6 +215,12 @@ class RemoteSource:
             self._sizes = {}
         if pool is not None:
             pool.shutdown(wait=True)
+
+    def __enter__(self) -> RemoteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"RemoteSource({self.root!r})"

@@ -64,7 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write", help="shard SRC into OUT (resumes an interrupted run with the same options)")
     w.add_argument("src", type=Path, metavar="SRC")
-    w.add_argument("out", type=Path, metavar="OUT")
+    w.add_argument("out", type=_root, metavar="OUT", help="a folder, or s3://bucket/prefix or gs://bucket/prefix "
+                   "(shards uploaded as they finish, the index last; credentials from the standard environment)")
+    w.add_argument("--staging", type=Path, default=None, metavar="DIR",
+                   help="remote OUT: local folder to stage shards in, about one shard of disk (default "
+                        "~/.cache/episodepipes/staging); a resume reads the remote progress, any DIR will do")
     w.add_argument("--format", default="auto", help=_format_help())
     w.add_argument("--shard-size", default="512MB", help="target shard size, e.g. 512MB, 1GiB (default 512MB)")
     w.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
@@ -109,8 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--recompute", action="store_true",
                     help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
-    m.add_argument("out", type=Path, metavar="OUT")
+    m.add_argument("out", type=_root, metavar="OUT", help="the OUT of the jobs: a folder or a remote root")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
+    m.add_argument("--staging", type=Path, default=None, metavar="DIR", help="remote OUT: as for write")
     return p
 
 
@@ -164,6 +169,8 @@ def _write(a: argparse.Namespace) -> int:
     from episodepipes.sharding.write import WriteOptions, write_shards
 
     _check_write_args(a)
+    if a.staging is not None and not is_url(a.out):
+        raise ValueError(f"--staging applies to a remote OUT (s3://, gs://) only, and {a.out} is a folder; drop it")
     root, fmt = resolve(a.src, a.format)
     opts = WriteOptions(format=fmt, shard_size=parse_size(a.shard_size), jpeg_quality=a.jpeg_quality,
                         resize=parse_resize(a.resize), val_fraction=a.val_fraction,
@@ -178,7 +185,7 @@ def _write(a: argparse.Namespace) -> int:
     options = {} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}
     reader = FORMATS[fmt].factory(root, **options, **({"copy": True} if a.codec == "copy" else {}))
     res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
-                       job_index=a.job_index, overwrite=a.overwrite, progress_bar=True)
+                       job_index=a.job_index, overwrite=a.overwrite, progress_bar=True, staging=a.staging)
     print("\n".join(_summary(a, res)))
     return 0
 
@@ -221,7 +228,7 @@ def _run(a: argparse.Namespace) -> int:
         return 1 if problems else 0
     from episodepipes.sharding.merge import merge_jobs
 
-    merge_jobs(a.out, overwrite=a.overwrite)
+    merge_jobs(a.out, overwrite=a.overwrite, staging=a.staging)
     index = EpisodeIndex.open(a.out)
     print(f"merged into {a.out}: {len(index.episodes)} episodes, {len(index.shards)} shards")
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import zlib
 from pathlib import Path
 
 from episodepipes.format import INDEX_NAME
@@ -21,14 +22,14 @@ from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.recompute import recompute
 from episodepipes.sharding.writer import ShardWriter
-from episodepipes.shardio import ByteSource, LocalSource
+from episodepipes.shardio import ByteSource, is_url, open_source
 from episodepipes.statsfields import StatsFields, has_stats
 from episodepipes.statsfile import NAME as STATS_NAME
 
 log = logging.getLogger(__name__)
 
 
-def _job_record(d: Path, data: dict) -> dict:
+def _job_record(d: _Job, data: dict) -> dict:
     """The ``job`` field of a job's index, checked: what the job covered and from which source."""
     job = data.get("job")
     ints = ("index", "num_jobs", "episodes", "first", "count")
@@ -43,7 +44,7 @@ def _job_record(d: Path, data: dict) -> dict:
     return job
 
 
-def _check_same_source(found: list[tuple[Path, dict]]) -> None:
+def _check_same_source(found: list[tuple[_Job, dict]]) -> None:
     """Refuse jobs written from different sources: merged, they would duplicate some episodes and lose others."""
     d0, ref = found[0][0], found[0][1]["job"]
     owner: dict[str, str] = {}
@@ -73,18 +74,35 @@ def _check_same_source(found: list[tuple[Path, dict]]) -> None:
                          "jobs with the same --num-jobs")
 
 
-def _job_indexes(out: Path) -> list[tuple[Path, dict]]:
+class _Job:
+    """A job output: its folder name (``job-NNNN``) and root (a local folder or a URL)."""
+
+    def __init__(self, name: str, root: Path | str, finished: bool) -> None:
+        self.name, self.root, self.finished = name, root, finished
+
+    def __truediv__(self, file: str) -> str:  # where a job's file is, for messages
+        return f"{self.root}/{file}"
+
+
+def _local_jobs(out: Path) -> list[_Job]:
     jobs = out / JOBS_DIR
     dirs = sorted(p for p in jobs.glob("job-*") if p.is_dir()) if jobs.is_dir() else []
+    return [_Job(d.name, d, (d / INDEX_NAME).exists()) for d in dirs]
+
+
+def _job_indexes(jobs: str, dirs: list[_Job]) -> list[tuple[_Job, dict]]:
     if not dirs:
         raise FileNotFoundError(f"{jobs} holds no job outputs; run write --num-jobs K --job-index I first")
     found = []
     for d in dirs:
         file = d / INDEX_NAME
-        if not file.exists():
+        if not d.finished:
             raise ValueError(f"job {d.name} is unfinished ({file} missing); re-run its write command to resume it")
-        try:  # format, version and every shard's sha256: a damaged job shard must not be copied into OUT
-            data = EpisodeIndex.open(d, verify=True).data
+        try:  # format, version and every shard's sha256 (a remote job: every frame's crc32, as it is copied)
+            index = EpisodeIndex.open(d.root, verify=not isinstance(d.root, str))
+            if isinstance(d.root, str) and not index.has_crc:
+                index.verify()
+            data = index.data
         except (ValueError, FileNotFoundError) as e:
             raise ValueError(f"job {d.name}: {e}; re-run that job with --overwrite") from e
         _job_record(d, data)
@@ -105,16 +123,23 @@ def _job_indexes(out: Path) -> list[tuple[Path, dict]]:
     return found
 
 
-def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
+def merge_jobs(out: str | Path, *, overwrite: bool = False, staging: str | Path | None = None) -> dict:
     """Merge ``out/_jobs/job-*`` into ``out``; returns the merged index data. Job outputs are removed after.
 
     Every job must come from the same source: the same episode list, options and job count (each job
     records its episode ids and a source fingerprint); a job from another source is refused by name.
 
     Args:
-        out: the OUT of the ``write --num-jobs K --job-index I`` runs.
+        out: the OUT of the ``write --num-jobs K --job-index I`` runs: a folder, or a remote root whose jobs
+            wrote ``OUT/_jobs/job-NNNN`` there (merged through a staging folder, shards uploaded as they
+            finish, the index last, then the remote job outputs deleted).
         overwrite: merge again over an already merged ``out``.
+        staging: a remote ``out`` only: where its staging folder goes (see `write_shards`).
     """
+    if is_url(out):
+        from episodepipes.sharding.remote_merge import merge_remote
+
+        return merge_remote(str(out), overwrite=overwrite, staging=staging)
     out = Path(out)
     if (out / INDEX_NAME).exists() and not overwrite:
         raise FileExistsError(f"{out / INDEX_NAME} exists: already merged; pass --overwrite to merge again")
@@ -122,43 +147,78 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False) -> dict:
         raise FileNotFoundError(f"{out / JOBS_DIR} does not exist; run write --num-jobs K --job-index I "
                                 "into this OUT first")
     with write_lock(out):
-        jobs = _job_indexes(out)
+        jobs = _job_indexes(str(out / JOBS_DIR), _local_jobs(out))
         clear(out, jobs=False)
-        options = jobs[0][1]["options"]
-        size = options.get("shard_size") if isinstance(options, dict) else None
-        if type(size) is not int or size < 1:
-            raise ValueError(f"job {jobs[0][0].name}: options.shard_size={size!r} is not a positive integer; "
-                             "re-run that job with --overwrite")
-        skipped = [s for _, data in jobs for s in data.get("skipped", [])]
-        extra = dict(_job_stats(jobs).write(out / STATS_NAME), **({"skipped": skipped} if skipped else {}))
-        with ShardWriter(out, shard_size=size, options=options, extra=extra) as writer:
-            for d, data in jobs:
-                with LocalSource(d) as job:
-                    for entry in data["episodes"]:
-                        meta = {k: v for k, v in entry.items() if k != "segments"}
-                        writer.add_frames(meta, *_frames(job, data["shards"], entry["segments"]))
+        with ShardWriter(out, **writer_options(jobs, out)) as writer:
+            copy_jobs(jobs, writer)
         shutil.rmtree(out / JOBS_DIR)
     log.info("merged %d jobs into %s", len(jobs), out)
     return json.loads((out / INDEX_NAME).read_text())
 
 
-def _job_stats(jobs: list[tuple[Path, dict]]) -> StatsFields:
+def writer_options(jobs: list[tuple[_Job, dict]], out: Path) -> dict:
+    """`ShardWriter` keywords of the merged output: the jobs' shard size, options and folded statistics.
+
+    The statistics side file is written into ``out`` (the local folder the writer writes) here, before the index.
+    """
+    options = jobs[0][1]["options"]
+    size = options.get("shard_size") if isinstance(options, dict) else None
+    if type(size) is not int or size < 1:
+        raise ValueError(f"job {jobs[0][0].name}: options.shard_size={size!r} is not a positive integer; "
+                         "re-run that job with --overwrite")
+    skipped = [s for _, data in jobs for s in data.get("skipped", [])]
+    extra = dict(_job_stats(jobs).write(out / STATS_NAME), **({"skipped": skipped} if skipped else {}))
+    return {"shard_size": size, "options": options, "extra": extra}
+
+
+def copy_jobs(jobs: list[tuple[_Job, dict]], writer: ShardWriter) -> None:
+    """Every job's episodes, in job order, appended to ``writer`` (the encoded bytes, copied)."""
+    for d, data in jobs:
+        with open_source(d.root) as job:
+            for entry in data["episodes"]:
+                meta = {k: v for k, v in entry.items() if k != "segments"}
+                writer.add_frames(meta, *_frames(d, job, data["shards"], entry))
+
+
+def _job_stats(jobs: list[tuple[_Job, dict]]) -> StatsFields:
     """The jobs' statistics folded in job order, as a single job folds its episodes: the same fields."""
     out = StatsFields()
     for d, data in jobs:
         if not has_stats(data):  # a job written by an older episodepipes: read its arrays back
-            data = recompute(d, data["shards"], data["episodes"]).to_json()
-        out.add_fields(data, where=f"job {d.name}: {d / INDEX_NAME}", root=d)
+            if isinstance(d.root, str):
+                raise ValueError(f"job {d.name}: {d / INDEX_NAME} has no statistics (an older episodepipes); "
+                                 "re-run that job with --overwrite")
+            data = recompute(d.root, data["shards"], data["episodes"]).to_json()
+        out.add_fields(data, where=f"job {d.name}: {d / INDEX_NAME}", read_side=_side_file(d),
+                       side=d / STATS_NAME)
     return out
 
 
-def _frames(job: ByteSource, shards: list[dict], segments: list[dict]) -> tuple[bytes, list[int]]:
-    """The tar bytes of one episode's frames, read from a job's shards, and each frame's size."""
+def _side_file(d: _Job):  # noqa: ANN202 - a reader of the job's statistics side file
+    if isinstance(d.root, str):
+        def read() -> bytes:
+            with open_source(d.root) as src:
+                return src.read_file(STATS_NAME)
+        return read
+    return lambda: (d.root / STATS_NAME).read_bytes()
+
+
+def _frames(d: _Job, job: ByteSource, shards: list[dict], entry: dict) -> tuple[bytes, list[int]]:
+    """The tar bytes of one episode's frames, read from a job's shards (crc32-checked), and each frame's size."""
     blobs: list[bytes] = []
     sizes: list[int] = []
-    for seg in segments:
+    for seg in entry["segments"]:
         start = seg["offsets"][0]
-        blobs.append(job.read(shards[seg["shard"]]["name"], start, seg["end"] - start))
+        name = shards[seg["shard"]]["name"]
+        data = job.read(name, start, seg["end"] - start)
         bounds = seg["offsets"] + [seg["end"]]
-        sizes += [b - a for a, b in zip(bounds, bounds[1:])]
+        for k, (a, b, crc) in enumerate(zip(bounds, bounds[1:], seg.get("crc32") or [None] * seg["count"])):
+            # a packed frame's crc32 covers its record, which sits `heads[k]` into its span
+            lo = a + seg["heads"][k] if "heads" in seg else a
+            hi = lo + seg["sizes"][k] if "heads" in seg else b
+            if crc is not None and zlib.crc32(memoryview(data)[lo - start:hi - start]) != crc:
+                raise ValueError(f"job {d.name}: {d / name} episode {entry['id']!r} frame {seg['first'] + k} fails "
+                                 "its crc32; re-run that job with --overwrite")
+            sizes.append(b - a)
+        blobs.append(data)
     return b"".join(blobs), sizes

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,11 +66,13 @@ def clear(out: Path, *, jobs: bool = True) -> None:
         shutil.rmtree(out / JOBS_DIR, ignore_errors=True)
 
 
-def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | None = None) -> tuple[Progress, bool]:
+def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | None = None,
+          check: Callable[[list[dict]], None] | None = None) -> tuple[Progress, bool]:
     """Prepare ``out`` for a write with ``options``: fresh, resumed, or refused. Returns (progress, resumed).
 
     ``finished_hint`` is another index that, when present, also marks the output finished
-    (the merged index of a multi-job output).
+    (the merged index of a multi-job output). ``check(shards)`` replaces the check that the finished
+    shards of a resumed write are still in ``out`` (a remote OUT keeps them in its object store).
     """
     for done in (out / INDEX_NAME, finished_hint):
         if done is not None and done.exists() and not overwrite:
@@ -92,7 +95,7 @@ def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | No
                              if options.get(k) != prog.options.get(k))
             raise ValueError(f"{out} holds an unfinished write with other options (differ: {', '.join(changed)}); "
                              "re-run with the same options to resume, or pass --overwrite to start over")
-        _drop_unrecorded(out, prog.shards)
+        _drop_unrecorded(out, prog.shards, check)
         log.info("resuming %s after %d finished shards", out, len(prog.shards))
         return prog, True
     if any(out.glob("shard-*.tar")):
@@ -103,9 +106,11 @@ def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | No
     return prog, False
 
 
-def _drop_unrecorded(out: Path, shards: list[dict]) -> None:
+def _drop_unrecorded(out: Path, shards: list[dict], check: Callable[[list[dict]], None] | None = None) -> None:
     """Delete temp files and shards finished after the last recorded progress (they are rewritten identically)."""
-    for s in shards:
+    if check is not None:
+        check(shards)
+    for s in shards if check is None else ():
         p = out / s["name"]
         if not p.exists() or p.stat().st_size != s["bytes"]:
             raise ValueError(f"{p}, finished before the interruption, is missing or changed; "

@@ -22,10 +22,12 @@ import errno
 import hashlib
 import json
 import logging
+import os
 import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from episodepipes.format import INDEX_NAME, safe_episode_id
 from episodepipes.sharding.encode import EncodeOptions
@@ -38,7 +40,11 @@ from episodepipes.sharding.progress_stats import StatsLog
 from episodepipes.sharding.recompute import resumed_stats
 from episodepipes.sharding.write_plan import assign_splits, job_block
 from episodepipes.sharding.writer import ShardWriter
+from episodepipes.shardio import is_url
 from episodepipes.statsfile import NAME as STATS_NAME
+
+if TYPE_CHECKING:
+    from episodepipes.sharding.remote_out import RemoteOut
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +104,7 @@ class WriteResult:
     """What a `write_shards` call wrote.
 
     Attributes:
-        out: the folder written (a job's folder under ``out/_jobs`` with ``num_jobs > 1``).
+        out: the folder written (a job's folder under ``out/_jobs`` with ``num_jobs > 1``), or its URL.
         episodes: episodes in the output.
         frames: frames in the output.
         shards: shard files in the output.
@@ -110,7 +116,7 @@ class WriteResult:
             (``val_fraction``/``val_episodes``) and "default" (train).
     """
 
-    out: Path
+    out: Path | str
     episodes: int
     frames: int
     shards: int
@@ -143,7 +149,8 @@ def source_fingerprint(ids: list[str], options: dict, num_jobs: int) -> str:
 
 def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, workers: int = 1,
                  num_jobs: int = 1, job_index: int = 0, overwrite: bool = False,
-                 progress_bar: bool = False, progress_every: float = 10.0) -> WriteResult:
+                 progress_bar: bool = False, progress_every: float = 10.0,
+                 staging: str | os.PathLike | None = None) -> WriteResult:
     """Shard ``reader`` into ``out``, resuming an interrupted run with the same options.
 
     One writer per folder: ``<folder>/_write.lock`` refuses a second one (`LockedError` names its pid
@@ -152,7 +159,9 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
 
     Args:
         reader: an `EpisodeReader`; it is pickled to the encoder processes.
-        out: the output folder (new, or an interrupted write of the same source and options).
+        out: the output folder (new, or an interrupted write of the same source and options), or a remote
+            root (``s3://bucket/prefix``, ``gs://...``): shards are uploaded as they finish, the index last
+            (`episodepipes.sharding.remote_out`), and an interrupted write resumes from the remote progress.
         opts: what decides the output bytes; see `WriteOptions`.
         workers: encoder processes; the output does not depend on it.
         num_jobs: split the sorted episode list into this many contiguous blocks, one per job.
@@ -161,7 +170,15 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
         progress_bar: show progress on stderr: a bar on a terminal, else a line every ``progress_every``
             seconds (for Slurm and CI logs).
         progress_every: seconds between two progress lines when stderr is not a terminal.
+        staging: a remote ``out`` only: the folder its local staging folder goes in (about one shard of
+            disk); None for ``~/.cache/episodepipes/staging``.
     """
+    remote = None
+    if is_url(out):
+        from episodepipes.sharding.remote_out import RemoteOut
+
+        remote = RemoteOut(str(out), staging)
+        out = remote.staging
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT {out} is a file; OUT is the folder to write into: choose a new or empty path")
@@ -188,8 +205,13 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
     try:
         target.mkdir(parents=True, exist_ok=True)
         with write_lock(target):
-            prog, resumed = start(target, state, overwrite=overwrite,
-                                  finished_hint=out / INDEX_NAME if num_jobs > 1 else None)
+            if remote is not None:  # the remote state (finished? progress?) into the cleared staging folder
+                remote.prepare(target, state, overwrite=overwrite, job=num_jobs > 1)
+            prog, resumed = start(target, state, overwrite=overwrite and remote is None,
+                                  finished_hint=out / INDEX_NAME if num_jobs > 1 and remote is None else None,
+                                  check=remote.check(target) if remote is not None else None)
+            if remote is not None and not resumed:
+                remote.save(target)  # a remote progress from the start: shards without one are never ours
             if prog.skipped and not opts.skip_bad:
                 raise ValueError(f"the interrupted run in {target} skipped {[x['id'] for x in prog.skipped]}; "
                                  "resume with --skip-bad, or pass --overwrite to start over")
@@ -200,9 +222,11 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                 extra["job"] = {"index": job_index, "num_jobs": num_jobs, "episodes": len(ids),
                                 "first": block[0] if block else 0, "count": len(block),
                                 "ids": [ids[p] for p in block], "source": source}
-            run = _Run(reader, block, ids, splits, opts, target, state, prog, extra)
+            run = _Run(reader, block, ids, splits, opts, target, state, prog, extra, remote)
             meter = run.write(writer, workers, Meter(len(block), prog.position, enabled=progress_bar,
                                                      every=progress_every))
+            if remote is not None:
+                remote.finish(target)
     except OSError as e:
         if e.errno not in _FULL:
             raise
@@ -213,7 +237,8 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
             f"({sum(s['bytes'] for s in kept) / 1e6:.1f} MB, kept); free space (or choose another OUT) "
             "and re-run the same command to resume") from e
     total = sum(e["length"] for e in writer.episodes)
-    return WriteResult(target, len(writer.episodes), total, len(writer.shards), run.skipped, resumed,
+    where = remote.target_url(target) if remote is not None else target
+    return WriteResult(where, len(writer.episodes), total, len(writer.shards), run.skipped, resumed,
                        seconds=meter.seconds, frames_written=meter.frames, split_origins=dict(run.origins))
 
 
@@ -221,9 +246,10 @@ class _Run:
     """The episode loop of one `write_shards` call, and the progress it saves after each shard."""
 
     def __init__(self, reader: EpisodeReader, block: list[int], ids: list[str], splits: dict,
-                 opts: WriteOptions, target: Path, state: dict, prog: Progress, extra: dict) -> None:
+                 opts: WriteOptions, target: Path, state: dict, prog: Progress, extra: dict,
+                 remote: RemoteOut | None = None) -> None:
         self.reader, self.block, self.ids, self.splits, self.opts = reader, block, ids, splits, opts
-        self.target, self.state, self.prog, self.extra = target, state, prog, extra
+        self.target, self.state, self.prog, self.extra, self.remote = target, state, prog, extra, remote
         self.skipped = list(prog.skipped)
         self.origins = Counter(prog.splits)
         self.position = prog.position  # relative to the block; read by `save` when a shard finishes
@@ -237,6 +263,8 @@ class _Run:
                  position=self.position if w.pending else len(self.block), frame=pend["frame"],
                  segments=pend["segments"], splits=dict(self.origins),
                  **self.stats_log.save()).save(self.target)
+        if self.remote is not None:  # upload the shard, then this progress; the local shard goes
+            self.remote.shard_done(self.target, w.shards[-1])
 
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
