@@ -120,12 +120,22 @@ def packed_members(index: EpisodeIndex, episode: str, frame: int,
         shard, start, _ = ep.frame_range(key)  # the GOP by content: its keyframe's shard (sha256) and offset
         gid = f"{index.shards[shard].sha256}:{start}".encode()
         out[f"{name}.{cam.codec}"] = pack([gid, cam.extradata, *packets, *rec.cameras[c]])
-    for (name, spec), row in zip(sorted(ep.arrays.items()), rec.rows):
+    arrays, why = array_members(index, episode, rec)
+    if why is not None:
+        return {}, why
+    out.update(arrays)
+    out["json"] = frame_json(episode, frame, ep.fps)
+    return out, None
+
+
+def array_members(index: EpisodeIndex, episode: str, rec: Record) -> tuple[dict[str, bytes], str | None]:
+    """(``<array>.npy`` members, why damaged) of one packed record: a step read for its arrays needs no GOP."""
+    out: dict[str, bytes] = {}
+    for (name, spec), row in zip(sorted(index.episode(episode).arrays.items()), rec.rows):
         dt = np.dtype(spec.dtype)
         if len(row) != dt.itemsize * math.prod(spec.shape):
             return {}, f"array {name!r} has {len(row)} bytes in the record, not one {spec.dtype} {spec.shape} step"
         out[f"{name}.npy"] = npy_header(dt, spec.shape) + row
-    out["json"] = frame_json(episode, frame, ep.fps)
     return out, None
 
 
