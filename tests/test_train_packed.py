@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from fractions import Fraction
+
+import av
 import numpy as np
 import pytest
 from helpers import write_raw
@@ -106,8 +111,6 @@ def _flip(root, episode, frame):
 
 
 def _copy(root, to):
-    import shutil
-
     return shutil.copytree(root, to)
 
 
@@ -186,3 +189,52 @@ def test_a_mixture_renamed_with_keys_reads_the_video_source(shards):
                 assert np.array_equal(b["cam"][i].numpy(), h264[e, t]["front"])
                 seen += 1
     assert seen >= 20
+
+
+def test_video_cameras_in_the_older_members_layout_are_refused_by_name(shards, tmp_path):
+    root = _copy(shards["h264"], tmp_path / "members")
+    d = json.loads((root / "index.json").read_text())
+    d["layout"] = "members"
+    for c in ("member", "key"):
+        d["columns"].pop(c)
+    (root / "index.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"cameras \['front', 'wrist'\] .* older members layout.*re-shard"):
+        train_pipe(root, batch_size=2, seed=0)
+    with pytest.raises(ValueError, match=r"source 'v' .* older members layout"):
+        train_pipe({"j": Source(shards["jpeg"], 0.5), "v": Source(root, 0.5)}, batch_size=2, seed=0)
+
+
+def _write_mp4(path, frames, encoder, options):
+    with av.open(str(path), "w") as out:
+        s = out.add_stream(encoder, rate=10, options=options)
+        s.width, s.height, s.pix_fmt, s.time_base = frames[0].shape[1], frames[0].shape[0], "yuv420p", Fraction(1, 10)
+        for i, a in enumerate(frames):
+            f = av.VideoFrame.from_ndarray(a, format="rgb24")
+            f.pts = i
+            out.mux(s.encode(f))
+        out.mux(s.encode())
+
+
+def test_copied_shards_give_pyav_s_own_decode_of_the_source_in_windows(tmp_path):
+    synth = SyntheticReader(num_episodes=3, length=10, height=48, width=64, cameras=("front", "wrist"))
+    src = write_raw(tmp_path / "src", synth)  # PNG folders, replaced by one h264 and one AV1 mp4 per episode
+    want = {}
+    for eid in synth.episode_ids():
+        for cam, encoder, options in (("front", "libx264", {"g": "4", "bf": "0"}), ("wrist", "libsvtav1", {"g": "4"})):
+            for png in (src / eid / cam).iterdir():
+                png.unlink()
+            (src / eid / cam).rmdir()
+            _write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
+            with av.open(str(src / eid / f"{cam}.mp4")) as c:
+                want.update({(eid, t, cam): f.to_ndarray(format="rgb24") for t, f in enumerate(c.decode(video=0))})
+    out = tmp_path / "out"
+    assert main(["write", str(src), str(out), "--codec", "copy", "--workers", "1", "--shard-size", "8kB"]) == 0
+    pipe = train_pipe(out, batch_size=2, seed=0, num_workers=2, history={"front": 3})
+    n = 0
+    for s in _samples(pipe):
+        e, t = s["episode"], int(s["frame"])
+        assert s["valid"] and np.array_equal(s["wrist"].transpose(1, 2, 0), want[e, t, "wrist"])
+        for j, step in enumerate(np.clip(np.arange(t - 2, t + 1), 0, 9).tolist()):
+            assert np.array_equal(s["front"][j].transpose(1, 2, 0), want[e, step, "front"]), (e, t, j)
+        n += 1
+    assert n == 2 * len(pipe) > 0
