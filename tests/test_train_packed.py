@@ -12,7 +12,7 @@ import pytest
 from helpers import write_raw
 
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes import Source, train_pipe, video_pipe
+from episodepipes.pipes import Source, train_pipe, video_pipe, videoframes
 from episodepipes.pipes.train_packed import needed_frames
 from episodepipes.pipes.videoframes import key_frame
 from episodepipes.sharding.cli import main
@@ -238,3 +238,23 @@ def test_copied_shards_give_pyav_s_own_decode_of_the_source_in_windows(tmp_path)
             assert np.array_equal(s["front"][j].transpose(1, 2, 0), want[e, step, "front"]), (e, t, j)
         n += 1
     assert n == 2 * len(pipe) > 0
+
+
+def _decoded(camera):
+    return sum(p.decoded for k, p in videoframes._POOLS.items() if k[0] == camera)
+
+
+def test_a_window_decodes_each_packet_of_its_range_once(shards):
+    """History 4 at GOP 2 spans up to three GOPs: decoded in order, its packets are those from the earliest step's
+    key frame to the current step, not a GOP per step (which would decode each keyframe again)."""
+    idx = EpisodeIndex.open(shards["h264"])
+    pipe = train_pipe(shards["h264"], batch_size=1, seed=7, num_workers=1, history={"front": 4})
+    per_step = one_range = 0
+    before = _decoded("front")
+    for s in _samples(pipe):
+        e, t = s["episode"], int(s["frame"])
+        steps = sorted(set(np.clip(np.arange(t - 3, t + 1), 0, 8).tolist()))
+        one_range += t - key_frame(idx, e, steps[0]) + 1
+        per_step += sum(u - key_frame(idx, e, u) + 1 for u in steps)
+        assert s["valid"]
+    assert _decoded("front") - before <= one_range < per_step
