@@ -258,3 +258,21 @@ def test_a_window_decodes_each_packet_of_its_range_once(shards):
         per_step += sum(u - key_frame(idx, e, u) + 1 for u in steps)
         assert s["valid"]
     assert _decoded("front") - before <= one_range < per_step
+
+
+def test_the_order_and_state_are_the_jpeg_shards_of_the_same_episodes(shards):
+    kw = dict(batch_size=2, seed=9, num_workers=1, rank=1, world_size=2, history={"front": 2, "state": 3})
+    video, jpeg = train_pipe(shards["h264"], **kw), train_pipe(shards["jpeg"], **kw)
+    assert _keys(video) == _keys(jpeg) and len(video) == len(jpeg) == 6
+    assert video.state_dict() == jpeg.state_dict()
+    elastic = train_pipe(shards["h264"], **{**kw, "rank": 0, "world_size": 1, "batch_size": 4})
+    elastic.load_state_dict(_state_after_steps(train_pipe(shards["h264"], **kw), 2))  # a state of world size 2
+    assert _keys(elastic) == _keys(train_pipe(shards["jpeg"], **{**kw, "rank": 0, "world_size": 1,
+                                                                  "batch_size": 4}))[8:]  # 2 steps of 4
+
+
+def _state_after_steps(pipe, n):
+    it = iter(pipe)
+    for _ in range(n):
+        next(it)
+    return pipe.state_dict()
