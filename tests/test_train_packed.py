@@ -276,3 +276,29 @@ def _state_after_steps(pipe, n):
     for _ in range(n):
         next(it)
     return pipe.state_dict()
+
+
+def test_a_jpeg_camera_beside_copied_ones_trains_in_processes(tmp_path):
+    from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, make_lerobot
+
+    make_lerobot(tmp_path / "lr", lengths=(9, 7), num_episodes=2, episodes_per_file=2, gop=4, encoder="libx264")
+    out = tmp_path / "out"
+    assert main(["write", str(tmp_path / "lr"), str(out), "--codec", "copy", "--workers", "1"]) == 0
+    cams = [k.replace(".", "_") for k in (*VIDEO_KEYS, IMAGE_KEY)]
+    ids = [e.id for e in EpisodeIndex.open(out).episodes]
+    assert EpisodeIndex.open(out).episode(ids[0]).cameras[cams[-1]].codec == "jpeg"
+    ref = {(e, f): {c: b[c][i].numpy() for c in cams} for b in video_pipe(out, episodes=ids, batch_size=4,
+                                                                           max_batches=100)
+           for i, (e, f) in enumerate(zip(b["episode"], b["frame"].tolist()))}
+    pipe = train_pipe(out, split=EpisodeIndex.open(out).episode(ids[0]).split, batch_size=2, seed=0, num_workers=2,
+                      method="process", history={cams[0]: 2, cams[-1]: 2})
+    got = _samples(pipe)
+    assert got
+    for s in got:
+        e, t = s["episode"], int(s["frame"])
+        assert s["valid"]
+        for c in cams:
+            if c in (cams[0], cams[-1]):
+                assert np.array_equal(s[c][0], ref[e, max(t - 1, 0)][c]) and np.array_equal(s[c][1], ref[e, t][c])
+            else:
+                assert np.array_equal(s[c], ref[e, t][c])

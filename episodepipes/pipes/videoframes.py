@@ -109,7 +109,7 @@ def packed_members(index: EpisodeIndex, episode: str, frame: int,
         if cam.codec == "jpeg":
             if rec.backs[c] or len(rec.cameras[c]) != 1:
                 return {}, f"camera {name!r} holds {len(rec.cameras[c])} blobs, not one JPEG"
-            out[f"{name}.jpg"] = rec.cameras[c][0]
+            out[f"{name}.jpg"] = bytes(rec.cameras[c][0])  # not a view of the run: a sample must pickle
             continue
         key, packets = frame - rec.backs[c], []
         for f in range(key, frame):
