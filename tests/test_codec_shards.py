@@ -11,7 +11,7 @@ import pytest
 from helpers import write_raw
 
 from episodepipes.index import EpisodeIndex, IndexFormatError
-from episodepipes.pipes import metric_pipe, train_pipe, video_pipe
+from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.synthetic import SyntheticReader
 
@@ -92,12 +92,6 @@ def test_bad_codec_options_exit_2_naming_them(src, tmp_path, capsys):
     assert "crf=99" in capsys.readouterr().err
     assert main(["write", str(src), str(tmp_path / "o"), "--codec", "av1", "--gop", "0"]) == 2
     assert "gop=0" in capsys.readouterr().err
-
-
-def test_train_pipe_refuses_video_cameras_clearly(src, tmp_path):
-    out = _write(src, tmp_path / "out", "--codec", "h264")
-    with pytest.raises(ValueError, match="train_pipe reads JPEG shards"):
-        train_pipe(out, batch_size=2, seed=0)
 
 
 @pytest.mark.parametrize(("field", "value", "needle"), [("codec", "mp4", "codec 'mp4'"), ("codec", 1, "codec=1"),

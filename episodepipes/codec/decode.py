@@ -158,7 +158,7 @@ def _rgb(frames: list, j: int) -> np.ndarray | None:
     """
     f = frames[j]
     if isinstance(f, av.VideoFrame):
-        rgb = f.to_ndarray(format="rgb24")
+        rgb = f.to_ndarray(format="rgb24", threads=1)  # a scaler per frame: its default slice threads cost more
         f = np.empty((3, *rgb.shape[:2]), np.uint8)
         cv2.split(rgb, [f[0], f[1], f[2]])
         frames[j] = f

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from episodepipes._indexcheck import VIDEO_CODECS
 from episodepipes.index import ArraySpec, Camera, Episode, EpisodeIndex
 from episodepipes.pipes import train_state as ts
 from episodepipes.pipes._lifecycle import shutdown_node
@@ -25,6 +26,7 @@ from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.train import TrainReader
 from episodepipes.pipes.window import Window
 
+CAMERA_EXTS = ("jpg", *VIDEO_CODECS)  # a camera member's field: a JPEG, or a video camera's packed GOP
 _STEP_STREAM = 1 << 31  # the per-step rank deal's stream tag: no source number reaches it
 
 
@@ -139,7 +141,7 @@ class MixReader(BaseNode[RawSample]):
         if self.per_epoch == 0:
             raise ValueError(f"the mixture's epoch of {self.n} samples (stop={mixture.stop!r}) makes no full batch "
                              f"of batch_size={batch_size} on each of world_size={world_size} ranks; lower batch_size")
-        self._fields = [None if k is None else {**{f"{a}.jpg": f"{b}.jpg" for a, b in k.items()},
+        self._fields = [None if k is None else {**{f"{a}.{x}": f"{b}.{x}" for a, b in k.items() for x in CAMERA_EXTS},
                                                 **{f"{a}.npy": f"{b}.npy" for a, b in k.items()}, "json": "json"}
                         for k in keys]
         self._keys = [None if k is None else dict(k) for k in keys]

@@ -389,15 +389,16 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     idx = open_index(index)
     episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
-    video = sorted({c for e in episodes for c, cam in e.cameras.items() if cam.codec != "jpeg"})
-    if video:
-        raise ValueError(f"train_pipe reads JPEG shards; video-codec cameras come next: cameras {video} of "
-                         f"{idx.root} are h264/av1; re-shard with --codec jpeg to train on them today")
+    from episodepipes.pipes import train_packed  # it builds on this module
+
+    train_packed.check_trainable(idx, str(idx.root))
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
     stats = Stats()
-    reader = TrainReader(idx, episodes, windows=windows, seed=int(seed), rank=rank, world_size=world_size,
-                         batch_size=batch_size, epochs=epochs, stats=stats, on_resize=on_resize)
-    dec = Decoder(reader, idx, options, stats=stats, transform=checked, share_frames=True)
+    reader = train_packed.reader_class(idx)(idx, episodes, windows=windows, seed=int(seed), rank=rank,
+                                            world_size=world_size, batch_size=batch_size, epochs=epochs, stats=stats,
+                                            on_resize=on_resize)
+    dec = Decoder(reader, idx, options, stats=stats, transform=checked, frames=train_packed.frames_of(idx),
+                  share_frames=True)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)

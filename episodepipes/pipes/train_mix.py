@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.pipes import train_packed
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import RESERVED, open_index, stack_mismatch
 from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.mix_reader import MixIndex, MixReader, Sourced, SourceNames, View, view
 from episodepipes.pipes.mixture import Mixture
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.train import TrainReader
 from episodepipes.pipes.train_state import TrainPipe
 from episodepipes.pipes.window import Window, plan_windows
 
@@ -143,20 +144,19 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
         idx = open_index(src.root)
         eps = select(idx, src.split or split, episodes=src.episodes, where=src.where)
         check_keys(name, eps[0], src.keys)
-        video = sorted({c for e in eps for c, cam in e.cameras.items() if cam.codec != "jpeg"
-                        and (src.keys is None or c in src.keys)})
-        if video:
-            raise ValueError(f"train_pipe reads JPEG shards; cameras {video} of source {name!r} ({idx.root}) are "
-                             "h264/av1; re-shard it with --codec jpeg, or leave them out with Source(keys=...)")
+        train_packed.check_trainable(idx, f"source {name!r} ({idx.root})")
         idxs.append((idx, eps))
         views[name] = schemas(eps, src.keys)
     check_mix_batchable(views, options.resize)
     first = views[names[0]][0]
     windows = plan_windows(history, horizon, cameras=set(first.cameras), arrays=set(first.arrays))
     stats = Stats()
+    video = train_packed.mixture_frames([i for i, _ in idxs], [s.keys for s in srcs.values()], list(names))
     for (idx, eps), src in zip(idxs, srcs.values()):
-        readers.append(TrainReader(idx, eps, windows=source_windows(windows, src.keys), seed=seed, rank=0,
-                                   world_size=1, batch_size=1, epochs=None, stats=stats))
+        readers.append(train_packed.reader_class(idx, mixture=True)(
+            idx, eps, windows=source_windows(windows, src.keys), seed=seed, rank=0, world_size=1, batch_size=1,
+            epochs=None, stats=stats))
+        train_packed.rename_jpeg(readers[-1], src.keys, video)
     mix = Mixture.of({n: s.weight for n, s in srcs.items()}, {n: len(r.table) for n, r in zip(names, readers)},
                      stop=stop)
     keys = [s.keys for s in srcs.values()]
@@ -164,7 +164,7 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
                        batch_size=batch_size, epochs=epochs, on_resize=on_resize)
     fn = None if transform is None else Sourced(transform)
     dec = Decoder(reader, MixIndex(names, [i for i, _ in idxs], keys), options, stats=stats,  # type: ignore[arg-type]
-                  transform=fn, share_frames=True)
+                  transform=fn, frames=train_packed.TrainFrames(video) if video else JPEG, share_frames=True)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: a mixture of %s, %d samples and %d batches per epoch on rank %d of %d", names, reader.n,
               per, rank, world_size)

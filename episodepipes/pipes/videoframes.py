@@ -109,7 +109,7 @@ def packed_members(index: EpisodeIndex, episode: str, frame: int,
         if cam.codec == "jpeg":
             if rec.backs[c] or len(rec.cameras[c]) != 1:
                 return {}, f"camera {name!r} holds {len(rec.cameras[c])} blobs, not one JPEG"
-            out[f"{name}.jpg"] = rec.cameras[c][0]
+            out[f"{name}.jpg"] = bytes(rec.cameras[c][0])  # not a view of the run: a sample must pickle
             continue
         key, packets = frame - rec.backs[c], []
         for f in range(key, frame):
@@ -120,12 +120,22 @@ def packed_members(index: EpisodeIndex, episode: str, frame: int,
         shard, start, _ = ep.frame_range(key)  # the GOP by content: its keyframe's shard (sha256) and offset
         gid = f"{index.shards[shard].sha256}:{start}".encode()
         out[f"{name}.{cam.codec}"] = pack([gid, cam.extradata, *packets, *rec.cameras[c]])
-    for (name, spec), row in zip(sorted(ep.arrays.items()), rec.rows):
+    arrays, why = array_members(index, episode, rec)
+    if why is not None:
+        return {}, why
+    out.update(arrays)
+    out["json"] = frame_json(episode, frame, ep.fps)
+    return out, None
+
+
+def array_members(index: EpisodeIndex, episode: str, rec: Record) -> tuple[dict[str, bytes], str | None]:
+    """(``<array>.npy`` members, why damaged) of one packed record: a step read for its arrays needs no GOP."""
+    out: dict[str, bytes] = {}
+    for (name, spec), row in zip(sorted(index.episode(episode).arrays.items()), rec.rows):
         dt = np.dtype(spec.dtype)
         if len(row) != dt.itemsize * math.prod(spec.shape):
             return {}, f"array {name!r} has {len(row)} bytes in the record, not one {spec.dtype} {spec.shape} step"
         out[f"{name}.npy"] = npy_header(dt, spec.shape) + row
-    out["json"] = frame_json(episode, frame, ep.fps)
     return out, None
 
 
