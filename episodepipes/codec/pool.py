@@ -5,6 +5,12 @@ of a GOP land in several decoders and each of them decodes the GOP's first packe
 frame decodes its keyframe twice). Here a frame goes to the decoder that holds its GOP: a thread waits while
 another decodes that GOP (it needs that state anyway), and otherwise takes an idle decoder, so frames of different
 GOPs still decode in parallel and each packet of a pass is decoded once.
+
+That holds while the pool has a decoder for every GOP the frames in flight span: a thread that stalls while the
+others run ahead finds its GOP's decoder reused for a newer GOP (least recently used first) and decodes the
+keyframe again. The decode stage keeps 4 samples per worker in flight (8 with 2 threads: at most 5 GOPs at GOP 2),
+so the default ``limit`` of 8 covers it with room; decoders are made only when every existing one is busy or
+holds a GOP still in use.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ class DecoderPool:
     """Up to ``limit`` `PacketDecoder`s of one stream (codec, extradata, frame size) and the GOP each is on."""
 
     def __init__(self, codec: str, extradata: bytes = b"", *, size: tuple[int, int] | None = None,
-                 limit: int = 4) -> None:
+                 limit: int = 8) -> None:
         if limit < 1:
             raise ValueError(f"{limit=} should be >= 1")
         self.codec, self.extradata, self.size, self.limit = codec, extradata, size, limit
