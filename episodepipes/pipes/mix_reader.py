@@ -107,7 +107,7 @@ class SourceNames(BaseNode[dict]):
     close = shutdown
 
 
-class MixReader(BaseNode[RawSample]):
+class MixReader(ts.EpochCursor, BaseNode[RawSample]):
     """Yield this rank's samples of a mixture, epoch after epoch: `TrainReader`'s cursor over `Mixture`'s stream.
 
     Epoch ``e``'s global stream is the interleave (``mixture.samples(g, seed, e)``: which source, and which
@@ -155,25 +155,9 @@ class MixReader(BaseNode[RawSample]):
         self._stop: int | None = None
         self._batch: tuple[int, int, np.ndarray, np.ndarray] | None = None  # (epoch, step, sources, frames)
 
-    def reset(self, initial_state: dict | None = None) -> None:
-        super().reset(initial_state)
-        self.close()
-        stop: int | None = None
-        if initial_state is None:
-            epoch, pos = self._epoch + (self._pos > 0), 0
-        else:
-            epoch, pos = self._resume_at(initial_state, skip=True)
-            stop = initial_state[ts.STOP]
-        self._epoch, self._pos = int(epoch), int(pos)
-        self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
-
-    def check_state(self, state: Mapping[str, Any]) -> None:
-        """Refuse a saved state this reader cannot continue exactly, saying what differs and what to do."""
-        self._resume_at(state, skip=False)
-
-    def _resume_at(self, state: Mapping[str, Any], *, skip: bool) -> tuple[int, int]:
-        return ts.resume_at(state, seed=self.seed, setup=self._setup, n=self.n, world_size=self.world_size,
-                            batch_size=self.batch_size, on_resize=self.on_resize, skip=skip)
+    @property
+    def _size(self) -> int:
+        return self.n
 
     def next(self) -> RawSample:
         if self._stop is not None and self._epoch >= self._stop:

@@ -33,7 +33,7 @@ from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.shuffle import FrameTable
 from episodepipes.pipes.stats import Stats
-from episodepipes.pipes.train_state import TrainPipe, resume_at
+from episodepipes.pipes.train_state import TrainPipe
 from episodepipes.pipes.transform import sample_transform
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.remote.ahead import ReadAhead
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
 
 
-class TrainReader(BaseNode[RawSample]):
+class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
     """Yield this rank's window samples, epoch after epoch, in the seeded elastic order of `permute`.
 
     A pass runs ``epochs`` epochs (forever when None). ``reset(None)`` starts a new pass at the first
@@ -102,27 +102,9 @@ class TrainReader(BaseNode[RawSample]):
         # a remote root: each batch's frames in one read_many, the next batches' fetched while this one decodes
         self._ahead = ReadAhead(self._fetch_batch, self._following, depth=READ_AHEAD) if index.remote else None
 
-    def reset(self, initial_state: dict | None = None) -> None:
-        super().reset(initial_state)
-        self.close()
-        stop: int | None = None
-        if initial_state is None:
-            epoch, pos = self._epoch + (self._pos > 0), 0
-        else:
-            epoch, pos = self._resume_at(initial_state, skip=True)
-            stop = initial_state[self.STOP_KEY]
-        self._epoch, self._pos = int(epoch), int(pos)
-        self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
-
-    def check_state(self, state: Mapping[str, Any]) -> None:
-        """Refuse a saved state this reader cannot continue exactly, saying what differs and what to do."""
-        self._resume_at(state, skip=False)
-
-    def _resume_at(self, state: Mapping[str, Any], *, skip: bool) -> tuple[int, int]:
-        """``(epoch, pos)`` where this reader continues ``state``, after `check_state`'s checks; a skip
-        ``on_resize`` allows is taken (and logged) only with ``skip``, as `reset` does."""
-        return resume_at(state, seed=self.seed, setup=self._setup, n=len(self.table), world_size=self.world_size,
-                         batch_size=self.batch_size, on_resize=self.on_resize, skip=skip)
+    @property
+    def _size(self) -> int:
+        return len(self.table)
 
     def next(self) -> RawSample:
         if self._stop is not None and self._epoch >= self._stop:

@@ -132,6 +132,47 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     return epoch, step * batch_size
 
 
+class EpochCursor:
+    """`reset`/`check_state` of a train reader whose cursor is ``(epoch, pos)`` and whose order follows from its
+    seed and setup; shared by `TrainReader` and the mixture's reader. ``_size`` is the sample count of an epoch."""
+
+    seed: int
+    epochs: int | None
+    world_size: int
+    batch_size: int
+    on_resize: str
+    _setup: dict
+    _epoch: int
+    _pos: int
+    _stop: int | None
+
+    @property
+    def _size(self) -> int:
+        raise NotImplementedError
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)  # type: ignore[misc]
+        self.close()  # type: ignore[attr-defined]
+        stop: int | None = None
+        if initial_state is None:
+            epoch, pos = self._epoch + (self._pos > 0), 0
+        else:
+            epoch, pos = self._resume_at(initial_state, skip=True)
+            stop = initial_state[STOP]
+        self._epoch, self._pos = int(epoch), int(pos)
+        self._stop = None if self.epochs is None else (self._epoch + self.epochs if stop is None else int(stop))
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Refuse a saved state this reader cannot continue exactly, saying what differs and what to do."""
+        self._resume_at(state, skip=False)
+
+    def _resume_at(self, state: Mapping[str, Any], *, skip: bool) -> tuple[int, int]:
+        """``(epoch, pos)`` where this reader continues ``state``, after `check_state`'s checks; a skip
+        ``on_resize`` allows is taken (and logged) only with ``skip``, as `reset` does."""
+        return resume_at(state, seed=self.seed, setup=self._setup, n=self._size, world_size=self.world_size,
+                         batch_size=self.batch_size, on_resize=self.on_resize, skip=skip)
+
+
 class TrainPipe(Pipe):
     """A `Pipe` whose ``len()`` is ``epochs * batches_per_epoch``; in infinite mode ``len()`` raises TypeError.
 
