@@ -97,3 +97,19 @@ def spawn_two_ranks(rank_main, out, *args, deadline: float = 120.0) -> list[dict
             if p.is_alive():
                 p.kill()
     return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def write_mp4(path: Path, frames: list, encoder: str, options: dict) -> None:
+    """RGB ``frames`` as a 10 fps mp4 of ``encoder`` (e.g. libx264, libsvtav1) with its ``options``."""
+    from fractions import Fraction
+
+    import av
+
+    with av.open(str(path), "w") as out:
+        s = out.add_stream(encoder, rate=10, options=options)
+        s.width, s.height, s.pix_fmt, s.time_base = frames[0].shape[1], frames[0].shape[0], "yuv420p", Fraction(1, 10)
+        for i, a in enumerate(frames):
+            f = av.VideoFrame.from_ndarray(a, format="rgb24")
+            f.pts = i
+            out.mux(s.encode(f))
+        out.mux(s.encode())

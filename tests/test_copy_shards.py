@@ -4,13 +4,12 @@ metric_pipe read every frame back equal to PyAV's own decode of the source file 
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 
 import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import write_raw
+from helpers import write_mp4, write_raw
 
 from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, make_lerobot
 from episodepipes.index import EpisodeIndex
@@ -78,17 +77,6 @@ def test_lerobot_v3_with_episodes_sharing_an_mp4_copies_frame_exact(tmp_path, en
         assert valid and np.abs(img.astype(float) - src[2].frames[IMAGE_KEY][t]).mean() < 5, t
 
 
-def _write_mp4(path, frames, encoder, options):
-    with av.open(str(path), "w") as out:
-        s = out.add_stream(encoder, rate=10, options=options)
-        s.width, s.height, s.pix_fmt, s.time_base = frames[0].shape[1], frames[0].shape[0], "yuv420p", Fraction(1, 10)
-        for i, a in enumerate(frames):
-            f = av.VideoFrame.from_ndarray(a, format="rgb24")
-            f.pts = i
-            out.mux(s.encode(f))
-        out.mux(s.encode())
-
-
 def test_raw_mp4_episodes_copy_frame_exact(tmp_path):
     synth = SyntheticReader(num_episodes=3, length=10, height=48, width=64, cameras=("front", "wrist"))
     src = write_raw(tmp_path / "src", synth)  # PNG folders, replaced below by one h264 and one AV1 mp4
@@ -98,7 +86,7 @@ def test_raw_mp4_episodes_copy_frame_exact(tmp_path):
             for png in (src / eid / cam).iterdir():
                 png.unlink()
             (src / eid / cam).rmdir()
-            _write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
+            write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
             want.update({(eid, t, cam): f for t, f in enumerate(_direct(src / eid / f"{cam}.mp4"))})
     out = _write(src, tmp_path / "out")
     ep = EpisodeIndex.open(out).episode("ep0001")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from fractions import Fraction
 
 import av
 import numpy as np
 import pytest
-from helpers import write_raw
+from helpers import write_mp4, write_raw
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import Source, train_pipe, video_pipe, videoframes
@@ -204,17 +203,6 @@ def test_video_cameras_in_the_older_members_layout_are_refused_by_name(shards, t
         train_pipe({"j": Source(shards["jpeg"], 0.5), "v": Source(root, 0.5)}, batch_size=2, seed=0)
 
 
-def _write_mp4(path, frames, encoder, options):
-    with av.open(str(path), "w") as out:
-        s = out.add_stream(encoder, rate=10, options=options)
-        s.width, s.height, s.pix_fmt, s.time_base = frames[0].shape[1], frames[0].shape[0], "yuv420p", Fraction(1, 10)
-        for i, a in enumerate(frames):
-            f = av.VideoFrame.from_ndarray(a, format="rgb24")
-            f.pts = i
-            out.mux(s.encode(f))
-        out.mux(s.encode())
-
-
 def test_copied_shards_give_pyav_s_own_decode_of_the_source_in_windows(tmp_path):
     synth = SyntheticReader(num_episodes=3, length=10, height=48, width=64, cameras=("front", "wrist"))
     src = write_raw(tmp_path / "src", synth)  # PNG folders, replaced by one h264 and one AV1 mp4 per episode
@@ -224,7 +212,7 @@ def test_copied_shards_give_pyav_s_own_decode_of_the_source_in_windows(tmp_path)
             for png in (src / eid / cam).iterdir():
                 png.unlink()
             (src / eid / cam).rmdir()
-            _write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
+            write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
             with av.open(str(src / eid / f"{cam}.mp4")) as c:
                 want.update({(eid, t, cam): f.to_ndarray(format="rgb24") for t, f in enumerate(c.decode(video=0))})
     out = tmp_path / "out"
