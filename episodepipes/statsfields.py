@@ -83,15 +83,10 @@ class StatsFields:
             if key in failed:
                 self.missing[at] = failed[key]
 
-    def add_fields(self, data: Mapping[str, Any], *, where: str, root: Path | None = None,
-                   read_side: Callable[[], bytes] | None = None, side: str | None = None) -> None:
-        """Fold in the fields of a job's index (or of saved progress), checked first.
-
-        The side file is ``root``'s, or what ``read_side()`` returns (a remote job's), named ``side`` in errors.
-        """
-        if read_side is None and root is not None:
-            read_side = lambda: (root / statsfile.NAME).read_bytes()  # noqa: E731
-        side = side if side is not None else str((root or Path()) / statsfile.NAME)
+    def add_fields(self, data: Mapping[str, Any], *, where: str, read_side: Callable[[], bytes] | None = None,
+                   side: str = statsfile.NAME) -> None:
+        """Fold in the fields of a job's index (or of saved progress), checked first; ``read_side()`` gives the
+        bytes of the side file it names (a local or remote job's), called ``side`` in errors."""
         table, missing = load(data, where=where, read_side=read_side, side=side)
         if table is None:
             raise ValueError(f"{where} has no statistics (written by an older episodepipes?); re-run it with "
