@@ -14,7 +14,6 @@ import functools
 import hashlib
 import json
 import logging
-import mmap
 import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,6 +24,7 @@ import numpy as np
 
 from episodepipes import indexv2, statsfile
 from episodepipes._indexcheck import IndexFormatError, check_index
+from episodepipes.filebytes import mapped, sha256_file
 from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
 from episodepipes.indexepisodes import Episode, LazyEpisodes
 from episodepipes.indexrecords import ArraySpec, Camera, Segment, Shard, dtype_str, read_camera
@@ -41,14 +41,6 @@ log = logging.getLogger(__name__)
 _WARNED: set[str] = set()  # v1 index files already told to upgrade in this process
 
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class EpisodeIndex:
@@ -430,17 +422,6 @@ class EpisodeIndex:
         self._check_segments(range(j0, j1))
         first = int(self._ep[n, FIRST])
         return tuple((s, r - first, c) for s, r, c in self._seg[j0:j1].tolist())
-
-
-@contextlib.contextmanager
-def mapped(path: Path) -> Iterator[memoryview]:
-    """A file's bytes, memory-mapped: sha256 and per-frame crc32 slices read it once, without copies."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            yield memoryview(b"")
-            return
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
-            yield view
 
 
 def _parse(raw: bytes, file: Path | str) -> object:
