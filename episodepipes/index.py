@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
-import logging
 import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from episodepipes import indexv2, statsfile
-from episodepipes._indexcheck import IndexFormatError, check_index
+from episodepipes._indexcheck import IndexFormatError
 from episodepipes.filebytes import mapped, sha256_file
-from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
+from episodepipes.format import INDEX_NAME
 from episodepipes.indexepisodes import Episode, LazyEpisodes
+from episodepipes.indexopen import parse, read_local, read_remote, tables
 from episodepipes.indexrecords import ArraySpec, Camera, Segment, Shard, dtype_str, read_camera
 from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
 from episodepipes.normstats import StatsTable
@@ -36,9 +35,6 @@ from episodepipes.statsfields import load as load_stats
 
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
-
-log = logging.getLogger(__name__)
-_WARNED: set[str] = set()  # v1 index files already told to upgrade in this process
 
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
@@ -64,24 +60,9 @@ class EpisodeIndex:
 
     def _load(self, root: Path | str, data: Any, fingerprint: str, file: Path | str,
               source: ByteSource | None = None) -> None:
-        self.version = _version(data, file)  # ``file`` is what the messages name
+        self.version, meta, self._v1, cols, self._seg_ok = tables(root, data, file, source)  # messages name file
         self.root, self.file, self.fingerprint = root, file, fingerprint  # fingerprint: resume checks the index
         self._source = source  # a remote root's, given by open; a local one is opened on first use
-        if self.version == 1:
-            offsets, crcs = check_index(data, file)
-            rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
-            meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
-                                       offsets=offsets, crcs=crcs)
-            self._v1: dict | None = data
-            self._seg_ok = np.ones(len(cols["segments"]), bool)  # v1 checks every offset at open
-            _warn_v1(file, root)
-        else:
-            w, sizes, samples = indexv2.check_meta(data, file)
-            cols = (indexv2.load_columns(root, data, file) if source is None
-                    else indexv2.read_columns(source, data, file))
-            indexv2.check_tables(w, data, cols, sizes, samples)
-            meta, self._v1 = data, None
-            self._seg_ok = np.zeros(len(cols["segments"]), bool)
         self.meta: dict = meta
         self.options: dict = meta.get("options", {})
         self.shards: list[Shard] = [Shard(s["name"], s["bytes"], s["sha256"], s["samples"]) for s in meta["shards"]]
@@ -138,31 +119,12 @@ class EpisodeIndex:
             options: how a remote root is read (`episodepipes.remote.RemoteOptions`); a local folder ignores them.
         """
         if is_url(path):
-            return cls._open_remote(str(path), verify=verify, options=options)
-        p = Path(str(path).removeprefix("file://"))
-        root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
-        if not file.exists():
-            hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
-                    else "the folder does not exist; check the path")
-            raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
-        raw = file.read_bytes()
+            source, file, raw = read_remote(str(path), options)
+            root: Path | str = source.root
+        else:
+            (root, file, raw), source = read_local(path), None
         index = cls.__new__(cls)
-        index._load(root, _parse(raw, file), hashlib.sha256(raw).hexdigest(), file)
-        if verify:
-            index.verify()
-        return index
-
-    @classmethod
-    def _open_remote(cls, url: str, *, verify: bool, options: RemoteOptions | None) -> EpisodeIndex:
-        source = open_source(url, options=options)  # refuses a root with credentials without echoing it
-        file = f"{source.root}/{INDEX_NAME}"
-        try:
-            raw = source.read_file(INDEX_NAME)
-        except ShardMissingError:
-            raise FileNotFoundError(f"no {INDEX_NAME} at {source.root}: an unfinished upload or write, or the "
-                                    "wrong prefix; check the URL") from None
-        index = cls.__new__(cls)
-        index._load(source.root, _parse(raw, file), hashlib.sha256(raw).hexdigest(), file, source)
+        index._load(root, parse(raw, file), hashlib.sha256(raw).hexdigest(), file, source)
         if verify:
             index.verify()
         return index
@@ -422,37 +384,6 @@ class EpisodeIndex:
         self._check_segments(range(j0, j1))
         first = int(self._ep[n, FIRST])
         return tuple((s, r - first, c) for s, r, c in self._seg[j0:j1].tolist())
-
-
-def _parse(raw: bytes, file: Path | str) -> object:
-    """The JSON in an index file's bytes; an `IndexFormatError` naming ``file`` if it is not JSON."""
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise IndexFormatError(f"{file}: nested too deeply to be an index; re-shard with --overwrite") from None
-    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
-        raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from None
-
-
-def _version(data: object, file: Path | str) -> int:
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")
-    version = data.get("version")
-    if version not in VERSIONS or type(version) is not int:
-        raise IndexFormatError(
-            f"{file}: index version {version!r}, this episodepipes reads versions {list(VERSIONS)}; "
-            "re-shard with this version's scripts/shard.py write --overwrite, or install the matching episodepipes"
-        )
-    return version
-
-
-def _warn_v1(file: Path | str, root: Path | str) -> None:
-    key = str(file.resolve()) if isinstance(file, Path) else file
-    if key not in _WARNED:
-        _WARNED.add(key)
-        log.warning("%s is an index of format version 1, which costs time and memory per frame to open; "
-                    "rewrite it as version 2 with: episodepipes-shard upgrade %s", file, root)
 
 
 def _v1_layout(ix: EpisodeIndex) -> dict:

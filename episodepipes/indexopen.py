@@ -1,0 +1,102 @@
+"""Opening an index file: its bytes (from a local folder or a remote root), its JSON, its format and version, and
+the checked tables of either version, before `EpisodeIndex` holds any of it.
+
+Everything read here is input from strangers, so each step refuses what it cannot use with one line naming the
+file and the fix. A v1 index (parsed whole, every offset checked at open) is told once per process to upgrade.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from episodepipes import indexv2
+from episodepipes._indexcheck import IndexFormatError, check_index
+from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
+from episodepipes.shardio import ByteSource, ShardMissingError, open_source
+
+if TYPE_CHECKING:
+    from episodepipes.remote import RemoteOptions
+
+log = logging.getLogger("episodepipes.index")  # the logger the v1 warning has always come from
+_WARNED: set[str] = set()  # v1 index files already told to upgrade in this process
+
+
+def read_local(path: str | os.PathLike) -> tuple[Path, Path, bytes]:
+    """(root, index file, its bytes) of a shard folder or its ``index.json``; a missing index raises
+    FileNotFoundError saying whether the folder exists (an unfinished write) or not."""
+    p = Path(str(path).removeprefix("file://"))
+    root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
+    if not file.exists():
+        hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
+                else "the folder does not exist; check the path")
+        raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
+    return root, file, file.read_bytes()
+
+
+def read_remote(url: str, options: RemoteOptions | None) -> tuple[ByteSource, str, bytes]:
+    """(byte source, index URL, its bytes) of a remote root; a missing index raises FileNotFoundError."""
+    source = open_source(url, options=options)  # refuses a root with credentials without echoing it
+    file = f"{source.root}/{INDEX_NAME}"
+    try:
+        raw = source.read_file(INDEX_NAME)
+    except ShardMissingError:
+        raise FileNotFoundError(f"no {INDEX_NAME} at {source.root}: an unfinished upload or write, or the "
+                                "wrong prefix; check the URL") from None
+    return source, file, raw
+
+
+def tables(root: Path | str, data: Any, file: Path | str,
+           source: ByteSource | None) -> tuple[int, dict, dict | None, dict[str, np.ndarray], np.ndarray]:
+    """(version, the v2 metadata, the v1 JSON or None, the columns, which segments' frames are checked) of a parsed
+    index, every field checked before it is returned; ``file`` is what the messages name."""
+    version = version_of(data, file)
+    if version == 1:
+        offsets, crcs = check_index(data, file)
+        rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
+        meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
+                                   offsets=offsets, crcs=crcs)
+        seg_ok = np.ones(len(cols["segments"]), bool)  # v1 checks every offset at open
+        warn_v1(file, root)
+        return version, meta, data, cols, seg_ok
+    w, sizes, samples = indexv2.check_meta(data, file)
+    cols = (indexv2.load_columns(root, data, file) if source is None
+            else indexv2.read_columns(source, data, file))
+    indexv2.check_tables(w, data, cols, sizes, samples)
+    return version, data, None, cols, np.zeros(len(cols["segments"]), bool)
+
+
+def parse(raw: bytes, file: Path | str) -> object:
+    """The JSON in an index file's bytes; an `IndexFormatError` naming ``file`` if it is not JSON."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise IndexFormatError(f"{file}: nested too deeply to be an index; re-shard with --overwrite") from None
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        raise IndexFormatError(f"{file}: not valid JSON ({e}); re-shard with --overwrite") from None
+
+
+def version_of(data: object, file: Path | str) -> int:
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")
+    version = data.get("version")
+    if version not in VERSIONS or type(version) is not int:
+        raise IndexFormatError(
+            f"{file}: index version {version!r}, this episodepipes reads versions {list(VERSIONS)}; "
+            "re-shard with this version's scripts/shard.py write --overwrite, or install the matching episodepipes"
+        )
+    return version
+
+
+def warn_v1(file: Path | str, root: Path | str) -> None:
+    key = str(file.resolve()) if isinstance(file, Path) else file
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("%s is an index of format version 1, which costs time and memory per frame to open; "
+                    "rewrite it as version 2 with: episodepipes-shard upgrade %s", file, root)
