@@ -27,6 +27,7 @@ from episodepipes.format import INDEX_NAME
 from episodepipes.indexepisodes import Episode, LazyEpisodes
 from episodepipes.indexopen import parse, read_local, read_remote, tables
 from episodepipes.indexrecords import ArraySpec, Camera, Segment, Shard, dtype_str, read_camera
+from episodepipes.indexv1 import v1_layout
 from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
 from episodepipes.normstats import StatsTable
 from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
@@ -193,7 +194,7 @@ class EpisodeIndex:
         if self._v1 is not None:
             return self._v1
         if self._data is None:
-            self._data = _v1_layout(self)
+            self._data = v1_layout(self)
         return self._data
 
     @property
@@ -384,28 +385,3 @@ class EpisodeIndex:
         self._check_segments(range(j0, j1))
         first = int(self._ep[n, FIRST])
         return tuple((s, r - first, c) for s, r, c in self._seg[j0:j1].tolist())
-
-
-def _v1_layout(ix: EpisodeIndex) -> dict:
-    """A v2 index as the v1 JSON would hold it (what `ShardWriter` and merge take as episode entries)."""
-    m = ix.meta
-    seg, off, size, crc = ix._seg, ix._offset, ix._size, ix._crc
-    episodes = []
-    for n, (first, length, j0, schema, split, prompt, fps) in enumerate(ix._ep.tolist()):
-        j1 = int(ix._ep[n + 1, SEGMENT]) if n + 1 < len(ix._ep) else len(seg)
-        ix._check_segments(range(j0, j1))
-        segs = []
-        for shard, row, count in seg[j0:j1].tolist():
-            s = {"shard": shard, "first": row - first, "count": count, "offsets": off[row:row + count].tolist(),
-                 "end": int(off[row + count - 1]) + int(size[row + count - 1])}
-            if "member" in ix._cols:
-                s.update(indexv2.packed_spans(ix._cols, row, count, first))
-            if crc is not None:
-                s["crc32"] = crc[row:row + count].tolist()
-            segs.append(s)
-        sc = m["schemas"][schema]
-        episodes.append({"id": ix.ids[n], "split": m["splits"][split], "length": length, "fps": m["fps"][fps],
-                         "prompt": m["prompts"][prompt], "cameras": sc["cameras"], "arrays": sc["arrays"],
-                         **ix._episode_meta.get(n, {}), "segments": segs})
-    data = {k: v for k, v in m.items() if k not in indexv2.V2_KEYS}
-    return dict(data, version=1, episodes=episodes)
