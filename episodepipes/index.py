@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from episodepipes import indexv2, statsfile
+from episodepipes import indexstats, indexv2
 from episodepipes._indexcheck import IndexFormatError
 from episodepipes.filebytes import mapped, sha256_file
 from episodepipes.format import INDEX_NAME
@@ -28,11 +28,9 @@ from episodepipes.indexepisodes import Episode, LazyEpisodes
 from episodepipes.indexopen import parse, read_local, read_remote, tables
 from episodepipes.indexrecords import ArraySpec, Camera, Segment, Shard, dtype_str, read_camera
 from episodepipes.indexv1 import v1_layout
-from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
+from episodepipes.indexv2 import FIRST, LENGTH, ROW, SEGMENT, SHARD, SPLIT
 from episodepipes.normstats import StatsTable
 from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
-from episodepipes.statsfields import check_counts, no_stats_hint
-from episodepipes.statsfields import load as load_stats
 
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
@@ -86,20 +84,8 @@ class EpisodeIndex:
     def _load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
         """The statistics (side file `statsfile.NAME`, or an older index's JSON fields), read on first use: most
         opens never ask for them. Checked field by field and against the episodes' step counts."""
-        if self._stats is not None:
-            return self._stats
-        side = self.location(statsfile.NAME)
-        read = ((lambda: self.source.read_file(statsfile.NAME)) if self.remote
-                else (lambda: (Path(self.root) / statsfile.NAME).read_bytes()))
-        try:
-            table, missing = load_stats(self.meta, where=str(self.file), read_side=read, side=side)
-            if table is not None:
-                check_counts(table, missing, self._ep[:, LENGTH], self._ep[:, SCHEMA], self._ep[:, SPLIT],
-                             [sc["arrays"] for sc in self.meta["schemas"]], self._splits,
-                             side if statsfile.FIELD in self.meta else str(self.file))
-        except ValueError as e:
-            raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {self.root} --recompute") from None
-        self._stats = table, missing
+        if self._stats is None:
+            self._stats = indexstats.load(self)
         return self._stats
 
     @classmethod
@@ -239,16 +225,7 @@ class EpisodeIndex:
             key: an array key, e.g. ``"action"``.
             split: the split, ``"train"`` by default.
         """
-        table, missing = self._load_stats()
-        if table is None:
-            raise KeyError(no_stats_hint(self.file))
-        if (split, key) in missing:
-            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}: "
-                           f"{missing[(split, key)]}")
-        if (split, key) not in table.keys():
-            have = sorted(f"{s}/{k}" for s, k in table.keys() if (s, k) not in missing)
-            raise KeyError(f"{self.file} has no statistics for {key!r} in split {split!r}; it has {have}")
-        return table.get(key, split=split).summary()
+        return indexstats.summary(self, key, split)
 
     def stats_keys(self) -> list[tuple[str, str]] | None:
         """Every (split, key) the index has statistics for or a reason for their absence, sorted; None when it

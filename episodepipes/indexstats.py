@@ -1,0 +1,50 @@
+"""An index's normalization statistics: read from the side file `statsfile.NAME` (or an older index's JSON fields)
+on first use, checked field by field and against the episodes' step counts, and looked up by split and key.
+
+Most opens never ask for them, so `EpisodeIndex` calls `load` on first use (`stats`, `stats_keys`), not at open.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from episodepipes import statsfile
+from episodepipes._indexcheck import IndexFormatError
+from episodepipes.indexv2 import LENGTH, SCHEMA, SPLIT
+from episodepipes.normstats import StatsTable
+from episodepipes.statsfields import check_counts, no_stats_hint
+from episodepipes.statsfields import load as load_stats
+
+if TYPE_CHECKING:
+    from episodepipes.index import EpisodeIndex
+
+
+def load(ix: EpisodeIndex) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+    """(the statistics or None when the index has none, the reason for each (split, key) it lacks), checked."""
+    side = ix.location(statsfile.NAME)
+    read = ((lambda: ix.source.read_file(statsfile.NAME)) if ix.remote
+            else (lambda: (Path(ix.root) / statsfile.NAME).read_bytes()))
+    try:
+        table, missing = load_stats(ix.meta, where=str(ix.file), read_side=read, side=side)
+        if table is not None:
+            check_counts(table, missing, ix._ep[:, LENGTH], ix._ep[:, SCHEMA], ix._ep[:, SPLIT],
+                         [sc["arrays"] for sc in ix.meta["schemas"]], ix._splits,
+                         side if statsfile.FIELD in ix.meta else str(ix.file))
+    except ValueError as e:
+        raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {ix.root} --recompute") from None
+    return table, missing
+
+
+def summary(ix: EpisodeIndex, key: str, split: str) -> dict[str, Any]:
+    """`EpisodeIndex.stats`: a KeyError naming the file and what it has when there are none for ``key``."""
+    table, missing = ix._load_stats()
+    if table is None:
+        raise KeyError(no_stats_hint(ix.file))
+    if (split, key) in missing:
+        raise KeyError(f"{ix.file} has no statistics for {key!r} in split {split!r}: "
+                       f"{missing[(split, key)]}")
+    if (split, key) not in table.keys():
+        have = sorted(f"{s}/{k}" for s, k in table.keys() if (s, k) not in missing)
+        raise KeyError(f"{ix.file} has no statistics for {key!r} in split {split!r}; it has {have}")
+    return table.get(key, split=split).summary()
