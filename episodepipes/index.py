@@ -35,6 +35,10 @@ from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_sou
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
 
+# The parts, one module each (this one holds the class that ties them): indexopen (read, parse and check an index
+# file), indexrecords (Camera, ArraySpec, Segment, Shard), indexepisodes (Episode, made on first use), indexstats
+# (statistics on first use), indexv1 (the v1 layout merge takes), filebytes (sha256_file, mapped). The public
+# names stay importable from here.
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
 
