@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 
@@ -23,6 +24,43 @@ from episodepipes.pipes.transform import SampleTransform, Transform, sample_tran
 from episodepipes.pipes.videoframes import VideoFrames, video_cameras
 
 RESERVED = ("episode", "frame", "timestamp", "valid", "prompt")
+
+
+# Arguments metric_pipe and video_pipe take alike, described once; `_shared_args` writes them into each docstring
+# where a ``{name}`` line stands, so help() and docs/API.md show every argument of both in full.
+_SHARED_ARGS = {
+    "decode": """\
+num_workers: decode workers (threads or processes), an int >= 1.
+method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
+    stages hold the GIL); anything else is refused.
+resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
+    every episode's cameras must have the same size.
+on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as zeros with
+    ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
+verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
+    (open) pass; a missing or changed shard raises there. Must be a bool.""",
+    "where_transform": """\
+where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
+transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
+    collation, as in `train_pipe`: it must return a dict, and pickle with ``method="process"`` (checked
+    when the pipe is built). ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt`` are
+    restored after it (padding and corrupt samples stay ``valid=False``). None: no transform.""",
+}
+
+
+def _shared_args(fn: Callable) -> Callable:
+    """``fn`` with each ``{name}`` line of its docstring replaced by ``_SHARED_ARGS[name]``, at that line's indent."""
+    if fn.__doc__:  # None under python -OO
+        lines = []
+        for line in inspect.cleandoc(fn.__doc__).splitlines():
+            key = line.strip()
+            if key.startswith("{") and key.endswith("}") and key[1:-1] in _SHARED_ARGS:
+                pad = line[:len(line) - len(line.lstrip())]
+                lines += [pad + x for x in _SHARED_ARGS[key[1:-1]].splitlines()]
+            else:
+                lines.append(line)
+        fn.__doc__ = "\n".join(lines)
+    return fn
 
 
 def open_index(index: EpisodeIndex | str | os.PathLike) -> EpisodeIndex:
@@ -113,6 +151,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
     return build
 
 
+@_shared_args
 def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", frames_per_episode: int,
                 batch_size: int, rank: int | None = None, world_size: int | None = None, seed: int = 0,
                 sampling: str = "even", num_workers: int = 2, method: str = "thread",
@@ -145,21 +184,9 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
             other episodes); unused by ``"even"``.
         sampling: ``"even"`` (centres of K equal slices, the same frames every run) or ``"random"``;
             anything else is refused.
-        num_workers: decode workers (threads or processes), an int >= 1.
-        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
-            stages hold the GIL); anything else is refused.
-        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
-            every episode's cameras must have the same size.
-        on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as zeros with
-            ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
-        verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
-            (open) pass; a missing or changed shard raises there. Must be a bool.
+        {decode}
         episodes: ids of the episodes to read, all in ``split``; None for every one.
-        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
-        transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
-            collation, as in `train_pipe`: it must return a dict, and pickle with ``method="process"`` (checked
-            when the pipe is built). ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt`` are
-            restored after it (padding and corrupt samples stay ``valid=False``). None: no transform.
+        {where_transform}
     """
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     read = ReadOptions(verify=verify)
@@ -178,6 +205,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 rank_world=(rank, world_size) if inferred else None)
 
 
+@_shared_args
 def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str] | None = None, batch_size: int,
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
@@ -202,20 +230,8 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
         gate: a zero-argument predicate asked at the first ``next()`` of each pass; a false answer ends the
             pass there, without building the graph (no workers, no shard opened). None opens every pass; bind one later
             with ``pipe.gate.bind(fn)`` (e.g. ``lambda: trainer.is_global_zero``).
-        num_workers: decode workers (threads or processes), an int >= 1.
-        method: ``"thread"`` (``cv2.imdecode`` releases the GIL) or ``"process"`` (for graphs whose other
-            stages hold the GIL); anything else is refused.
-        resize: ``(H, W)``, two ints >= 1, every camera is decoded to; None keeps the stored size, and then
-            every episode's cameras must have the same size.
-        on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as zeros with
-            ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
-        verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
-            (open) pass; a missing or changed shard raises there. Must be a bool.
-        where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
-        transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
-            collation, as in `train_pipe`: it must return a dict, and pickle with ``method="process"`` (checked
-            when the pipe is built). ``episode``, ``frame``, ``timestamp``, ``valid`` and ``prompt`` are
-            restored after it (padding and corrupt samples stay ``valid=False``). None: no transform.
+        {decode}
+        {where_transform}
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(
