@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from episodepipes.sharding.encode import EncodeOptions, encode_episode
@@ -97,6 +98,53 @@ def spawn_two_ranks(rank_main, out, *args, deadline: float = 120.0) -> list[dict
             if p.is_alive():
                 p.kill()
     return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, port: int, out):  # noqa: ANN001, ANN201
+    """In a `spawn_two_ranks` rank: this process as ``rank`` of the 2-process gloo group on 127.0.0.1:``port``.
+    Yields the record the rank reports, written to ``<out>/rank<r>.json`` on the way out, then a barrier (so neither
+    rank tears the group down while the other still uses it) and the group's teardown."""
+    import json
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    try:
+        record: dict = {}
+        yield record
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def iter_error(pipe) -> str | None:  # noqa: ANN001
+    """The ValueError ``iter(pipe)`` raises, as text; None when it starts."""
+    try:
+        iter(pipe)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def run_script_ranks(script: Path, *args: str, nprocs: int, out: Path, timeout: float,
+                     env_extra: dict | None = None) -> list:
+    """`run_ranks` over ``python script *args`` (a Lightning DDP app in tests/ddp): the repo and tests/ importable,
+    one OpenMP thread per rank, each rank's log in ``<out>/logs``; every rank's exit, none checked."""
+    import os
+    import sys
+
+    from episodepipes.lightning_glue.launch import run_ranks
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests")]), "OMP_NUM_THREADS": "1",
+           **(env_extra or {})}
+    return run_ranks([sys.executable, str(script), *args], nprocs=nprocs, log_dir=Path(out) / "logs",
+                     timeout=timeout, env=env, cwd=repo)
 
 
 def write_mp4(path: Path, frames: list, encoder: str, options: dict) -> None:

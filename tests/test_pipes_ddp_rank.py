@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
-from datetime import timedelta
-
-import torch.distributed as dist
-from helpers import make_shards, spawn_two_ranks
+from helpers import gloo_rank, iter_error, make_shards, spawn_two_ranks
 
 from episodepipes.pipes import metric_pipe
 
@@ -17,22 +12,11 @@ DEADLINE = 120  # seconds: a hang fails the test instead of the suite
 def _rank_main(rank: int, root: str, port: int, out: str) -> None:
     """One rank: a pipe built before init_process_group, one after, one with an explicit rank."""
     early = metric_pipe(root, frames_per_episode=4, batch_size=2)  # no group yet: rank 0 of 1
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    try:
-        try:
-            iter(early)
-            error = None
-        except ValueError as e:
-            error = str(e)
+    with gloo_rank(rank, port, out) as record:
+        record["error"] = iter_error(early)
         late = metric_pipe(root, frames_per_episode=4, batch_size=2)
-        frames = [f for b in late for f in b["frame"].tolist()]
-        alone = len(list(metric_pipe(root, frames_per_episode=4, batch_size=2, rank=0, world_size=1)))
-        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-            json.dump({"error": error, "frames": frames, "alone": alone}, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        record["frames"] = [f for b in late for f in b["frame"].tolist()]
+        record["alone"] = len(list(metric_pipe(root, frames_per_episode=4, batch_size=2, rank=0, world_size=1)))
 
 
 def test_a_pipe_built_before_ddp_started_refuses_to_iterate(tmp_path):

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
-from datetime import timedelta
-
-import torch.distributed as dist
-from helpers import make_shards, spawn_two_ranks
+from helpers import gloo_rank, iter_error, make_shards, spawn_two_ranks
 
 from episodepipes.pipes.train import train_pipe
 
@@ -16,21 +11,10 @@ DEADLINE = 120  # seconds: a hang fails the test instead of the suite
 
 def _rank_main(rank: int, root: str, port: int, out: str) -> None:
     early = train_pipe(root, batch_size=2, seed=0, num_workers=1)  # no group yet: rank 0 of 1
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    try:
-        try:
-            iter(early)
-            error = None
-        except ValueError as e:
-            error = str(e)
+    with gloo_rank(rank, port, out) as record:
+        record["error"] = iter_error(early)
         late = train_pipe(root, batch_size=2, seed=0, num_workers=1)
-        items = [(e, f) for b in late for e, f in zip(b["episode"], b["frame"].tolist())]
-        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-            json.dump({"error": error, "items": items}, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        record["items"] = [(e, f) for b in late for e, f in zip(b["episode"], b["frame"].tolist())]
 
 
 def test_a_train_pipe_built_before_ddp_started_refuses_to_iterate(tmp_path):

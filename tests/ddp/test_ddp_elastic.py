@@ -4,26 +4,22 @@ global batch, and the samples trained on before and after are the uninterrupted 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import torch
-from helpers import make_shards
+from helpers import make_shards, run_script_ranks
 
-from episodepipes.lightning_glue.launch import check_ranks, run_ranks
+from episodepipes.lightning_glue.launch import check_ranks
 from episodepipes.pipes.train import train_pipe
 
-REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("elastic_app.py")
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)  # train: 39 frames
 STOP = 8  # global steps before the checkpoint: into epoch 1 (39 // 6 = 6 steps per epoch)
 
 
 def _ranks(root: Path, out: Path, nprocs: int, *args: str) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(APP), str(root), str(out), "--devices", str(nprocs), *args]
-    check_ranks(run_ranks(cmd, nprocs=nprocs, log_dir=out / "logs", timeout=150, env=env, cwd=REPO))
+    check_ranks(run_script_ranks(APP, str(root), str(out), "--devices", str(nprocs), *args, nprocs=nprocs, out=out,
+                                 timeout=150))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
 
 

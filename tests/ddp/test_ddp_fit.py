@@ -8,8 +8,6 @@ suite (past ``DEADLINE`` the ranks are stopped with SIGTERM, then SIGKILL, since
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,12 +15,11 @@ import cv2
 import pytest
 import torch
 from ddp.app import TinyModel, target
-from helpers import make_shards
+from helpers import make_shards, run_script_ranks
 
-from episodepipes.lightning_glue.launch import RanksFailed, check_ranks, run_ranks
+from episodepipes.lightning_glue.launch import RanksFailed, check_ranks
 from episodepipes.pipes import EpisodeIndex, metric_pipe
 
-REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("app.py")
 PINNED = ["ep0000", "ep0003"]  # train-split episodes: the metric pipe (val split) never reads them
 EPOCHS, EVERY, FPS, LENGTH = 4, 2, 7.5, 12
@@ -31,12 +28,9 @@ DEADLINE = 150  # seconds for the whole run; the strategy's timeout is 60
 
 def launch(root: Path, out: Path, *, epochs: int = EPOCHS, env_extra: dict | None = None) -> dict:
     """Run app.py's two ranks with `run_ranks`: every rank is waited for and its exit status kept."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
-           **(env_extra or {})}
-    cmd = [sys.executable, str(APP), str(root), str(out), "--epochs", str(epochs), "--every", str(EVERY),
-           "--timeout", "60"]
     t0 = time.perf_counter()
-    exits = run_ranks(cmd, nprocs=2, log_dir=out / "logs", timeout=DEADLINE, env=env, cwd=REPO)
+    exits = run_script_ranks(APP, str(root), str(out), "--epochs", str(epochs), "--every", str(EVERY), "--timeout",
+                             "60", nprocs=2, out=out, timeout=DEADLINE, env_extra=env_extra)
     seconds = time.perf_counter() - t0
     ranks = {r: json.loads(p.read_text()) for r in (0, 1) if (p := out / f"rank{r}.json").exists()}
     return {"exits": exits, "root": root, "out": out, "ranks": ranks, "seconds": seconds}
