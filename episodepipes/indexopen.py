@@ -82,6 +82,7 @@ def parse(raw: bytes, file: Path | str) -> object:
 
 
 def version_of(data: object, file: Path | str) -> int:
+    """The format version of a parsed index; an `IndexFormatError` for another format or a version not read here."""
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise IndexFormatError(f"{file}: not an episodepipes shard index (format={found!r})")
@@ -95,6 +96,7 @@ def version_of(data: object, file: Path | str) -> int:
 
 
 def warn_v1(file: Path | str, root: Path | str) -> None:
+    """Log, once per file and process, that a v1 index costs per frame to open and how to upgrade it."""
     key = str(file.resolve()) if isinstance(file, Path) else file
     if key not in _WARNED:
         _WARNED.add(key)
