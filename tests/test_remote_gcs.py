@@ -59,6 +59,16 @@ def test_requests_are_signed_with_the_application_default_credentials(shards, gc
     assert json.loads(pad(claims))["iss"] == CLIENT_EMAIL
 
 
+def test_storage_emulator_host_alone_reads_anonymously_from_the_emulator(shards, gcs, gcs_proxy, monkeypatch):
+    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_BASE_URL"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_proxy.endpoint.removeprefix("http://"))  # host:port, as gcloud
+    gcs.shim.authorization.clear()
+    kw = dict(episodes=["ep0002"], batch_size=4, max_batches=10)
+    assert _plain(video_pipe(URL, **kw)) == _plain(video_pipe(shards, **kw))
+    assert gcs_proxy.gets() and gcs.shim.authorization and not any(gcs.shim.authorization)  # unsigned
+
+
 def test_the_index_opens_from_gcs_as_it_does_locally(shards, gcs_proxy):
     local, remote = EpisodeIndex.open(shards), EpisodeIndex.open(URL + "/")
     assert remote.remote and remote.root == URL
