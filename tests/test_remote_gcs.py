@@ -18,6 +18,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.pipes.train import train_pipe
 from episodepipes.remote import RemoteSource
+from episodepipes.remote.store import RemoteStore
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
@@ -174,3 +175,37 @@ def test_a_write_to_gcs_puts_the_local_objects_index_last_and_reads_back(gcs, gc
     kw = dict(batch_size=4, seed=1, rank=0, world_size=1, **WINDOWS)
     assert _plain(train_pipe(url, **kw)) == _plain(train_pipe(local, **kw))
     assert main(["verify", url]) == 0
+
+
+def test_jobs_write_to_a_gcs_out_merge_there_and_an_interrupted_write_resumes(gcs, gcs_proxy, tmp_path):
+    from helpers import write_raw
+    from s3server import Faults
+
+    gcs.create_bucket(BUCKET)
+    src = write_raw(tmp_path / "src", SyntheticReader(**SHAPE))
+    ref = tmp_path / "ref"
+    assert main(["write", str(src), str(ref), "--shard-size", "20000", "--workers", "1"]) == 0
+    files = sorted(p.name for p in ref.iterdir())
+    url = f"gs://{BUCKET}/jobs"
+    base = ["write", str(src), url, "--shard-size", "20000", "--workers", "1", "--num-jobs", "2"]
+    for job in (0, 1):
+        assert main([*base, "--job-index", str(job), "--staging", str(tmp_path / f"m{job}")]) == 0
+    assert any(n.startswith("_jobs/job-0001/shard-") for n in gcs.names(BUCKET, "jobs"))
+    assert main(["merge", url, "--staging", str(tmp_path / "m")]) == 0  # lists, copies up, deletes the jobs' objects
+    assert gcs.names(BUCKET, "jobs") == files
+    assert all(gcs.get(BUCKET, f"jobs/{n}") == (ref / n).read_bytes() for n in files)
+    RemoteStore(url).delete(["nothing-here.tar", "_jobs/nothing-here.tar"])  # missing objects: no error, as on S3
+
+    url = f"gs://{BUCKET}/resumed"
+    opts = WriteOptions(format="test", shard_size=20_000)
+    gcs_proxy.reset(Faults(puts_ok=4))  # progress, shard 0, progress, shard 1: then every PUT is refused
+    with pytest.raises(ShardIOError, match=rf"{url}/_progress.json: failed after 5 attempts"):
+        write_shards(SyntheticReader(**SHAPE), url, opts, staging=tmp_path / "a")
+    assert "index.json" not in gcs.names(BUCKET, "resumed")
+    gcs_proxy.reset()
+    res = write_shards(SyntheticReader(**SHAPE), url, opts, staging=tmp_path / "b")
+    assert res.resumed and 0 < res.frames_written < res.frames
+    local = tmp_path / "local"
+    write_shards(SyntheticReader(**SHAPE), local, opts)
+    assert [gcs.get(BUCKET, f"resumed/{n}") for n in gcs.names(BUCKET, "resumed")] == \
+        [(local / n).read_bytes() for n in sorted(p.name for p in local.iterdir())]
