@@ -17,7 +17,7 @@ from helpers import make_shards
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.pipes.train import train_pipe
-from episodepipes.remote import RemoteSource
+from episodepipes.remote import RemoteOptions, RemoteSource
 from episodepipes.remote.store import RemoteStore
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.synthetic import SyntheticReader
@@ -68,6 +68,21 @@ def test_storage_emulator_host_alone_reads_anonymously_from_the_emulator(shards,
     kw = dict(episodes=["ep0002"], batch_size=4, max_batches=10)
     assert _plain(video_pipe(URL, **kw)) == _plain(video_pipe(shards, **kw))
     assert gcs_proxy.gets() and gcs.shim.authorization and not any(gcs.shim.authorization)  # unsigned
+
+
+def test_obstores_emulator_service_account_file_reads_with_allow_http(shards, gcs, gcs_proxy, monkeypatch, tmp_path):
+    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_BASE_URL"):
+        monkeypatch.delenv(k)
+    emulator = tmp_path / "emulator.json"  # the endpoint is in the file, where the allow_http check cannot see it
+    emulator.write_text(json.dumps({"gcs_base_url": gcs_proxy.endpoint, "disable_oauth": True, "client_email": "",
+                                    "private_key": "", "private_key_id": ""}))
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(emulator))
+    index = EpisodeIndex.open(URL, options=RemoteOptions(allow_http=True))
+    assert index.data == EpisodeIndex.open(shards).data and gcs_proxy.gets()
+    gcs_proxy.reset()
+    with pytest.raises(ShardIOError, match=rf"^{URL}/index.json: "):  # https only, by default
+        EpisodeIndex.open(URL, options=RemoteOptions(attempts=1))
+    assert gcs_proxy.requests == []
 
 
 def test_the_index_opens_from_gcs_as_it_does_locally(shards, gcs_proxy):

@@ -51,8 +51,9 @@ def allow_http(root: str, allowed: bool) -> bool:
     """Whether ``root``'s client may speak plain HTTP; a ValueError if it would have to, to a host not allowed.
 
     Plain HTTP is allowed to a loopback host (a local test server or emulator), or anywhere when ``allowed``
-    (`RemoteOptions.allow_http`). An endpoint given some other way (a service-account file's
-    ``gcs_base_url``) is left to obstore, whose own ``AWS_ALLOW_HTTP``/``GOOGLE_ALLOW_HTTP`` then decide.
+    (`RemoteOptions.allow_http`). An endpoint this cannot see (a service-account file's ``gcs_base_url``)
+    gets HTTPS only unless ``allowed``: name a plain-HTTP emulator in ``GOOGLE_BASE_URL`` or
+    ``STORAGE_EMULATOR_HOST`` instead.
     """
     if allowed:
         return True
