@@ -1,5 +1,5 @@
-"""Suite-wide settings and the S3 fixtures. Hypothesis checks behaviour, not speed (speed goes in benchmarks), so
-no deadline; the moto server is imported only by the tests that use it."""
+"""Suite-wide settings and the S3 and GCS fixtures. Hypothesis checks behaviour, not speed (speed goes in benchmarks),
+so no deadline; the moto server and the GCS emulator are imported only by the tests that use them."""
 
 import os
 
