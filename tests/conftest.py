@@ -1,5 +1,7 @@
-"""Suite-wide settings and the S3 fixtures. Hypothesis checks behaviour, not speed (speed goes in benchmarks), so
-no deadline; the moto server is imported only by the tests that use it."""
+"""Suite-wide settings and the S3 and GCS fixtures. Hypothesis checks behaviour, not speed (speed goes in benchmarks),
+so no deadline; the moto server and the GCS emulator are imported only by the tests that use them."""
+
+import os
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,6 +27,35 @@ def proxy(moto, monkeypatch):  # noqa: ANN001
 
     p = FaultProxy(moto.endpoint)
     for k, v in s3_env(p.endpoint).items():  # only the standard environment, as a user would set it
+        monkeypatch.setenv(k, v)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """A real GCS emulator (fake-gcs-server) on 127.0.0.1 behind `gcsserver.SignedPutShim`, one per test module."""
+    from gcsserver import FakeGCS, SignedPutShim, service_account_file
+
+    server = FakeGCS()
+    shim = SignedPutShim(server.endpoint)
+    server.shim = shim
+    server.credentials, server.private_key = service_account_file(tmp_path_factory.mktemp("gcs-credentials"))
+    yield server
+    shim.close()
+    server.close()
+
+
+@pytest.fixture
+def gcs_proxy(gcs, monkeypatch):  # noqa: ANN001
+    """A byte-counting proxy in front of ``gcs``, with only the standard GCS environment set."""
+    from gcsserver import gcs_env
+    from s3server import FaultProxy
+
+    p = FaultProxy(gcs.shim.endpoint)
+    for k in [k for k in os.environ if k.startswith(("GOOGLE_", "AWS_")) or k == "STORAGE_EMULATOR_HOST"]:
+        monkeypatch.delenv(k)
+    for k, v in gcs_env(p.endpoint, gcs.credentials).items():
         monkeypatch.setenv(k, v)
     yield p
     p.close()

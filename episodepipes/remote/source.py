@@ -49,6 +49,8 @@ class RemoteOptions:
         cache_dir: folder for a local range cache shared by the processes of one machine; None: no cache.
         cache_bytes: the cache's bound in bytes (least recently used entries are evicted past it).
         cache_whole: cache whole objects (one GET per shard, then local reads) instead of the ranges read.
+        allow_http: allow plain ``http://`` to any host (a root, ``AWS_ENDPOINT_URL`` or ``GOOGLE_BASE_URL``);
+            without it only loopback hosts may be reached over plain HTTP, and other hosts are refused by name.
     """
 
     gap: int = 64 * 1024
@@ -62,6 +64,7 @@ class RemoteOptions:
     cache_dir: str | os.PathLike | None = None
     cache_bytes: int = 10 * 1024**3
     cache_whole: bool = False
+    allow_http: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("gap", 0), ("max_request", 1), ("max_in_flight", 1), ("attempts", 1),
@@ -76,6 +79,8 @@ class RemoteOptions:
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool) or not low <= v < 1e6:
                 raise ValueError(f"{name}={v!r} should be a number of seconds >= {low}")
+        if type(self.allow_http) is not bool:
+            raise ValueError(f"allow_http={self.allow_http!r} should be True or False")
 
 
 def parse_root(root: str) -> str:
@@ -235,6 +240,8 @@ class RemoteSource:
                 if store is None:
                     from obstore.store import from_url
 
+                    from .endpoint import allow_http, gcs_config
+
                     if _STARTED_IN not in (None, os.getpid()):
                         raise ShardIOError(
                             f"{self.root}: this process was forked from one that had already read a remote root "
@@ -243,9 +250,10 @@ class RemoteSource:
                     _STARTED_IN = os.getpid()
 
                     t = datetime.timedelta(seconds=self.options.timeout)
+                    plain = {"allow_http": True} if allow_http(self.root, self.options.allow_http) else {}
                     store = self._store = from_url(
-                        self.root,
-                        client_options={"allow_http": True, "timeout": t, "connect_timeout": t},
+                        self.root, config=gcs_config(self.root) or None,
+                        client_options={**plain, "timeout": t, "connect_timeout": t},
                         retry_config={"max_retries": 0, "retry_timeout": t,
                                       "init_backoff": datetime.timedelta(0), "max_backoff": datetime.timedelta(0),
                                       "base": 2.0})

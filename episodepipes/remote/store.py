@@ -108,9 +108,18 @@ class RemoteStore(RemoteSource):
         import obstore
 
         paths = [check_path(p) for p in paths]
-        for i in range(0, len(paths), 1000):  # S3's DeleteObjects takes at most 1000 keys
-            chunk = paths[i:i + 1000]
-            self._call(f"delete {len(chunk)} objects", None, lambda c=chunk: obstore.delete(self._client(), c))
+        if self.root.startswith("gs://"):  # GCS deletes one object per request, and answers 404 for a missing one
+            def one(p: str) -> None:
+                try:
+                    obstore.delete(self._client(), p)
+                except FileNotFoundError:
+                    pass
+
+            list(self._executor().map(lambda p: self._call(f"delete {p}", None, lambda: one(p)), paths))
+        else:
+            for i in range(0, len(paths), 1000):  # S3's DeleteObjects takes at most 1000 keys, ignores missing ones
+                chunk = paths[i:i + 1000]
+                self._call(f"delete {len(chunk)} objects", None, lambda c=chunk: obstore.delete(self._client(), c))
         for p in paths:
             self._sizes.pop(p, None)
 
