@@ -12,11 +12,9 @@ against one member per GOP and per chunk of whole GOPs, at 224x224 and 480x640.
 
     python benchmarks/bench_codec.py [--frames 240] [--episode 60]
 
-As the ``codec`` section of scripts/bench.py (`run`), the same footage goes through the shard writer and the
-pipes, side by side in one run: JPEG q90 shards against h264 and AV1 GOP-2 shards in the packed layout, for shard
-bytes, PSNR (RGB, and luma) of what video_pipe returns against the frames written, video_pipe and metric_pipe
-frames/s, and the tar framing's share of the payload (shard bytes beyond the packets or JPEGs and the arrays'
-own bytes).
+The ``codec`` section of scripts/bench.py (`run`) is `benchmarks.codec_section`: the same footage through the
+shard writer and the pipes, JPEG q90 shards side by side with h264/AV1 packed shards at GOP 2 and at the settings
+the GOP x crf sweep (`benchmarks.codec_sweep`) chose, with each goal of the codec issue met or not.
 """
 
 from __future__ import annotations
