@@ -12,11 +12,9 @@ against one member per GOP and per chunk of whole GOPs, at 224x224 and 480x640.
 
     python benchmarks/bench_codec.py [--frames 240] [--episode 60]
 
-As the ``codec`` section of scripts/bench.py (`run`), the same footage goes through the shard writer and the
-pipes, side by side in one run: JPEG q90 shards against h264 and AV1 GOP-2 shards in the packed layout, for shard
-bytes, PSNR (RGB, and luma) of what video_pipe returns against the frames written, video_pipe and metric_pipe
-frames/s, and the tar framing's share of the payload (shard bytes beyond the packets or JPEGs and the arrays'
-own bytes).
+The ``codec`` section of scripts/bench.py (`run`) is `benchmarks.codec_section`: the same footage through the
+shard writer and the pipes, JPEG q90 shards side by side with h264/AV1 packed shards at GOP 2 and at the settings
+the GOP x crf sweep (`benchmarks.codec_sweep`) chose, with each goal of the codec issue met or not.
 """
 
 from __future__ import annotations
@@ -247,108 +245,8 @@ if __name__ == "__main__":
     main()
 
 
-def _episodes(quick: bool) -> list[np.ndarray]:
-    frames, episode = (60, 30) if quick else (240, 60)
-    clips = [load(p, frames, (480, 640)) for p in footage_paths()]
-    return [c[i:i + episode] for c in clips for i in range(0, len(c), episode)]
-
-
-def _shards(out: Path, episodes: list[np.ndarray], opts: object) -> tuple[int, int]:
-    """Write the episodes (RGB frames, two 7-float arrays per step) as shards; (shard bytes, payload bytes)."""
-    from episodepipes.codec.chunk import parse_record
-    from episodepipes.index import EpisodeIndex
-    from episodepipes.sharding.encode import encode_episode
-    from episodepipes.sharding.episode import EpisodeData
-    from episodepipes.sharding.writer import ShardWriter
-    from episodepipes.tarmembers import frame_fields
-
-    shutil.rmtree(out, ignore_errors=True)
-    rng = np.random.default_rng(0)
-    with ShardWriter(out, shard_size=64 << 20, options={}) as w:
-        for k, ep in enumerate(episodes):
-            arrays = {"state": rng.standard_normal((len(ep), 7)).astype("<f4"),
-                      "action": rng.standard_normal((len(ep), 7)).astype("<f4")}
-            w.add(encode_episode(EpisodeData(f"ep{k:03d}", {"front": list(ep)}, arrays, 30.0, split="val"), opts))
-    ix = EpisodeIndex.open(out)
-    payload = 0
-    for i, s in enumerate(ix.shards):
-        data = (out / s.name).read_bytes()
-        for e, seg in ix.segments_in(i):
-            for k in range(seg.count):
-                _, a, b = e.frame_range(seg.first + k)
-                if ix.meta["layout"] == "packed":
-                    rec = parse_record(data[a:b], 1, 2)
-                    payload += sum(len(x) for x in rec.cameras[0]) + sum(len(x) for x in rec.rows)
-                else:
-                    got, _ = frame_fields(lambda size, off, d=data: d[off:off + size], a, b, e.id, seg.first + k)
-                    payload += len(got["front.jpg"]) + 2 * 7 * 4  # the arrays' own bytes, not their .npy headers
-    return sum(s.bytes for s in ix.shards), payload
-
-
-def _pass(pipe: object) -> tuple[float, float, list]:
-    """(frames/s, CPU ms per frame of this process, the frames) of one pass over a freshly built pipe."""
-    t, c = time.perf_counter(), time.process_time()
-    got = [(e, int(f), b["front"][i].numpy().copy()) for b in pipe  # type: ignore[attr-defined]
-           for i, (e, f) in enumerate(zip(b["episode"], b["frame"]))]
-    return len(got) / (time.perf_counter() - t), 1000 * (time.process_time() - c) / len(got), got
-
-
 def run(workdir: Path, quick: bool) -> dict:
-    """The codec section: JPEG q90 against h264 and AV1 GOP-2 packed shards of the same real frames.
+    """The ``codec`` section of scripts/bench.py (`benchmarks.codec_section`)."""
+    from benchmarks.codec_section import run as section
 
-    Every format is written first; then each round runs every format's passes in turn, so a busy moment on a
-    shared machine hits every format alike. The best frames/s and the least CPU per frame over the rounds count:
-    CPU per frame (all threads of this process) is the figure a loaded machine disturbs least.
-    """
-    from episodepipes.pipes import metric_pipe, video_pipe
-    from episodepipes.sharding.encode import EncodeOptions
-
-    episodes = _episodes(quick)
-    ids = [f"ep{k:03d}" for k in range(len(episodes))]
-    n = sum(map(len, episodes))
-    formats = {"jpeg q90": EncodeOptions(jpeg_quality=90), "h264 gop2": EncodeOptions(codec="h264", gop=2),
-               "av1 gop2": EncodeOptions(codec="av1", gop=2),
-               "av1 gop2 crf34": EncodeOptions(codec="av1", gop=2, crf=34)}
-    res: dict[str, dict] = {}
-    for name, opts in formats.items():
-        out = workdir / name.replace(" ", "-")
-        size, payload = _shards(out, episodes, opts)
-        res[name] = {"out": out, "bytes": size, "payload": payload, "video": 0.0, "metric": 0.0}
-    for _ in range(2 if quick else 3):
-        for r in res.values():
-            out = r["out"]
-            fps, cpu, frames = _pass(video_pipe(out, episodes=ids, batch_size=16, max_batches=n))
-            r.update(video=max(fps, r["video"]), video_cpu=min(cpu, r.get("video_cpu", cpu)))
-            if "psnr" not in r:
-                pairs = [(img.transpose(1, 2, 0), episodes[int(e[2:])][f]) for e, f, img in frames]
-                r["psnr"] = float(np.mean([psnr(a, b) for a, b in pairs]))
-                r["luma"] = float(np.mean([psnr(*(cv2.cvtColor(np.ascontiguousarray(x), cv2.COLOR_RGB2YUV)[..., 0]
-                                                  for x in (a, b))) for a, b in pairs]))
-            fps, cpu, _ = _pass(metric_pipe(out, frames_per_episode=12, batch_size=12, sampling="random"))
-            r.update(metric=max(fps, r["metric"]), metric_cpu=min(cpu, r.get("metric_cpu", cpu)))
-    jpeg = res["jpeg q90"]
-    rows, table = [], []
-    note = f"{n} frames of cockatoo.mp4 + vtest.avi at 480x640 in {len(episodes)} episodes"
-    for name, r in res.items():
-        framing = (r["bytes"] - r["payload"]) / r["payload"]
-        table.append([name, f"{r['bytes'] / n:,.0f}", f"{jpeg['bytes'] / r['bytes']:.1f}x",
-                      f"{r['psnr']:.1f} / {r['luma']:.1f}",
-                      f"{r['video']:,.0f} ({r['video'] / jpeg['video']:.2f}x)", f"{r['video_cpu']:.2f}",
-                      f"{r['metric']:,.0f} ({r['metric'] / jpeg['metric']:.2f}x)", f"{r['metric_cpu']:.2f}",
-                      f"{framing:.1%}"])
-        if name == "jpeg q90":
-            continue
-        rows += [{"metric": f"{name}: shard bytes", "ours": r["bytes"], "baseline": jpeg["bytes"],
-                  "unit": "bytes", "note": f"baseline JPEG q90; PSNR RGB {r['psnr']:.1f} dB vs {jpeg['psnr']:.1f}, "
-                                           f"luma {r['luma']:.1f} vs {jpeg['luma']:.1f}; framing {framing:.1%} of "
-                                           f"payload; {note}"},
-                 {"metric": f"{name}: video_pipe (whole episodes)", "ours": r["video"], "baseline": jpeg["video"],
-                  "unit": "frames/s", "note": "baseline: the JPEG q90 shards' video_pipe, 2 decode threads"},
-                 {"metric": f"{name}: metric_pipe (12 random frames/episode)", "ours": r["metric"],
-                  "baseline": jpeg["metric"], "unit": "frames/s", "note": "baseline: the JPEG q90 shards' metric_pipe"}]
-    return {"section": "codec", "intro": __doc__.split("\n\n")[-1].strip(), "rows": rows,
-            "tables": [{"title": "codec shards vs JPEG q90 (same frames, one run)",
-                        "columns": ["format", "shard bytes/frame", "x smaller", "PSNR dB (RGB / luma)",
-                                    "video_pipe fps (x JPEG)", "video CPU ms/frame", "metric_pipe fps (x JPEG)",
-                                    "metric CPU ms/frame",
-                                    "framing / payload"], "rows": table}]}
+    return section(workdir, quick)

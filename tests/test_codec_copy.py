@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
 from episodepipes.codec import PacketDecoder, copy_packets
+from episodepipes.codec.copy import copy_timed
 from episodepipes.sharding.synthetic import SyntheticReader
 
 LENGTHS = (5, 7, 6)  # at GOP 4 in one shared mp4, episodes 1 and 2 start mid-GOP (frames 5 and 12)
@@ -102,3 +103,10 @@ def test_a_range_that_starts_mid_gop_decodes_exactly(tmp_path, encoder, options)
     assert (len(p), p.lead, p.key.tolist()) == (5, 1, [0, 0, 0, 0, 4, 4])
     want = [f for t, f in _direct(path) if 0.45 <= t < 0.95]
     assert all(np.array_equal(g, w) for g, w in zip(_decode(p), want, strict=True))
+
+
+def test_copy_timed_gives_each_packets_shown_time_leading_packets_included(tmp_path):
+    path = _write(tmp_path / "v.mp4", options={"g": "4", "bf": "0", "x264-params": "scenecut=0"})
+    p, times = copy_timed(path, start=0.5, end=1.0)  # frames 5..9 and the keyframe 4 they need
+    assert p.data == copy_packets(path, start=0.5, end=1.0).data
+    np.testing.assert_allclose(times, [t for t, _ in _direct(path)][4:10])

@@ -218,3 +218,20 @@ def test_episode_data_checks_its_packets():
         EpisodeData(id="e", cameras={"a.b": []}, arrays={}, fps=10, packets={"a_b": _packets(3)})
     with pytest.raises(EpisodeError, match=r"reserved"):
         EpisodeData(id="e", cameras={}, arrays={}, fps=10, packets={"json": _packets(3)})
+
+
+def test_lerobot_copy_opens_each_video_once_per_episode(tmp_path, monkeypatch):
+    # a spy on our own calls (it opens the real file): the frame times come from the copy's demux, not a second open
+    make_lerobot(tmp_path, lengths=LENGTHS, num_episodes=3, episodes_per_file=3, gop=4, image_feature=False)
+    reader, real, opened = LeRobotReader(tmp_path, copy=True), av.open, []
+
+    def spy(file, *args, **kwargs):
+        opened.append(getattr(file, "name", file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(av, "open", spy)
+    for eid, n in zip(reader.episode_ids(), LENGTHS, strict=True):
+        opened.clear()
+        ep = reader.read(eid)
+        assert [len(ep.packets[k.replace(".", "_")]) for k in VIDEO_KEYS] == [n] * len(VIDEO_KEYS)
+        assert len(opened) == len(VIDEO_KEYS) == len(set(map(str, opened))), opened

@@ -15,6 +15,7 @@ extra packets per episode and camera.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import av
 import numpy as np
@@ -25,10 +26,24 @@ from episodepipes.sharding.video import DEMUXERS
 MAX_GOP = 30
 
 
+class Copied(NamedTuple):
+    """`copy_timed`'s result: the packets, and when each is shown, so a caller that matches rows to frames by
+    time (the LeRobot reader) needs no second pass over the file."""
+
+    packets: Packets
+    times: np.ndarray  # float64 seconds per packet of ``packets.data`` (leading packets included), increasing
+
+
 def copy_packets(path: str | Path, *, start: float = 0.0, end: float | None = None,
                  max_gop: int = MAX_GOP) -> Packets:
     """The packets of the frames shown in ``[start, end)`` seconds (half a frame of slack) of ``path``'s
     first video stream, plus any leading packets their first GOP needs."""
+    return copy_timed(path, start=start, end=end, max_gop=max_gop).packets
+
+
+def copy_timed(path: str | Path, *, start: float = 0.0, end: float | None = None,
+               max_gop: int = MAX_GOP) -> Copied:
+    """`copy_packets`, plus the time each copied packet is shown at, from the same single open of ``path``."""
     path = Path(path)
     fmt = DEMUXERS.get(path.suffix.lower())
     if fmt is None:
@@ -65,8 +80,8 @@ def copy_packets(path: str | Path, *, start: float = 0.0, end: float | None = No
             raise ValueError(f"{path}: its keyframes are up to {gop} frames apart, more than {max_gop=}, so a random "
                              f"read would decode up to {gop} frames; re-encode it with --codec av1 (short GOPs)")
         data = [bytes(p) for p in packets[lo:last + 1]]
-        return Packets(name, bytes(cc.extradata or b""), cc.height, cc.width, data,
-                       key_of[lo:last + 1] - lo, first - lo)
+        return Copied(Packets(name, bytes(cc.extradata or b""), cc.height, cc.width, data,
+                              key_of[lo:last + 1] - lo, first - lo), times[lo:last + 1])
 
 
 def _half_frame(stream: av.video.stream.VideoStream, times: np.ndarray) -> float:

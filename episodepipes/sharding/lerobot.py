@@ -29,7 +29,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from episodepipes.codec.copy import copy_packets
+from episodepipes.codec.copy import copy_timed
 from episodepipes.codec.stream import Packets
 from episodepipes.sharding import lerobot_meta as meta
 from episodepipes.sharding.encoders import decode_threads
@@ -394,50 +394,31 @@ def _copied(path: Path, start: float, end: float | None, times: np.ndarray, fps:
     """The packets of the frames the rows take (LeRobot's closest-frame rule, on demuxed timestamps), copied.
 
     Copying keeps whole frames only, so the rows must take consecutive frames, one each: a row that skips a
-    frame or shares one with its neighbour (a dropped or doubled frame in the source) is refused.
+    frame or shares one with its neighbour (a dropped or doubled frame in the source) is refused. The times come
+    from the copy's own demux, so the file is opened once.
     """
     import av
 
-    demuxer, half = _demuxer(path, where), 0.5 / fps
+    _demuxer(path, where)
+    half = 0.5 / fps
     if not len(times):
         raise EpisodeError(f"{where}: the episode has no rows, so no frames to copy; remove it or pass --skip-bad")
     lo, hi = start + float(times.min()), start + float(times.max())
     try:
-        shown = _shown_times(path, demuxer, start, end, half)
-        p = copy_packets(path, start=lo, end=hi + 2 * half)  # its own half-frame slack keeps the frame at hi
+        p, shown = copy_timed(path, start=lo, end=hi + 2 * half)  # its own half-frame slack keeps the frame at hi
     except (av.FFmpegError, OSError, IndexError) as e:
         raise EpisodeError(f"{where}: cannot read the video ({type(e).__name__}: {e}); re-download it") from e
     except ValueError as e:  # copy_packets' refusals name the file and the fix
         raise EpisodeError(f"{where}: {e}") from None
-    taken = np.array(list(_match(shown, start + times, start, tol, where)), np.int64)
-    if np.any(np.diff(taken) != 1) or len(p) != len(times):
+    # candidates: the copied frames inside the episode's span (a leading packet may belong to the episode before)
+    span = [(float(t), j) for j, t in enumerate(shown) if t >= start - half and (end is None or t < end - half)]
+    taken = np.array(list(_match(span, start + times, start, tol, where)), np.int64)
+    if np.any(np.diff(taken) != 1) or len(p) != len(times) or taken[0] != p.lead:
         j = int(np.flatnonzero(np.diff(taken) != 1)[0]) + 1 if np.any(np.diff(taken) != 1) else 0
         raise EpisodeError(f"{where}: the rows do not take one frame each in order (row {j} takes the frame at "
-                           f"{shown[taken[j]][0]:.6f}s; {len(p)} frames lie between the first and last row), so "
+                           f"{shown[taken[j]]:.6f}s; {len(p)} frames lie between the first and last row), so "
                            "the video cannot be copied frame for row; re-encode it with --codec av1")
     return p
-
-
-def _shown_times(path: Path, demuxer: str, start: float, end: float | None,
-                 half: float) -> list[tuple[float, int]]:
-    """(time, position) of every frame shown in the episode's span, from demuxing only (no decode)."""
-    import av
-
-    out: list[float] = []
-    with av.open(str(path), format=demuxer) as c:
-        stream = c.streams.video[0]
-        tb = float(stream.time_base)
-        if start > half:
-            c.seek(int((start - half) / tb), stream=stream, backward=True)
-        for pk in c.demux(stream):
-            if pk.pts is None or not pk.size:
-                continue
-            t = pk.pts * tb
-            if end is not None and t >= end - half:  # in decode order; a stream that reorders is refused by copy
-                break
-            if t >= start - half and (end is None or t < end - half):
-                out.append(t)
-    return [(t, j) for j, t in enumerate(sorted(out))]
 
 
 def _video_frames(path: Path, start: float, end: float | None, times: np.ndarray, fps: float, tol: float,
