@@ -43,17 +43,11 @@ class DecoderPool:
 
     def frame(self, gop: Hashable, packets: Sequence[bytes], t: int, *,
               out: np.ndarray | None = None) -> np.ndarray | None:
-        """`PacketDecoder.frame` on the decoder that holds ``gop`` (or a free one), copied into ``out`` when it
-        has the frame's shape, else into a new array: the decoder's own goes to the next thread that takes it."""
+        """`PacketDecoder.frame` on the decoder that holds ``gop`` (or a free one), written into ``out`` when it
+        fits, else into a new array: never the decoder's own, which goes to the next thread that takes it."""
         dec = self._take(gop)
         try:
-            img = dec.frame(gop, packets, t)
-            if img is None:
-                return None
-            if out is not None and out.shape == img.shape and out.dtype == img.dtype:
-                np.copyto(out, img)
-                return out
-            return img.copy()
+            return dec.frame(gop, packets, t, out=out)
         finally:
             with self._cond:
                 del self._busy[id(dec)]
