@@ -128,3 +128,19 @@ def test_a_frame_is_written_into_the_caller_s_array_and_is_the_caller_s(stream):
     strided = np.zeros((3, 64, 192), np.uint8)[:, :, ::2]
     assert np.array_equal(d.frame(*_gop(stream, 5), out=strided), seq[5]) and not strided.any()
 
+
+
+def test_a_pass_reuses_the_decoder_of_a_finished_gop_and_decodes_each_packet_once(stream):
+    from episodepipes.codec.pool import DecoderPool
+
+    seq = _sequential(stream)
+    pool = DecoderPool(stream.codec, stream.extradata, size=(64, 96))
+    out = np.empty((3, 64, 96), np.uint8)
+    for t in range(12):  # a whole episode in order, GOPs of 4: the decoder of a GOP whose last frame is out is free
+        k, packets, i = _gop(stream, t)
+        assert np.array_equal(pool.frame(k, packets, i, out=out, last=i == 3), seq[t])
+    assert len(pool._all) == 1 and pool.decoded == 12
+    pool = DecoderPool(stream.codec, stream.extradata, size=(64, 96))
+    for t in [0, 4, 1, 5]:  # an unfinished GOP's decoder is not taken for another GOP while there is room
+        assert np.array_equal(pool.frame(*_gop(stream, t), out=out), seq[t])
+    assert len(pool._all) == 2 and pool.decoded == 4
