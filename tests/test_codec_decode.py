@@ -108,3 +108,39 @@ def test_packets_after_a_damaged_one_are_not_decoded(stream):
     d.frames(0, data[:4], 3)
     assert d.frames(4, data[4:8], 3)[1:] == [None] * 3
     assert d.decoded == 4 + 2  # the keyframe and the damaged packet; nothing that depends on it
+
+
+def test_a_frame_is_written_into_the_caller_s_array_and_is_the_caller_s(stream):
+    seq = _sequential(stream)
+    d = PacketDecoder(stream.codec, stream.extradata)
+    rows = np.full((2, 3, 64, 96), 7, np.uint8)  # two batch rows
+    for t in (4, 5):
+        got = d.frame(*_gop(stream, t), out=rows[t - 4])
+        assert got is not None and np.shares_memory(got, rows[t - 4])
+    assert np.array_equal(rows[0], seq[4]) and np.array_equal(rows[1], seq[5])
+    rows[:] = 0  # the caller writes into its rows: the decoder's kept frames are not those
+    again = d.frame(*_gop(stream, 5))
+    assert np.array_equal(again, seq[5]) and d.decoded == 2
+    again[:] = 0  # nor is a new array it returns
+    assert np.array_equal(d.frame(*_gop(stream, 5)), seq[5])
+    wrong = np.zeros((3, 32, 96), np.uint8)  # not the frame's size, or not contiguous: a new array instead
+    assert not np.shares_memory(d.frame(*_gop(stream, 5), out=wrong), wrong)
+    strided = np.zeros((3, 64, 192), np.uint8)[:, :, ::2]
+    assert np.array_equal(d.frame(*_gop(stream, 5), out=strided), seq[5]) and not strided.any()
+
+
+
+def test_a_pass_reuses_the_decoder_of_a_finished_gop_and_decodes_each_packet_once(stream):
+    from episodepipes.codec.pool import DecoderPool
+
+    seq = _sequential(stream)
+    pool = DecoderPool(stream.codec, stream.extradata, size=(64, 96))
+    out = np.empty((3, 64, 96), np.uint8)
+    for t in range(12):  # a whole episode in order, GOPs of 4: the decoder of a GOP whose last frame is out is free
+        k, packets, i = _gop(stream, t)
+        assert np.array_equal(pool.frame(k, packets, i, out=out, last=i == 3), seq[t])
+    assert len(pool._all) == 1 and pool.decoded == 12
+    pool = DecoderPool(stream.codec, stream.extradata, size=(64, 96))
+    for t in [0, 4, 1, 5]:  # an unfinished GOP's decoder is not taken for another GOP while there is room
+        assert np.array_equal(pool.frame(*_gop(stream, t), out=out), seq[t])
+    assert len(pool._all) == 2 and pool.decoded == 4

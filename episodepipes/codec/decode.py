@@ -33,7 +33,8 @@ class PacketDecoder:
     ``size``: the (height, width) every frame must have; a frame of another size counts as corrupt.
     ``threads``: FFmpeg threads per context; 1 suits a pool with one decoder per worker.
     ``keep``: GOPs whose frames are kept; a history window of W frames over GOPs of G needs ``ceil(W / G) + 1``.
-    Returned arrays are the kept ones: copy a frame before writing into it.
+    Frames are kept as rgb24 and moved to planes per request, into the caller's ``out`` where it fits (a batch
+    row), so a returned array is the caller's to write into.
     """
 
     def __init__(self, codec: str, extradata: bytes = b"", *, size: tuple[int, int] | None = None,
@@ -70,9 +71,11 @@ class PacketDecoder:
         got = self._decoded(gop, packets, upto)
         return [_rgb(got, j) for j in range(upto + 1)]
 
-    def frame(self, gop: Hashable, packets: Sequence[bytes], t: int) -> np.ndarray | None:
-        """Frame ``t`` of the GOP (see `frames`); the frames before it are decoded but not converted to RGB."""
-        return _rgb(self._decoded(gop, packets, t), t)
+    def frame(self, gop: Hashable, packets: Sequence[bytes], t: int, *,
+              out: np.ndarray | None = None) -> np.ndarray | None:
+        """Frame ``t`` of the GOP (see `frames`), written into ``out`` when it is a C-contiguous uint8
+        ``[3, H, W]`` of the frame's size (else a new array); the frames before it are decoded, not converted."""
+        return _rgb(self._decoded(gop, packets, t), t, out)
 
     def _decoded(self, gop: Hashable, packets: Sequence[bytes], upto: int) -> list:
         """The GOP's frames so far, at least to ``upto``: VideoFrames until asked for, RGB once converted."""
@@ -150,16 +153,20 @@ class PacketDecoder:
             self._frames.append(None if self._bad is not None and j >= self._bad else frame)
 
 
-def _rgb(frames: list, j: int) -> np.ndarray | None:
-    """Frame ``j`` as uint8 RGB ``[3, H, W]``, converted once and kept converted.
+def _rgb(frames: list, j: int, out: np.ndarray | None = None) -> np.ndarray | None:
+    """Frame ``j`` as uint8 RGB ``[3, H, W]`` (in ``out`` if it fits), its rgb24 kept for a later request.
 
     rgb24 is what a plain PyAV decode gives (``to_ndarray(format="rgb24")``), so frames equal a direct decode
-    of the source; `cv2.split` moves it to planes several times faster than a numpy transpose copy.
+    of the source; `cv2.split` moves it to planes several times faster than a numpy transpose copy, and
+    straight into the caller's array: no frame-sized buffer allocated and copied again per frame.
     """
     f = frames[j]
-    if isinstance(f, av.VideoFrame):
-        rgb = f.to_ndarray(format="rgb24", threads=1)  # a scaler per frame: its default slice threads cost more
-        f = np.empty((3, *rgb.shape[:2]), np.uint8)
-        cv2.split(rgb, [f[0], f[1], f[2]])
-        frames[j] = f
-    return f
+    if f is None:
+        return None
+    if isinstance(f, av.VideoFrame):  # a scaler per frame: its default slice threads cost more than the conversion
+        f = frames[j] = f.to_ndarray(format="rgb24", threads=1)
+    h, w = f.shape[:2]
+    if out is None or out.shape != (3, h, w) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        out = np.empty((3, h, w), np.uint8)
+    cv2.split(f, [out[0], out[1], out[2]])
+    return out

@@ -9,8 +9,11 @@ GOPs still decode in parallel and each packet of a pass is decoded once.
 That holds while the pool has a decoder for every GOP the frames in flight span: a thread that stalls while the
 others run ahead finds its GOP's decoder reused for a newer GOP (least recently used first) and decodes the
 keyframe again. The decode stage keeps 4 samples per worker in flight (8 with 2 threads: at most 5 GOPs at GOP 2),
-so the default ``limit`` of 8 covers it with room; decoders are made only when every existing one is busy or
-holds a GOP still in use.
+so the default ``limit`` of 8 covers it with room. A decoder whose GOP has given its last frame (the caller says
+so: ``last``) is taken first for a new GOP, the most recently used first: a whole-episode pass then runs on as
+many decoders as threads, whose buffers are still in cache, instead of cycling through ``limit`` of them.
+Otherwise a decoder is made while there are fewer than ``limit``, and past that the least recently used idle one
+is taken.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class DecoderPool:
         self._idle: list[PacketDecoder] = []  # least recently used first
         self._busy: dict[int, Hashable] = {}  # id(decoder) -> the GOP it is decoding
         self._all: list[PacketDecoder] = []
+        self._done: set[int] = set()  # id(decoder) whose GOP has given its last frame: free for a new GOP
 
     @property
     def decoded(self) -> int:
@@ -42,22 +46,21 @@ class DecoderPool:
         return sum(d.decoded for d in self._all)
 
     def frame(self, gop: Hashable, packets: Sequence[bytes], t: int, *,
-              out: np.ndarray | None = None) -> np.ndarray | None:
-        """`PacketDecoder.frame` on the decoder that holds ``gop`` (or a free one), copied into ``out`` when it
-        has the frame's shape, else into a new array: the decoder's own goes to the next thread that takes it."""
+              out: np.ndarray | None = None, last: bool = False) -> np.ndarray | None:
+        """`PacketDecoder.frame` on the decoder that holds ``gop`` (or a free one), written into ``out`` when it
+        fits, else into a new array: never the decoder's own, which goes to the next thread that takes it.
+
+        ``last``: frame ``t`` is its GOP's last, so no later frame of the pass needs the decoder's state.
+        """
         dec = self._take(gop)
         try:
-            img = dec.frame(gop, packets, t)
-            if img is None:
-                return None
-            if out is not None and out.shape == img.shape and out.dtype == img.dtype:
-                np.copyto(out, img)
-                return out
-            return img.copy()
+            return dec.frame(gop, packets, t, out=out)
         finally:
             with self._cond:
                 del self._busy[id(dec)]
                 self._idle.append(dec)
+                if last:
+                    self._done.add(id(dec))
                 self._cond.notify_all()
 
     def _take(self, gop: Hashable) -> PacketDecoder:
@@ -65,6 +68,8 @@ class DecoderPool:
             while True:
                 if gop not in self._busy.values():
                     dec = next((d for d in reversed(self._idle) if d.holds(gop)), None)
+                    if dec is None:
+                        dec = next((d for d in reversed(self._idle) if id(d) in self._done), None)
                     if dec is None and len(self._idle) + len(self._busy) < self.limit:
                         dec = PacketDecoder(self.codec, self.extradata, size=self.size)
                         self._all.append(dec)
@@ -74,5 +79,7 @@ class DecoderPool:
                         if dec in self._idle:
                             self._idle.remove(dec)
                         self._busy[id(dec)] = gop
+                        if not dec.holds(gop):
+                            self._done.discard(id(dec))
                         return dec
                 self._cond.wait()

@@ -171,12 +171,13 @@ class VideoFrames:
         if not packets or len(packets) > v[1]:
             return None
         want = tuple(size or src)
+        last = len(packets) == v[1]  # a GOP of the camera's longest: no later frame needs its decoder
         pool = _pool(camera, v[0], src, bytes(extradata))
         if out is None or out.shape != (3, *want):
             out = np.empty((3, *want), np.uint8)
         if want == tuple(src):
-            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out)
-        img = pool.frame(bytes(gid), packets, len(packets) - 1)
+            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out, last=last)
+        img = pool.frame(bytes(gid), packets, len(packets) - 1, last=last)
         if img is None:
             return None
         hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
