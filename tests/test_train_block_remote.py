@@ -70,3 +70,15 @@ def test_the_reader_holds_at_most_depth_plus_one_windows(shards, proxy):
     assert 0 < peak <= (ahead.depth + 1) * frames * biggest
     assert peak < sum(b - a for e in index.split("train") for _, a, b in map(e.frame_range, range(e.length)))
     reader.close()
+
+
+def test_a_remote_block_pipe_resumes_mid_window_as_locally(shards, proxy):
+    kw = dict(batch_size=3, seed=4, rank=0, world_size=1, epochs=2, num_workers=1, **BLOCK)
+    local = _plain(train_pipe(shards, **kw))
+    head = train_pipe(URL, **kw)
+    it = iter(head)
+    got = _plain([next(it) for _ in range(5)])  # 15 frames: inside the second window of 8
+    state = head.state_dict()
+    rest = train_pipe(URL, **kw)
+    rest.load_state_dict(state)
+    assert got + _plain(rest) == local

@@ -22,10 +22,11 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes import block_order as bo
+from episodepipes.pipes import block_read
 from episodepipes.pipes import train_state as ts
 from episodepipes.pipes._mapped import MappedShards
 from episodepipes.pipes.batch import BatchStacker
-from episodepipes.pipes.block_order import BlockLayout, BlockOrder
+from episodepipes.pipes.block_order import BlockOrder
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.options import DecodeOptions
@@ -39,7 +40,6 @@ from episodepipes.pipes.train_state import TrainPipe
 from episodepipes.pipes.transform import sample_transform
 from episodepipes.pipes.window import Window, damaged_sample, fields_by_step, plan_windows, window_sample
 from episodepipes.remote.ahead import ReadAhead
-from episodepipes.remote.ranges import coalesce
 from episodepipes.shardio import open_source
 from episodepipes.tarmembers import frame_fields
 
@@ -98,7 +98,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
                        self.GLOBAL_KEY: world_size * batch_size, self.FRAMES_KEY: len(self.table),
                        self.PLAN_KEY: self.table.fingerprint(),
                        self.WINDOWS_KEY: {k: [w.first, w.last] for k, w in sorted(self.windows.items())}}
-        self.blocks = None if blocks is None else self._layout(*blocks)
+        self.blocks = None if blocks is None else block_read.layout_of(index, self.episodes, *blocks)
         if self.blocks is not None:
             self._setup[ts.SHUFFLE] = self.blocks.describe()
         self._orders: dict[int, BlockOrder] = {}  # the last epochs' block orders (O(blocks) each), never saved
@@ -121,13 +121,6 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             frames = self.blocks.block_frames * self.blocks.window_blocks
             self._ahead = ReadAhead(self._fetch_window, self._following_window,
                                     depth=max(1, -(-READ_AHEAD * batch_size // frames)))
-
-    def _layout(self, block_frames: int, window_blocks: int) -> BlockLayout:
-        """The blocks of this reader's frames (in its episodes' order), cut where the shard changes."""
-        rows = np.concatenate([np.arange(e.rows.start, e.rows.stop, dtype=np.int64) for e in self.episodes])
-        shards = self.index.frame_ranges(rows)[0]
-        return BlockLayout(bo.block_bounds(shards, bo.check_count("block_frames", block_frames)),
-                           block_frames=block_frames, window_blocks=window_blocks)
 
     def _order(self, epoch: int) -> IndexShuffle | BlockOrder:
         """Epoch ``epoch``'s order of the frames (pure of the cursor: the read-ahead threads call it too)."""
@@ -229,62 +222,19 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
                 out.setdefault(wants[k][0], {})[wants[k][1]] = data
         return out
 
-    def _mine(self, order: BlockOrder, window: int) -> np.ndarray:
-        """This rank's stream positions in ``window`` of ``order`` (ranks take every ``world_size``-th one)."""
-        lo, hi = int(order.start(window)), min(int(order.start(window + 1)), self.per_epoch * self.world_size)
-        first = lo + (self.rank - lo) % self.world_size
-        return np.arange(first, max(first, hi), self.world_size, dtype=np.int64)
-
     def _following_window(self, key: tuple[int, int]) -> tuple[int, int] | None:
-        """The (epoch, window) after ``key`` that holds a position of this rank, or None past the pass."""
-        epoch, window = key
-        order = self._order(epoch)
-        last = int(order.window_of(self.per_epoch * self.world_size - self.world_size + self.rank))
-        if window < last:
-            return epoch, window + 1
-        if self._stop is not None and epoch + 1 >= self._stop:
-            return None
-        return epoch + 1, int(self._order(epoch + 1).window_of(self.rank))
+        """The (epoch, window) of the block order after ``key`` that holds a position of this rank, or None."""
+        return block_read.following(key, self._order, rank=self.rank, world_size=self.world_size,
+                                    used=self.per_epoch * self.world_size, stop=self._stop)
 
     def _fetch_window(self, key: tuple[int, int]) -> dict[int, dict[int, bytes]]:
-        """`_fetch_batch` for a window of the block order: flat -> step -> bytes of this rank's frames in it.
-
-        Every block of the window this rank touches is read whole (one ranged GET per run of adjacent frames,
-        `coalesce`), with the window steps of its frames; only this rank's frames' bytes are kept. Pure of the
-        reader's cursor (it runs in a read-ahead thread).
-        """
-        epoch, window = key
-        order = self._order(epoch)
-        flats = order(self._mine(order, window))
-        bounds = self.blocks.bounds  # type: ignore[union-attr]
-        need: dict[tuple[int, int], None] = {}  # (episode, step), in order
-        for b in np.unique(np.searchsorted(bounds, flats, side="right") - 1).tolist():
-            need.update((self.table.locate(f), None) for f in range(int(bounds[b]), int(bounds[b + 1])))
-        mine = []
-        for flat in flats.tolist():
-            e, t = self.table.locate(flat)
-            steps = (t, *fields_by_step(t, self.episodes[e].length, self.windows))
-            need.update(((e, s), None) for s in steps)
-            mine.append((flat, e, steps))
-        by_shard: dict[int, list[tuple[tuple[int, int], int, int]]] = {}
-        for e, s in need:
-            shard, a, z = self.episodes[e].frame_range(s)
-            by_shard.setdefault(shard, []).append(((e, s), a, z))
-        o = self.source.options
-        runs = {shard: coalesce([(a, z - a) for _, a, z in frames], gap=o.gap, max_request=o.max_request, waste=o.waste)
-                for shard, frames in by_shard.items()}
-        datas = self.source.read_many([(self._names[shard], [(r.start, r.end - r.start) for r in rs])
-                                       for shard, rs in runs.items()])
-        views: dict[tuple[int, int], memoryview] = {}
-        for (shard, rs), ds in zip(runs.items(), datas):
-            frames = by_shard[shard]
-            for r, data in zip(rs, ds):
-                view = memoryview(data)
-                for j in r.members:
-                    k, a, z = frames[j]
-                    views[k] = view[a - r.start:z - r.start]
-        got: dict[tuple[int, int], bytes] = {}  # copies of this rank's frames only: the runs' buffers go
-        return {flat: {s: got.setdefault((e, s), bytes(views[e, s])) for s in steps} for flat, e, steps in mine}
+        """`_fetch_batch` for a window of the block order: flat -> step -> bytes of this rank's frames in it,
+        read with the whole blocks they lie in (`block_read.read_window`). Pure of the reader's cursor."""
+        order = self._order(key[0])
+        at = block_read.positions_in(order, key[1], rank=self.rank, world_size=self.world_size,
+                                     used=self.per_epoch * self.world_size)
+        return block_read.read_window(self.source, self._names, self.table, self.episodes, self.windows,
+                                      self.blocks.bounds, order(at))  # type: ignore[union-attr, arg-type]
 
     def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
         """The whole bytes of each step's frame through the index's byte source (a remote root).
