@@ -326,8 +326,9 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     ``window_blocks`` blocks (a few episodes each), not of the whole dataset; raise ``window_blocks`` for
     more. Every rank draws from the same windows, so each rank fetches the whole of every block it touches:
     with ``world_size`` ranks each one transfers about ``world_size`` times its own frames' bytes (the whole
-    dataset per epoch), unless the ranks of one machine share ``RemoteOptions(cache_dir=...)``, where the
-    entries are the blocks' and a rank that comes second reads the disk.
+    dataset per epoch); ranks of one machine that share ``RemoteOptions(cache_dir=...)`` share the blocks'
+    entries, so a block one rank cached before another asks is read from disk (two asking at once both fetch).
+    Local shards are memory-mapped and read in place, in the same order.
 
     Windows (see `episodepipes.pipes.window`): ``history={"state": K}`` gives steps ``t-K+1..t`` (the
     current step last), ``horizon={"action": H}`` gives ``t..t+H-1`` (the current step first), both
