@@ -326,8 +326,8 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     ``window_blocks`` blocks (a few episodes each), not of the whole dataset; raise ``window_blocks`` for
     more. Every rank draws from the same windows, so each rank fetches the whole of every block it touches:
     with ``world_size`` ranks each one transfers about ``world_size`` times its own frames' bytes (the whole
-    dataset per epoch); ranks of one machine that share ``RemoteOptions(cache_dir=...)`` share the blocks'
-    entries, so a block one rank cached before another asks is read from disk (two asking at once both fetch).
+    dataset per epoch). Ranks of one machine that share ``RemoteOptions(cache_dir=...)`` fetch each block once
+    between them: one claims it, the others wait for its cache entry (`remote.cache.RangeCache`).
     Local shards are memory-mapped and read in place, in the same order.
 
     Windows (see `episodepipes.pipes.window`): ``history={"state": K}`` gives steps ``t-K+1..t`` (the
