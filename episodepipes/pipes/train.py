@@ -102,7 +102,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         if self.blocks is not None:
             self._setup[ts.SHUFFLE] = self.blocks.describe()
         self._orders: dict[int, BlockOrder] = {}  # the last epochs' block orders (O(blocks) each), never saved
-        self._windows: np.ndarray | None = None  # the block order's window of each entry of self._batch
+        self._batch_windows: np.ndarray | None = None  # the block order's window of each entry of self._batch
         self._epoch = self._pos = 0
         self._stop: int | None = None
         self._shuffle: tuple[int, IndexShuffle | BlockOrder] | None = None  # (epoch, its order), never saved
@@ -141,7 +141,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             raise StopIteration
         step, i = divmod(self._pos, self.batch_size)
         flat = int(self._frames_of(self._epoch, step)[i])
-        key = (self._epoch, step) if self._windows is None else (self._epoch, int(self._windows[i]))
+        key = (self._epoch, step) if self._batch_windows is None else (self._epoch, int(self._batch_windows[i]))
         raw = self._sample(flat, None if self._ahead is None else self._ahead.get(key).get(flat))
         self._pos += 1
         if self._pos == self.per_epoch:
@@ -169,7 +169,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             order = self._shuffle[1]
             at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
             self._batch = (epoch, step, order(at))
-            self._windows = order.window_of(at) if isinstance(order, BlockOrder) and self._ahead else None
+            self._batch_windows = order.window_of(at) if isinstance(order, BlockOrder) and self._ahead else None
         return self._batch[2]
 
     def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
