@@ -144,7 +144,7 @@ def run(workdir: Path, quick: bool) -> dict:
     from episodepipes.remote import RemoteOptions
 
     eps, length = (8, 60) if quick else (24, 150)
-    repeat = 3 if quick else 5
+    repeat = 3 if quick else 4
     local = make_data(Path(workdir) / "shards", episodes=eps, length=length)
     ids = [e.id for e in local.episodes]
     every = [(e.id, f) for e in local.episodes for f in range(e.length)]
