@@ -8,9 +8,17 @@ pair, then the median and range of the ratios), on the same 224x224 two-camera J
 - ``train``: one shuffled epoch of `train_pipe` (random single frames: one ranged GET per frame, in batches);
 - ``train, whole shards``: the same epoch with ``RemoteOptions(cache_dir=..., cache_whole=True)``, each run
   with an empty cache (one GET per shard, every shard of a batch side by side; later epochs read locally);
+- ``train, block shuffle``: the same epoch in the block order (``shuffle="block"``, 64-frame blocks, windows
+  of 8 blocks), against the same block order on local disk: one GET per block, a window ahead;
+- ``train, block shuffle, whole shards``: that order with the cold whole-shard cache (a window's shards
+  download while the previous window decodes);
+- ``block shuffle, rank 0 of 2`` (bytes only, not timed): what one of two ranks transfers, against its own
+  frames' bytes, alone and with the two ranks (threads of one process) sharing one ``cache_dir``;
 - ``metric``: a sparse `metric_pipe` plan (a few frames per episode: gaps between them are skipped or
   read through, by the coalescing threshold).
 
+``episodes / batch`` is the shuffle's mix: the distinct episodes in a batch of 32, averaged over the epoch
+(`peers.common.train_epoch`, as the peers section measures it).
 Bytes are the response bodies that crossed the proxy, against the frames' own bytes (the index's ranges).
 moto and the proxies run in a child process, so their CPU is not the client's (on a 2-core machine they
 still compete for it). ``server GETs/s`` is what that server sustains for single-frame GETs (64 in flight):
@@ -23,6 +31,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LATENCIES = (0.02, 0.05)
 BATCH = 32
 METRIC_FRAMES = 6
+BLOCK = {"shuffle": "block", "block_frames": 64, "window_blocks": 8}
 
 
 def _count(pipe: object) -> int:
@@ -65,6 +75,46 @@ def _own_bytes(index: object, items: list[tuple[str, int]]) -> int:
     return total
 
 
+def _mix(index: object, **kw: object) -> float:
+    """Distinct episodes per batch of one local epoch of ``train_pipe(index, **kw)`` (the peers' measure)."""
+    import numpy as np
+
+    from benchmarks.peers.common import train_epoch
+    from episodepipes.pipes.train import train_pipe
+
+    eps = index.split("train")  # type: ignore[attr-defined]
+    first = dict(zip((e.id for e in eps), itertools.accumulate([0, *(e.length for e in eps)])))
+    ep_of = np.repeat(np.arange(len(eps)), [e.length for e in eps])
+    pipe = train_pipe(index, batch_size=BATCH, seed=0, rank=0, world_size=1, num_workers=2, **kw)  # type: ignore
+    got = train_epoch(pipe, lambda b: [first[e] + f for e, f in zip(b["episode"], b["frame"].tolist())], ep_of,
+                      time.perf_counter())
+    return got["distinct_episodes_per_batch"]
+
+
+def _rank_bytes(url: str, stats: Callable[[], tuple[int, int]], own: int, cache: Path | None) -> float:
+    """Bytes rank 0 of 2 transfers in one block-order epoch, against its own frames' bytes; with ``cache``, both
+    ranks run at once (threads) on one shared ``cache_dir`` and their total over the two ranks' own counts."""
+    from episodepipes.index import EpisodeIndex
+    from episodepipes.pipes.train import train_pipe
+    from episodepipes.remote import RemoteOptions
+
+    def rank(r: int) -> None:
+        opts = RemoteOptions() if cache is None else RemoteOptions(cache_dir=cache)
+        _count(train_pipe(EpisodeIndex.open(url, options=opts), batch_size=BATCH, seed=0, rank=r, world_size=2,
+                          num_workers=1, **BLOCK))  # type: ignore[arg-type]
+
+    stats()
+    if cache is None:
+        rank(0)
+        return stats()[1] / (own / 2)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return stats()[1] / own
+
+
 def _server_ceiling(url: str, index: object, n: int = 400) -> float:
     """Single-frame GETs per second the server answers with 64 in flight (gap 0: one GET per frame)."""
     from episodepipes.remote import RemoteOptions, RemoteSource
@@ -94,14 +144,15 @@ def run(workdir: Path, quick: bool) -> dict:
     from episodepipes.remote import RemoteOptions
 
     eps, length = (8, 60) if quick else (24, 150)
-    repeat = 3 if quick else 5
+    repeat = 3 if quick else 4
     local = make_data(Path(workdir) / "shards", episodes=eps, length=length)
     ids = [e.id for e in local.episodes]
     every = [(e.id, f) for e in local.episodes for f in range(e.length)]
     sparse = [(i.episode, i.frame) for i in metric_items(local.split("train"), METRIC_FRAMES)]
-    own = {"open pass": _own_bytes(local, every), "train": _own_bytes(local, every),
-           "train, whole shards": _own_bytes(local, every),
-           "metric": _own_bytes(local, sparse)}
+    own = {"open pass": _own_bytes(local, every), "metric": _own_bytes(local, sparse)}
+    for name in ("train", "train, whole shards", "train, block shuffle", "train, block shuffle, whole shards"):
+        own[name] = _own_bytes(local, every)
+    mix = {"train": _mix(local), "train, block shuffle": _mix(local, **BLOCK)}
     servers = ServerProcess(LATENCIES)
     rows, table = [], []
     runs = itertools.count()  # a fresh cache folder per cold run
@@ -111,7 +162,7 @@ def run(workdir: Path, quick: bool) -> dict:
             set_env(s3_env(servers.endpoints[i]))
             remote = EpisodeIndex.open("s3://bench/ds")  # one source (its connections) for every pipe and pass
             ceiling = _server_ceiling("s3://bench/ds", local)
-            table.append([f"{round(latency * 1000)} ms", "server GETs/s", "", "", f"{ceiling:,.0f}", "", "", ""])
+            table.append([f"{round(latency * 1000)} ms", "server GETs/s", "", "", f"{ceiling:,.0f}", "", "", "", ""])
 
             def stats(i: int = i) -> tuple[int, int]:
                 got = servers.stats(i)
@@ -122,39 +173,58 @@ def run(workdir: Path, quick: bool) -> dict:
                 pipe = video_pipe(idx, episodes=ids, batch_size=BATCH, max_batches=10**6)
                 return lambda: _count(pipe)
 
-            def train(idx: EpisodeIndex) -> Callable[[], int]:
-                pipe = train_pipe(idx, batch_size=BATCH, seed=0, rank=0, world_size=1, num_workers=2)
+            def train(idx: EpisodeIndex, **kw: object) -> Callable[[], int]:
+                pipe = train_pipe(idx, batch_size=BATCH, seed=0, rank=0, world_size=1, num_workers=2, **kw)
                 return lambda: _count(pipe)  # each pass is the next epoch
 
-            def whole(idx: EpisodeIndex) -> Callable[[], int]:
+            def whole(idx: EpisodeIndex, **kw: object) -> Callable[[], int]:
                 if not idx.remote:
-                    return train(idx)
+                    return train(idx, **kw)
 
                 def cold() -> int:  # a fresh, empty cache per run: the epoch downloads every shard
                     opts = RemoteOptions(cache_dir=Path(workdir) / f"cache-{next(runs)}", cache_whole=True)
                     return _count(train_pipe(EpisodeIndex.open("s3://bench/ds", options=opts), batch_size=BATCH,
-                                             seed=0, rank=0, world_size=1, num_workers=2))
+                                             seed=0, rank=0, world_size=1, num_workers=2, **kw))
                 return cold
+
+            def block(idx: EpisodeIndex) -> Callable[[], int]:
+                return train(idx, **BLOCK)
+
+            def block_whole(idx: EpisodeIndex) -> Callable[[], int]:
+                return whole(idx, **BLOCK)
 
             def metric(idx: EpisodeIndex) -> Callable[[], int]:
                 pipe = metric_pipe(idx, split="train", frames_per_episode=METRIC_FRAMES, batch_size=BATCH,
                                    rank=0, world_size=1)
                 return lambda: _count(pipe)
 
-            for name, make in (("open pass", video), ("train", train), ("train, whole shards", whole),
-                               ("metric", metric)):
+            pipes = [("open pass", video), ("train", train), ("train, whole shards", whole),
+                     ("train, block shuffle", block), ("train, block shuffle, whole shards", block_whole),
+                     ("metric", metric)]
+            for name, make in pipes if i == 0 else [p for p in pipes if p[0] != "train, block shuffle, whole shards"]:
                 lo, re = make(local), make(remote)
                 re()  # warm: connections, the first GETs
-                res = _paired(lo, re, repeat, stats)
+                pairs = min(repeat, 3) if name == "train" else repeat
+                res = _paired(lo, re, pairs, stats)
                 ms = round(latency * 1000)
                 bytes_ratio = res["body"] / own[name]
                 table.append([f"{ms} ms", name, res["frames"], f"{res['local_fps']:,.0f}", f"{res['remote_fps']:,.0f}",
                               f"{res['ratio']:.2f} ({res['ratio_min']:.2f}-{res['ratio_max']:.2f})",
-                              f"{bytes_ratio:.3f}x", res["gets"]])
+                              f"{bytes_ratio:.3f}x", res["gets"],
+                              f"{mix[name]:.1f}" if name in mix else ""])
                 rows.append({"metric": f"{name} frames/s at {ms} ms per request, s3 vs local",
                              "ours": res["remote_fps"], "baseline": res["local_fps"], "ceiling": None,
                              "unit": "frames/s", "note": f"ratio per pair {res['ratio_min']:.2f}-{res['ratio_max']:.2f}"
-                             f" over {repeat} pairs; bytes {bytes_ratio:.3f}x the frames' own; {res['gets']} GETs"})
+                             f" over {pairs} pairs; bytes {bytes_ratio:.3f}x the frames' own; {res['gets']} GETs"})
+            if i == 0:
+                ms = round(latency * 1000)
+                for label, cache in (("block shuffle, rank 0 of 2", None),
+                                     ("block shuffle, 2 ranks, one cache_dir", Path(workdir) / "cache-ranks")):
+                    ratio = _rank_bytes("s3://bench/ds", stats, own["train"], cache)
+                    table.append([f"{ms} ms", label, "", "", "", "", f"{ratio:.3f}x", "", ""])
+                    rows.append({"metric": f"{label}: bytes per rank against its own frames' at {ms} ms",
+                                 "ours": ratio, "baseline": 1.0, "ceiling": None, "unit": "x",
+                                 "note": "every rank reads whole blocks of the same windows"})
             remote.source.close()
     finally:
         servers.close()
@@ -162,9 +232,10 @@ def run(workdir: Path, quick: bool) -> dict:
     return {"section": "remote", "intro": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0].strip(), "rows": rows,
             "tables": [{"title": f"remote roots: {frames} frames x 2 cameras 224x224 in {len(local.shards)} shards, "
                                  f"batch {BATCH}, 2 decode threads; ratio = s3/local frames/s, median (range) of "
-                                 f"{repeat} paired runs",
+                                 f"{repeat} paired runs (3 for train, bounded by the server's GETs/s; the block "
+                                 "shuffle with whole shards at the first latency only)",
                         "columns": ["latency", "pipe", "frames", "local frames/s", "s3 frames/s", "ratio",
-                                    "bytes / own", "GETs"], "rows": table}]}
+                                    "bytes / own", "GETs", "episodes / batch"], "rows": table}]}
 
 
 if __name__ == "__main__":

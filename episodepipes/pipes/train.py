@@ -21,9 +21,12 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.pipes import block_order as bo
+from episodepipes.pipes import block_read
 from episodepipes.pipes import train_state as ts
 from episodepipes.pipes._mapped import MappedShards
 from episodepipes.pipes.batch import BatchStacker
+from episodepipes.pipes.block_order import BlockOrder
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.options import DecodeOptions
@@ -42,6 +45,7 @@ from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
 READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
+SHUFFLES = ("full", "block")
 
 
 class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
@@ -64,6 +68,10 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
     global stream then continues at step ``consumed // G`` (elastic resume, exact, from a batch boundary).
     Another ``global_batch`` is refused unless ``on_resize`` is ``"next_step"`` or ``"next_epoch"``
     (`resume_point`: exact where the new ``G`` divides ``consumed``, else a logged skip).
+
+    With ``blocks=(block_frames, window_blocks)`` the stream is `block_order.BlockOrder` instead (the same
+    cursor, deal and checks; the state adds ``shuffle``, the block layout, refused when it differs), and a
+    remote root's read-ahead fetches whole windows of blocks (`_fetch_window`) instead of batches.
     """
 
     SEED_KEY, EPOCH_KEY, POS_KEY, STOP_KEY = ts.SEED, ts.EPOCH, ts.POS, ts.STOP
@@ -73,7 +81,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
 
     def __init__(self, index: EpisodeIndex, episodes: Sequence[Episode], *, windows: Mapping[str, Window], seed: int,
                  rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None,
-                 on_resize: str = "refuse") -> None:
+                 on_resize: str = "refuse", blocks: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.index, self.episodes, self.windows = index, list(episodes), dict(windows)
         self.seed, self.rank, self.world_size, self.batch_size, self.epochs = seed, rank, world_size, batch_size, epochs
@@ -90,17 +98,39 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
                        self.GLOBAL_KEY: world_size * batch_size, self.FRAMES_KEY: len(self.table),
                        self.PLAN_KEY: self.table.fingerprint(),
                        self.WINDOWS_KEY: {k: [w.first, w.last] for k, w in sorted(self.windows.items())}}
+        self.blocks = None if blocks is None else block_read.layout_of(index, self.episodes, *blocks)
+        if self.blocks is not None:
+            self._setup[ts.SHUFFLE] = self.blocks.describe()
+        self._orders: dict[int, BlockOrder] = {}  # the last epochs' block orders (O(blocks) each), never saved
+        self._batch_windows: np.ndarray | None = None  # the block order's window of each entry of self._batch
         self._epoch = self._pos = 0
         self._stop: int | None = None
-        self._shuffle: tuple[int, IndexShuffle] | None = None  # (epoch, its order): O(1), never saved
+        self._shuffle: tuple[int, IndexShuffle | BlockOrder] | None = None  # (epoch, its order), never saved
         self._batch: tuple[int, int, np.ndarray] | None = None  # (epoch, step, this rank's frames in it)
         # a local folder's descriptors are closed in close() and reopened on demand; a remote index's own source
         # stays open (its connections), and is read only here, in the main process
         self.source = index.source if index.remote else open_source(index.root)
         self._names = [s.name for s in index.shards]
         self._where = [os.path.join(str(self.source.root), n) for n in self._names]  # for messages
-        # a remote root: each batch's frames in one read_many, the next batches' fetched while this one decodes
-        self._ahead = ReadAhead(self._fetch_batch, self._following, depth=READ_AHEAD) if index.remote else None
+        # a remote root: each batch's frames in one read_many, the next batches' fetched while this one decodes;
+        # in the block order each window's blocks in one read_many, the next windows' while this one decodes
+        self._ahead: ReadAhead | None = None
+        if index.remote and self.blocks is None:
+            self._ahead = ReadAhead(self._fetch_batch, self._following, depth=READ_AHEAD)
+        elif index.remote and self.blocks is not None:
+            frames = self.blocks.block_frames * self.blocks.window_blocks
+            self._ahead = ReadAhead(self._fetch_window, self._following_window,
+                                    depth=max(1, -(-READ_AHEAD * batch_size // frames)))
+
+    def _order(self, epoch: int) -> IndexShuffle | BlockOrder:
+        """Epoch ``epoch``'s order of the frames (pure of the cursor: the read-ahead threads call it too)."""
+        if self.blocks is None:
+            return IndexShuffle.of(len(self.table), seed=self.seed, epoch=epoch)
+        got = self._orders.get(epoch)
+        if got is None:
+            got = self.blocks.order(seed=self.seed, epoch=epoch)
+            self._orders = {**{k: v for k, v in self._orders.items() if epoch - 1 <= k <= epoch + 1}, epoch: got}
+        return got
 
     @property
     def _size(self) -> int:
@@ -111,7 +141,8 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             raise StopIteration
         step, i = divmod(self._pos, self.batch_size)
         flat = int(self._frames_of(self._epoch, step)[i])
-        raw = self._sample(flat, None if self._ahead is None else self._ahead.get((self._epoch, step)).get(flat))
+        key = (self._epoch, step) if self._batch_windows is None else (self._epoch, int(self._batch_windows[i]))
+        raw = self._sample(flat, None if self._ahead is None else self._ahead.get(key).get(flat))
         self._pos += 1
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0
@@ -134,9 +165,11 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         """This rank's flat frame numbers at global ``step`` of ``epoch`` (one batch's worth, cached)."""
         if self._batch is None or self._batch[:2] != (epoch, step):
             if self._shuffle is None or self._shuffle[0] != epoch:
-                self._shuffle = (epoch, IndexShuffle.of(len(self.table), seed=self.seed, epoch=epoch))
+                self._shuffle = (epoch, self._order(epoch))
+            order = self._shuffle[1]
             at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
-            self._batch = (epoch, step, self._shuffle[1](at))
+            self._batch = (epoch, step, order(at))
+            self._batch_windows = order.window_of(at) if isinstance(order, BlockOrder) and self._ahead else None
         return self._batch[2]
 
     def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
@@ -173,7 +206,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         epoch, step = key
         at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
         wants: list[tuple[int, int, int, int, int]] = []  # flat, step, shard, start, end
-        for flat in map(int, IndexShuffle.of(len(self.table), seed=self.seed, epoch=epoch)(at)):
+        for flat in map(int, self._order(epoch)(at)):
             e, t = self.table.locate(flat)
             ep = self.episodes[e]
             for s in (t, *fields_by_step(t, ep.length, self.windows)):
@@ -188,6 +221,20 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             for k, data in zip(ks, ds):
                 out.setdefault(wants[k][0], {})[wants[k][1]] = data
         return out
+
+    def _following_window(self, key: tuple[int, int]) -> tuple[int, int] | None:
+        """The (epoch, window) of the block order after ``key`` that holds a position of this rank, or None."""
+        return block_read.following(key, self._order, rank=self.rank, world_size=self.world_size,
+                                    used=self.per_epoch * self.world_size, stop=self._stop)
+
+    def _fetch_window(self, key: tuple[int, int]) -> dict[int, dict[int, bytes]]:
+        """`_fetch_batch` for a window of the block order: flat -> step -> bytes of this rank's frames in it,
+        read with the whole blocks they lie in (`block_read.read_window`). Pure of the reader's cursor."""
+        order = self._order(key[0])
+        at = block_read.positions_in(order, key[1], rank=self.rank, world_size=self.world_size,
+                                     used=self.per_epoch * self.world_size)
+        return block_read.read_window(self.source, self._names, self.table, self.episodes, self.windows,
+                                      self.blocks.bounds, order(at))  # type: ignore[union-attr, arg-type]
 
     def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
         """The whole bytes of each step's frame through the index's byte source (a remote root).
@@ -257,7 +304,8 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
                transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, epochs: int | None = 1,
                resize: tuple[int, int] | None = None, on_corrupt: str = "skip", on_resize: str = "refuse",
                episodes: Sequence[str] | None = None, where: Where | None = None,
-               stop: str | None = None) -> TrainPipe:
+               stop: str | None = None, shuffle: str = "full", block_frames: int | None = None,
+               window_blocks: int | None = None) -> TrainPipe:
     """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
 
     Order: epoch ``e`` is a keyed permutation of every frame (`permute.IndexShuffle`, from ``seed`` and
@@ -265,6 +313,22 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     trimmed to ``len(pipe) // epochs`` full batches (drop-last: at most ``world_size * batch_size - 1``
     frames sit out an epoch, different ones each epoch). Each ``iter()`` continues with the next epochs;
     ``epochs=None`` is one endless pass.
+
+    Block order (``shuffle="block"``, for object stores): the frames, in index order, are cut into blocks of
+    ``block_frames`` consecutive frames of one shard (contiguous bytes); the blocks are permuted, keyed by
+    ``seed`` and the epoch, and each run of ``window_blocks`` consecutive blocks (a window) has its frames
+    shuffled among themselves (`block_order`). It is still a permutation of every frame, a function of
+    ``(seed, epoch)`` and the shard layout, so the deal over ranks, drop-last, resume and elastic resume are the
+    full shuffle's. A remote root then reads each block with one ranged GET, a window ahead, instead of one GET
+    per frame, and keeps this rank's frames of at most ``depth + 1`` windows in memory (``depth`` =
+    ``max(1, ceil(4 * batch_size / (block_frames * window_blocks)))``); with ``cache_whole`` the shards of
+    the next window download while this one decodes. The price is the mix: a batch holds frames of about
+    ``window_blocks`` blocks (a few episodes each), not of the whole dataset; raise ``window_blocks`` for
+    more. Every rank draws from the same windows, so each rank fetches the whole of every block it touches:
+    with ``world_size`` ranks each one transfers about ``world_size`` times its own frames' bytes (the whole
+    dataset per epoch). Ranks of one machine that share ``RemoteOptions(cache_dir=...)`` fetch each block once
+    between them: one claims it, the others wait for its cache entry (`remote.cache.RangeCache`).
+    Local shards are memory-mapped and read in place, in the same order.
 
     Windows (see `episodepipes.pipes.window`): ``history={"state": K}`` gives steps ``t-K+1..t`` (the
     current step last), ``horizon={"action": H}`` gives ``t..t+H-1`` (the current step first), both
@@ -344,6 +408,12 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
             default), ``"next_step"`` or ``"next_epoch"``, as above.
         stop: a mixture's stop rule, ``"cycle"`` (None: the default) or ``"first_exhausted"``, as above; a
             pipe of one source takes None only.
+        shuffle: ``"full"`` (the default: every frame anywhere in the epoch) or ``"block"`` (the block order,
+            as above); a mixture takes ``"full"`` only.
+        block_frames: with ``shuffle="block"``, the frames per block, an int >= 1 (None: 64; a block also
+            ends at a shard's end). Larger blocks mean fewer, bigger GETs and less mix.
+        window_blocks: with ``shuffle="block"``, the blocks whose frames are shuffled together, an int >= 1
+            (None: 8). More mix, and more memory (a window's frames are held until it is consumed).
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     if isinstance(index, Sequence | Set) and not isinstance(index, str | bytes):
@@ -361,6 +431,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
         raise ValueError(f"seed={seed!r} should be a non-negative int (it fixes every epoch's order)")
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
+    blocks = block_options(shuffle, block_frames, window_blocks)
+    if mixture and blocks is not None:
+        raise ValueError(f"{shuffle=} is not supported for a mixture of sources; pass shuffle='full' (the default), "
+                         "or train on one source")
     checked = sample_transform(transform, method=method, pipe="train_pipe")
     if mixture:
         from episodepipes.pipes.train_mix import mixture_pipe  # it builds on this module
@@ -378,7 +452,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     stats = Stats()
     reader = train_packed.reader_class(idx)(idx, episodes, windows=windows, seed=int(seed), rank=rank,
                                             world_size=world_size, batch_size=batch_size, epochs=epochs, stats=stats,
-                                            on_resize=on_resize)
+                                            on_resize=on_resize, blocks=blocks)
     dec = Decoder(reader, idx, options, stats=stats, transform=checked, frames=train_packed.frames_of(idx),
                   share_frames=True)
     per = reader.per_epoch // batch_size
@@ -387,3 +461,16 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     return TrainPipe(BatchStacker(dec, batch_size=batch_size, stats=stats),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
                      rank_world=(rank, world_size) if inferred else None)
+
+
+def block_options(shuffle: str, block_frames: int | None, window_blocks: int | None) -> tuple[int, int] | None:
+    """``(block_frames, window_blocks)`` of ``shuffle="block"``, None for the full shuffle; bad options refused."""
+    if shuffle not in SHUFFLES:
+        raise ValueError(f"{shuffle=} should be one of {SHUFFLES}")
+    if shuffle == "full":
+        if block_frames is not None or window_blocks is not None:
+            raise ValueError(f"{block_frames=} and {window_blocks=} set the block order; pass shuffle='block' too, "
+                             "or leave them None")
+        return None
+    return (bo.check_count("block_frames", bo.DEFAULT_BLOCK_FRAMES if block_frames is None else block_frames),
+            bo.check_count("window_blocks", bo.DEFAULT_WINDOW_BLOCKS if window_blocks is None else window_blocks))

@@ -2,7 +2,8 @@
 
 A train reader's state is a cursor ``{seed, epoch, pos, stop, consumed}`` plus its setup: the settings the
 cursor is valid under (world size, batch size, their product the global batch, frame count, plan
-fingerprint, windows; a mixture adds its sources, weights and stop rule). `resume_at` refuses a state
+fingerprint, windows; a mixture adds its sources, weights and stop rule; the block order adds ``shuffle``, its
+layout, and a state without it is the full shuffle's). `resume_at` refuses a state
 that is malformed or saved under another setup, by name and with the fix, and turns one saved at another
 world size (same global batch) into this rank's cursor (`permute.resume_point`).
 """
@@ -28,6 +29,7 @@ WORLD, RANK, BATCH = "world_size", "rank", "batch_size"
 FRAMES, PLAN, WINDOWS = "frames", "plan", "windows"
 CONSUMED, GLOBAL = "consumed", "global_batch"
 SOURCES, WEIGHTS, STOP_RULE = "sources", "weights", "stop_rule"  # a mixture's
+SHUFFLE, FULL = "shuffle", "full"  # the block order's layout; a state without it is the full shuffle's
 
 FIXES = {
     SEED: "Build the pipe with the checkpoint's seed.",
@@ -39,6 +41,8 @@ FIXES = {
     SOURCES: "Build the mixture with the checkpoint's sources (the same names, in the same order).",
     WEIGHTS: "Build the mixture with the checkpoint's weights (they fix which source each sample comes from).",
     STOP_RULE: "Build the mixture with the checkpoint's stop= rule.",
+    SHUFFLE: "Build the pipe with the checkpoint's shuffle=, block_frames= and window_blocks=, on the shards it "
+             "was trained on (the block order follows the shard layout).",
 }
 FIXES[PLAN] = FIXES[FRAMES]
 _ELASTIC = (RANK, WORLD, BATCH)  # may differ: resume_at checks them against the global batch
@@ -94,7 +98,7 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     if not isinstance(state, Mapping):
         raise ValueError(f"the saved train state is a {type(state).__name__}, not a dict; pass the pipe's own "
                          "state_dict()")
-    missing = [k for k in (SEED, EPOCH, POS, STOP, CONSUMED, *setup) if k not in state]
+    missing = [k for k in (SEED, EPOCH, POS, STOP, CONSUMED, *setup) if k not in state and k != SHUFFLE]
     if missing:
         raise ValueError(f"the saved train state has no {missing} (saved by an older episodepipes, or by a pipe "
                          "of one source where this is a mixture or the other way round?), so it cannot be "
@@ -110,7 +114,8 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
                          f"global_batch={g!r}, pos={pos!r}, consumed={consumed!r}: global_batch should be "
                          "world_size*batch_size, consumed pos*world_size, and pos within the epoch's "
                          f"{n} frames; pass the pipe's own state_dict()")
-    mine = {SEED: seed, **setup}
+    mine = {SEED: seed, **setup, SHUFFLE: setup.get(SHUFFLE, FULL)}
+    state = {**state, SHUFFLE: state.get(SHUFFLE, FULL)}
     if on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
         del mine[GLOBAL]
     diffs = state_mismatch(state, mine)

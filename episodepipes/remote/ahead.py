@@ -52,6 +52,12 @@ class ReadAhead(Generic[K, V]):
         self._current = (key, value)
         return value
 
+    def held(self) -> list[V]:
+        """The fetched values kept now: the current key's and those fetched ahead (what the bound counts)."""
+        done = [f.result() for f in list(self._pending.values()) if f.done() and not f.cancelled()
+                and f.exception() is None]
+        return ([] if self._current is None else [self._current[1]]) + done
+
     def close(self) -> None:
         """Drop the fetches ahead and stop the threads; `get` starts them again."""
         pending, self._pending, self._current = self._pending, {}, None

@@ -7,6 +7,11 @@ processes filling the same entry both succeed (the last rename wins, with identi
 least-recently-used by size: a hit refreshes the entry's mtime, and when this process's view of the total
 passes the bound it rescans the folder and deletes the oldest entries. The bound is approximate across
 processes (each sees the others' writes at its next scan). Objects under a root are assumed immutable.
+
+Filling is shared too: a process that misses an entry `claim`s it (an ``O_EXCL`` marker file beside it)
+before fetching, and one that finds it claimed `wait`s for the entry instead of fetching the same bytes
+(ranks of one machine reading the same blocks at the same time). A marker older than ``stale`` seconds
+(its process died) is taken over; a wait gives up after ``stale`` seconds and the caller fetches.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 _SUFFIX = ".bin"
 _TMP = ".tmp-"
+_LOCK = ".lock"
 
 
 class _TooBig(Exception):
@@ -32,11 +38,12 @@ class _TooBig(Exception):
 class RangeCache:
     """Range and whole-object entries in ``folder``, at most about ``max_bytes`` in total."""
 
-    def __init__(self, folder: str | os.PathLike, max_bytes: int) -> None:
+    def __init__(self, folder: str | os.PathLike, max_bytes: int, *, stale: float = 120.0) -> None:
         if type(max_bytes) is not int or max_bytes <= 0:
             raise ValueError(f"cache_bytes={max_bytes!r} should be a positive int (bytes)")
         self.folder = Path(folder)
         self.max_bytes = max_bytes
+        self.stale = float(stale)
         self._lock = threading.Lock()
         self._total: int | None = None  # this process's view: last scan plus its own writes since
         self._since_scan = 0
@@ -66,6 +73,42 @@ class RangeCache:
         """Store ``data`` atomically, then evict if over the bound. Failures to cache are logged, not raised."""
         if len(data) == size <= self.max_bytes:
             self._commit(self._path(root, name, offset, size), [data], name)
+
+    def claim(self, root: str, name: str, offset: int, size: int) -> bool:
+        """Whether this process should fetch the entry: True when it made the entry's fill marker (or took over a
+        stale one, or cannot make one), False while another process holds a live marker (then `wait`)."""
+        lock = self._path(root, name, offset, size).with_suffix(_LOCK)
+        for _ in range(2):
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                return True
+            except FileExistsError:
+                try:
+                    if time.time() - lock.stat().st_mtime < self.stale:
+                        return False
+                    lock.unlink()  # left by a process that died while fetching
+                except FileNotFoundError:
+                    pass  # released meanwhile: claim again
+            except OSError:
+                return True  # no marker possible here (read-only folder, ...): fetch, unshared
+        return True
+
+    def release(self, root: str, name: str, offset: int, size: int) -> None:
+        """Drop this process's fill marker of the entry (after `put`, or after the fetch failed)."""
+        self._path(root, name, offset, size).with_suffix(_LOCK).unlink(missing_ok=True)
+
+    def wait(self, root: str, name: str, offset: int, size: int) -> bytes | None:
+        """The entry another process claimed, once it is there; None when its marker goes without the entry (the
+        fetch failed) or after ``stale`` seconds: the caller then fetches the bytes itself."""
+        lock = self._path(root, name, offset, size).with_suffix(_LOCK)
+        deadline, delay = time.monotonic() + self.stale, 0.002
+        while True:
+            data = self.get(root, name, offset, size)
+            if data is not None or not lock.exists() or time.monotonic() > deadline:
+                return data if data is not None else self.get(root, name, offset, size)
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
     def read_whole(self, root: str, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
         """``ranges`` of the cached whole object, or None if it is not cached. A short piece is left short."""
@@ -135,7 +178,7 @@ class RangeCache:
 
     def _evict(self) -> None:
         stale = time.time() - 3600
-        for p in self.folder.glob(f"{_TMP}*"):  # left by a process killed mid-write
+        for p in [*self.folder.glob(f"{_TMP}*"), *self.folder.glob(f"*{_LOCK}")]:  # left by a killed process
             try:
                 if p.stat().st_mtime < stale:
                     p.unlink()

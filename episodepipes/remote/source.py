@@ -105,7 +105,8 @@ class RemoteSource:
         self.root = parse_root(str(root))
         self.options = options or RemoteOptions()
         o = self.options
-        self._cache = RangeCache(o.cache_dir, o.cache_bytes) if o.cache_dir is not None else None
+        stale = o.attempts * (o.timeout + o.max_backoff)  # the longest a fetch of one entry may take
+        self._cache = RangeCache(o.cache_dir, o.cache_bytes, stale=stale) if o.cache_dir is not None else None
         self._lock = threading.Lock()
         self._store: object | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -135,10 +136,17 @@ class RemoteSource:
         """`read_ranges` of several objects at once: every object's coalesced GETs are in flight together.
 
         A training batch's frames lie in many shards; one call per shard would pay the latency once per
-        shard, this pays it about once per batch (``max_in_flight`` bounds the GETs at a time).
+        shard, this pays it about once per batch (``max_in_flight`` bounds the GETs at a time). With a range
+        cache, a range another process is fetching is waited for, not fetched again (`RangeCache.claim`).
         """
+        return self._read_many(calls, share=True)
+
+    def _read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]], *,
+                   share: bool) -> list[list[bytes]]:
         jobs: list[tuple[str, list[tuple[int, int]], list[bytes | None], list[int], RangeCache | None]] = []
         reqs: list[tuple[int, Request]] = []
+        claims: list[tuple[str, tuple[int, int]]] = []  # entries this call fills for the processes sharing the cache
+        waits: list[tuple[int, int]] = []  # (job, range) entries another process is filling
         calls = [(check_name(name), check_ranges(ranges)) for name, ranges in calls]
         wholes: dict[int, list[bytes] | None] = {}
         if self._cache is not None and self.options.cache_whole:  # whole objects fetched side by side too
@@ -162,10 +170,34 @@ class RemoteSource:
                     if n:
                         out[i] = cache.get(self.root, name, off, n)
             todo = [i for i, b in enumerate(out) if b is None]
+            if cache is not None and share:
+                mine = [cache.claim(self.root, name, *ranges[i]) for i in todo]
+                claims += [(name, ranges[i]) for i, m in zip(todo, mine) if m]
+                waits += [(len(jobs), i) for i, m in zip(todo, mine) if not m]
+                todo = [i for i, m in zip(todo, mine) if m]
             o = self.options
             reqs += [(len(jobs), r) for r in coalesce([ranges[i] for i in todo], gap=o.gap, max_request=o.max_request,
                                                       waste=o.waste)]
             jobs.append((name, ranges, out, todo, cache))
+        try:
+            self._fetch_into(jobs, reqs)
+        finally:
+            for name, (off, n) in claims:
+                self._cache.release(self.root, name, off, n)  # type: ignore[union-attr]
+        late: list[tuple[int, int]] = []
+        for k, i in waits:
+            name, ranges, out, _, cache = jobs[k]
+            out[i] = cache.wait(self.root, name, *ranges[i])  # type: ignore[union-attr]
+            if out[i] is None:
+                late.append((k, i))
+        if late:  # the other process failed or is stuck: fetch them here, unshared
+            got = self._read_many([(jobs[k][0], [jobs[k][1][i]]) for k, i in late], share=False)
+            for (k, i), [piece] in zip(late, got):
+                jobs[k][2][i] = piece
+        return [job[2] for job in jobs]  # type: ignore[misc]
+
+    def _fetch_into(self, jobs: list, reqs: list[tuple[int, Request]]) -> None:
+        """Run the coalesced GETs ``reqs`` and put each range's bytes into its job's output (and cache)."""
         if len(reqs) > 1:
             parts = list(self._executor().map(lambda jr: self._get(jobs[jr[0]][0], jr[1]), reqs))
         else:
@@ -182,7 +214,6 @@ class RemoteSource:
                 out[i] = piece
                 if cache is not None:
                     cache.put(self.root, name, off, n, piece)
-        return [job[2] for job in jobs]  # type: ignore[misc]
 
     def _read_whole(self, cache: RangeCache, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
         """``ranges`` from the cached whole object, fetching it first; None if it cannot be cached."""

@@ -1,0 +1,99 @@
+"""Reading the block order (`block_order`) from a remote root: a window's blocks whole, for one rank.
+
+`TrainReader` keys its read-ahead by ``(epoch, window)`` in the block order: `read_window` fetches every
+block of the window that this rank's positions touch (adjacent frames coalesce into one ranged GET, so a
+block costs one request), plus the window steps (history/horizon) of this rank's frames, and keeps only
+this rank's frames' bytes. The other ranks' frames of those blocks are transferred and dropped: the
+blocks are shared by every rank of a window, so each rank reads all of them (see `train_pipe`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.pipes.block_order import BlockLayout, BlockOrder, block_bounds, check_count
+from episodepipes.pipes.shuffle import FrameTable
+from episodepipes.pipes.window import Window, fields_by_step
+from episodepipes.remote.ranges import coalesce
+
+Key = tuple[int, int]  # (epoch, window)
+
+
+def layout_of(index: EpisodeIndex, episodes: Sequence[Episode], block_frames: int, window_blocks: int) -> BlockLayout:
+    """The blocks of ``episodes``' frames (flat order), cut where the shard changes."""
+    rows = np.concatenate([np.arange(e.rows.start, e.rows.stop, dtype=np.int64) for e in episodes])
+    block_frames = check_count("block_frames", block_frames)
+    return BlockLayout(block_bounds(index.frame_ranges(rows)[0], block_frames), block_frames=block_frames,
+                       window_blocks=window_blocks)
+
+
+def positions_in(order: BlockOrder, window: int, *, rank: int, world_size: int, used: int) -> np.ndarray:
+    """``rank``'s stream positions in ``window`` (ranks take every ``world_size``-th; those past ``used`` sit out)."""
+    lo, hi = order.start(window), min(order.start(window + 1), used)
+    first = lo + (rank - lo) % world_size
+    return np.arange(first, max(first, hi), world_size, dtype=np.int64)
+
+
+def following(key: Key, orders: Callable[[int], BlockOrder], *, rank: int, world_size: int, used: int,
+              stop: int | None) -> Key | None:
+    """The (epoch, window) after ``key`` holding a position of ``rank``, or None past epoch ``stop``.
+
+    Args:
+        key: (epoch, window).
+        orders: ``orders(epoch)`` -> that epoch's `BlockOrder`.
+        rank, world_size: this rank and the number of ranks.
+        used: the stream positions an epoch uses (drop-last).
+        stop: the first epoch not in the pass, or None (endless).
+    """
+    epoch, window = key
+    if window < int(orders(epoch).window_of(used - world_size + rank)):
+        return epoch, window + 1
+    if stop is not None and epoch + 1 >= stop:
+        return None
+    return epoch + 1, int(orders(epoch + 1).window_of(rank))
+
+
+def read_window(source: object, names: Sequence[str], table: FrameTable, episodes: Sequence[Episode],
+                windows: Mapping[str, Window], bounds: np.ndarray, flats: np.ndarray) -> dict[int, dict[int, bytes]]:
+    """flat -> step -> bytes of ``flats`` (one rank's frames of a window), read with the blocks they lie in.
+
+    Args:
+        source: the remote byte source (`read_many`, ``options``).
+        names: shard file names, by shard number.
+        table: the flat frame numbering of ``episodes``.
+        episodes: the reader's episodes.
+        windows: the reader's history/horizon windows.
+        bounds: the block boundaries (`BlockLayout.bounds`).
+        flats: the frames to return.
+    """
+    need: dict[tuple[int, int], None] = {}  # (episode, step), in order
+    for b in np.unique(np.searchsorted(bounds, flats, side="right") - 1).tolist():
+        need.update((table.locate(f), None) for f in range(int(bounds[b]), int(bounds[b + 1])))
+    mine = []
+    for flat in flats.tolist():
+        e, t = table.locate(flat)
+        steps = (t, *fields_by_step(t, episodes[e].length, windows))
+        need.update(((e, s), None) for s in steps)
+        mine.append((flat, e, steps))
+    by_shard: dict[int, list[tuple[tuple[int, int], int, int]]] = {}
+    for e, s in need:
+        shard, a, z = episodes[e].frame_range(s)
+        by_shard.setdefault(shard, []).append(((e, s), a, z))
+    o = source.options  # type: ignore[attr-defined]
+    runs = {shard: coalesce([(a, z - a) for _, a, z in frames], gap=o.gap, max_request=o.max_request, waste=o.waste)
+            for shard, frames in by_shard.items()}
+    datas = source.read_many([(names[shard], [(r.start, r.end - r.start) for r in rs])  # type: ignore[attr-defined]
+                              for shard, rs in runs.items()])
+    views: dict[tuple[int, int], memoryview] = {}
+    for (shard, rs), ds in zip(runs.items(), datas):
+        frames = by_shard[shard]
+        for r, data in zip(rs, ds):
+            view = memoryview(data)
+            for j in r.members:
+                k, a, z = frames[j]
+                views[k] = view[a - r.start:z - r.start]
+    got: dict[tuple[int, int], bytes] = {}  # copies of this rank's frames only: the runs' buffers go
+    return {flat: {s: got.setdefault((e, s), bytes(views[e, s])) for s in steps} for flat, e, steps in mine}
