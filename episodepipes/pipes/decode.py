@@ -19,6 +19,7 @@ from episodepipes.pipes import _pool
 from episodepipes.pipes._batchmemo import BatchMemo
 from episodepipes.pipes._executor import InOrder
 from episodepipes.pipes._lifecycle import shutdown_node
+from episodepipes.pipes._mapped import ShardSlice
 from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
 from episodepipes.pipes._slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
@@ -85,6 +86,8 @@ class Decoder(BaseNode[dict]):
         self._share = share_frames
         self._memo: BatchMemo | None = None  # with batch rows and share_frames: a frame shown twice is decoded once
         self._sink = self._choose_sink(slab if transform is None else 0)
+        if self.options.method == "process" and hasattr(source, "send_slices"):  # workers map the shards
+            source.send_slices()
         self._plan()
         self._ex: InOrder[_InFlight] | None = None
         self._specs: dict[str, EpisodeSpec] = {}
@@ -234,9 +237,10 @@ class Decoder(BaseNode[dict]):
 
 def portable(raw: RawSample) -> RawSample:
     """``raw`` with bytes where a reader handed out memoryviews (slices of mapped shards), which do not pickle
-    to a worker process; ``raw`` itself when it holds none. Its crc32 checks are made here: a process worker
-    would need the whole frames sent beside their members."""
-    if raw.checks:
+    to a worker process; ``raw`` itself when it holds none (bytes, or `ShardSlice` references the worker
+    resolves). Its crc32 checks of memoryviews are made here (the worker would need the whole frames sent
+    beside their members); checks of references go to the worker."""
+    if raw.checks and not isinstance(raw.checks[0][1], ShardSlice):
         raw = dataclasses.replace(raw, checks=(), damaged=raw.damaged or crc_mismatch(raw.checks))
     views = any(isinstance(v, memoryview) for v in raw.members.values()) or any(
         isinstance(v, memoryview) for w in raw.windows.values() for v in w.data.values())

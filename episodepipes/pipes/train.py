@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from episodepipes.format import sample_key
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes import train_state as ts
-from episodepipes.pipes._mapped import MappedShards
+from episodepipes.pipes._mapped import MappedShards, ShardSlice, frame_members
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import Decoder
@@ -101,6 +102,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         self._where = [os.path.join(str(self.source.root), n) for n in self._names]  # for messages
         # a remote root: each batch's frames in one read_many, the next batches' fetched while this one decodes
         self._ahead = ReadAhead(self._fetch_batch, self._following, depth=READ_AHEAD) if index.remote else None
+        self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
 
     @property
     def _size(self) -> int:
@@ -218,17 +220,22 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         """
         shard, start, end = ep.frame_range(step)
         name, path = self._names[shard], self._where[shard]
+        crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
         if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
             mapped = self.__dict__.get("_mapped")
             if mapped is None:
                 mapped = self._mapped = MappedShards(self.source)
+            view = mapped.frame(name, start, end)
+            got = None if view is None else frame_members(view, sample_key(ep.id, step).encode() + b".",
+                                                          want if crc is None else None)
+            if got is not None:  # plain members: parsed in place (anything else takes frame_fields below)
+                return self._mapped_fields(step, view, got, path, start, crc, into, checks)
             read = mapped.read
         else:
             read = self.source.read
         if fetched is not None:
             def read(_: str, offset: int, size: int) -> bytes:
                 return fetched[offset - start:offset - start + size]
-        crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
         reads: list[bytes | memoryview] = []
 
         def pread(size: int, offset: int) -> bytes | memoryview:
@@ -248,6 +255,32 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         elif crc is not None and zlib.crc32(reads[0]) != crc:
             return f"frame {step} does not match its crc32 in the index"
         return None
+
+    def _mapped_fields(self, step: int, view: memoryview, got: tuple[dict[str, tuple[int, int]], int], path: str,
+                       start: int, crc: int | None, into: dict[int, dict[str, bytes]],
+                       checks: list[tuple[int, bytes, int]] | None) -> str | None:
+        """`_read` of a frame of a mapped shard whose members `frame_members` parsed: slices of the mapping, or
+        `ShardSlice` references to it where decode processes read the frames (`send_slices`)."""
+        spans, n = got
+        self.stats.add("bytes_read", n)
+        if self._slices:
+            into[step] = {f: ShardSlice(path, start + a, b - a) for f, (a, b) in spans.items()}  # type: ignore[misc]
+            whole: bytes | memoryview | ShardSlice = ShardSlice(path, start, len(view))
+        else:
+            into[step] = {f: view[a:b] for f, (a, b) in spans.items()}  # type: ignore[misc]
+            whole = view
+        if crc is not None and checks is not None and spans:
+            checks.append((step, whole, crc))  # type: ignore[arg-type]
+        elif crc is not None and zlib.crc32(view) != crc:
+            return f"frame {step} does not match its crc32 in the index"
+        return None
+
+    def send_slices(self) -> None:
+        """Hand frames of local shards out as `ShardSlice` references, which a decode process resolves against
+        its own mapping of the shard (`Decoder` asks this of its source for ``method="process"``): no frame
+        bytes are copied or pickled. Frames read otherwise (a remote root, a member layout the fast path does
+        not parse) still come as bytes."""
+        self._slices = True
 
 
 def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, split: str = "train",
