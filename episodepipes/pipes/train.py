@@ -103,6 +103,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         # a remote root: each batch's frames in one read_many, the next batches' fetched while this one decodes
         self._ahead = ReadAhead(self._fetch_batch, self._following, depth=READ_AHEAD) if index.remote else None
         self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
+        self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # one batch's frames (_located)
 
     @property
     def _size(self) -> int:
@@ -142,7 +143,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         return self._batch[2]
 
     def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
-        e, t = self.table.locate(flat)
+        e, t, *at = self._located(flat)
         ep = self.episodes[e]
         read: dict[int, dict[str, bytes]] = {}
         steps = ((t, None), *fields_by_step(t, ep.length, self.windows).items())
@@ -150,15 +151,38 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             got = self._fetch(ep, [s for s, _ in steps]) if self.index.remote else {}
         checks: list[tuple[int, bytes, int]] = []  # crc32 checks left to the decode worker (local shards)
         damaged = [why for s, want in steps
-                   if (why := self._read(ep, s, want, read, got.get(s), checks)) is not None]
+                   if (why := self._read(ep, s, want, read, got.get(s), checks, at if s == t else None)) is not None]
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
-        shard = self.index.shards[ep.frame_range(t)[0]].name
+        shard = self._names[at[0]]
         if damaged:  # nothing of it is decoded: the Decoder gives zeros and counts it corrupt
             return damaged_sample(item, shard, ep.length, self.windows, damaged[0])
         raw = window_sample(item, shard, ep.length, self.windows, read)
         raw.checks = tuple(checks)
         return raw
+
+    def _located(self, flat: int) -> tuple[int, int, int, int, int, int | None]:
+        """(episode position, step, shard, start byte, end byte, crc32 or None) of flat frame ``flat``.
+
+        Looked up for its whole batch at once (`EpisodeIndex.frame_ranges`): per frame, numpy's per-call cost
+        is most of the lookup. A frame outside this reader's current batch is looked up alone.
+        """
+        loc = self._locs.get(flat)
+        if loc is not None:
+            return loc
+        batch = self._frames_of(self._epoch, self._pos // self.batch_size)
+        if flat not in batch:  # not this reader's own cursor (a mixture's draw): one frame, without numpy
+            e, t = self.table.locate(flat)
+            ep = self.episodes[e]
+            return (e, t, *ep.frame_range(t), ep.frame_crc(t))
+        flats = batch.tolist()
+        es, ts_ = zip(*map(self.table.locate, flats))
+        rows = np.add([self.episodes[e].rows.start for e in es], ts_)
+        shard, a, b = self.index.frame_ranges(rows)
+        crcs = self.index.frame_crcs(rows)
+        self._locs = dict(zip(flats, zip(es, ts_, shard.tolist(), a.tolist(), b.tolist(),
+                                         [None] * len(flats) if crcs is None else crcs.tolist())))
+        return self._locs[flat]
 
     def _following(self, key: tuple[int, int]) -> tuple[int, int] | None:
         """The (epoch, step) after ``key`` in this pass, or None past its last epoch."""
@@ -209,18 +233,21 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         return out
 
     def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]],
-              fetched: bytes | None = None, checks: list[tuple[int, bytes, int]] | None = None) -> str | None:
+              fetched: bytes | None = None, checks: list[tuple[int, bytes, int]] | None = None,
+              at: list | None = None) -> str | None:
         """Read ``step``'s fields into ``into[step]``; why its bytes are damaged, or None.
 
         A frame read whole (the current step, and window steps of a camera) is checked against its crc32 in
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
-        ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root). With ``checks``, a
+        ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root), ``at`` its
+        ``[shard, start, end, crc32]`` when `_located` looked them up already. With ``checks``, a
         frame of a local shard is not checked here but appended to it, for the decode worker to check
         (`RawSample.checks`): zlib releases the GIL, and this thread then waits behind the decode threads.
         """
-        shard, start, end = ep.frame_range(step)
+        shard, start, end, crc = at if at is not None else (*ep.frame_range(step), ep.frame_crc(step))
         name, path = self._names[shard], self._where[shard]
-        crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
+        if want is not None and not any(f.endswith(".jpg") for f in want):
+            crc = None
         if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
             mapped = self.__dict__.get("_mapped")
             if mapped is None:
