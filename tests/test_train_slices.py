@@ -97,3 +97,43 @@ def test_process_and_thread_pipes_give_the_same_batches(idx):
         assert x.keys() == y.keys()
         for k in x:
             assert np.array_equal(x[k], y[k]) if isinstance(x[k], np.ndarray) else x[k] == y[k], k
+
+
+def test_a_process_result_comes_back_as_tuples_and_bytes_and_unpacks_to_writable_arrays(idx):
+    from episodepipes.pipes import _slabs
+    from episodepipes.pipes.decode import decode_shared, unpack_shared
+
+    r = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=2, epochs=1)
+    r.send_slices()
+    r.reset(None)
+    raw = next(r)
+    spec = EpisodeSpec.of(idx.episode(raw.item.episode))
+    slabs = _slabs.Slabs(2)
+    slabs.share({c: (3, *hw) for c, hw in spec.cameras.items()}, 1)
+    rows, addr = slabs.next_rows({c: (3, *hw) for c, hw in spec.cameras.items()})
+    packed = decode_shared(SampleDecode(), raw, spec, addr)
+    assert isinstance(packed, tuple) and not any(isinstance(v, np.ndarray) for v in packed[3].values())
+    got = unpack_shared(pickle.loads(pickle.dumps(packed)))
+    want = SampleDecode()(raw, spec)
+    assert got.corrupt == want.corrupt == [] and got.frames == want.frames == 2 and got.damaged is None
+    assert set(got.fields) == set(want.fields) - set(spec.cameras)  # the frames are in the shared rows
+    for k, v in got.fields.items():
+        if isinstance(v, np.ndarray):
+            assert v.flags.writeable and v.dtype == want.fields[k].dtype and np.array_equal(v, want.fields[k]), k
+        else:
+            assert v == want.fields[k], k
+    for c in spec.cameras:
+        assert np.array_equal(rows[c], want.fields[c])
+
+
+def test_a_sample_without_windows_borrows_nothing_and_is_sent_as_it_is(idx):
+    from episodepipes.pipes._batchmemo import BatchMemo
+
+    r = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=2, epochs=1)
+    r.reset(None)
+    raw = next(r)
+    memo = BatchMemo(2)
+    cams = sorted(idx.episode(raw.item.episode).cameras)
+    assert memo.plan(raw, cams) is raw
+    again = memo.plan(raw, cams)  # the same frame twice in a batch (a mixture's source starting over)
+    assert again is raw and again.borrowed == frozenset()  # decoded again, not borrowed: nothing to copy in
