@@ -244,10 +244,14 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         frame of a local shard is not checked here but appended to it, for the decode worker to check
         (`RawSample.checks`): zlib releases the GIL, and this thread then waits behind the decode threads.
         """
-        shard, start, end, crc = at if at is not None else (*ep.frame_range(step), ep.frame_crc(step))
+        whole = want is None or any(f.endswith(".jpg") for f in want)
+        if at is None:
+            shard, start, end = ep.frame_range(step)
+            crc = ep.frame_crc(step) if whole else None
+        else:
+            shard, start, end, crc = at
+            crc = crc if whole else None
         name, path = self._names[shard], self._where[shard]
-        if want is not None and not any(f.endswith(".jpg") for f in want):
-            crc = None
         if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
             mapped = self.__dict__.get("_mapped")
             if mapped is None:
