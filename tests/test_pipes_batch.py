@@ -82,3 +82,13 @@ def test_no_public_pipes_name_is_also_a_torchdata_node():
     import episodepipes.pipes
 
     assert set(episodepipes.pipes.__all__).isdisjoint(TORCHDATA_NODES | set(torchdata.nodes.__all__))
+
+
+@pytest.mark.filterwarnings("error:The given NumPy array is not writable")
+def test_a_read_only_scalar_of_a_one_sample_batch_is_copied_into_a_writable_tensor():
+    data = np.array([7], np.int64).tobytes()
+    scalar = np.frombuffer(data, np.int64).reshape(())  # as load_npy gives a scalar member: a view of its bytes
+    b = collate([{**_sample(np.zeros((3, 2, 2), np.uint8)), "count": scalar}])
+    assert b["count"].tolist() == [7]
+    b["count"] += 1  # a writable tensor of its own
+    assert b["count"].tolist() == [8] and scalar == 7

@@ -7,7 +7,9 @@ handed out and stacked): when a sample is sent, each camera frame (episode, step
 sample of the same batch decodes already is marked borrowed, so the worker leaves it alone; when the
 sample is handed out, those frames are copied from the earlier sample's decoded arrays (a frame that
 did not decode there is corrupt here too). Batches are counted from the pass's start, as the
-`BatchStacker` groups them. A damaged sample (`RawSample.damaged`) lends nothing.
+`BatchStacker` groups them. A damaged sample (`RawSample.damaged`) lends nothing, and neither does a sample
+without windows (in a pipe without windows a frame is in a batch once: an epoch's order holds each frame once;
+a mixture's source that starts its order again within a batch has that frame decoded twice, not borrowed).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class BatchMemo:
         if self._sent % self.size == 0:
             self._planned = set()
         self._sent += 1
-        if raw.damaged is not None:
+        if raw.damaged is not None or not raw.windows:  # a frame shown without windows is shown once per batch
             return raw
         e, t = raw.item.episode, raw.item.frame
         members = set()
@@ -73,7 +75,7 @@ class BatchMemo:
         if self._out % self.size == 0:
             self._done = {}
         self._out += 1
-        if sent.damaged is not None:
+        if sent.damaged is not None or not sent.windows:  # nothing borrowed, and nothing planned to lend
             return
         fields, corrupt, whole = decoded.fields, decoded.corrupt, decoded.damaged is None
         e, t = sent.item.episode, sent.item.frame

@@ -66,13 +66,16 @@ class BufferPool:
 
 
 def consecutive_rows(arrays: list[np.ndarray]) -> np.ndarray | None:
-    """``base[j:j+n]`` when ``arrays`` are rows ``j..j+n-1`` of one contiguous base array, else None.
+    """``base[j:j+n]`` when ``arrays`` are rows ``j..j+n-1`` of one contiguous, writable base array, else None.
 
-    That is how `Decoder` lays out a batch's frames, so stacking them is a view, not a copy.
+    That is how `Decoder` lays out a batch's frames, so stacking them is a view, not a copy. A read-only base
+    is not a batch buffer but the bytes an array was read from (a scalar .npy member of a one-sample batch
+    looks like one row of them): a tensor over it would be a writable tensor over read-only memory.
     """
     a0 = arrays[0]
     base = a0.base
-    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous or base.shape[1:] != a0.shape:
+    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous or not base.flags.writeable \
+            or base.shape[1:] != a0.shape:
         return None
     step, start = a0.nbytes, a0.ctypes.data
     offset = start - base.ctypes.data

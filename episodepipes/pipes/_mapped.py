@@ -5,6 +5,10 @@ reads samples (the one feeding the decode workers) then waits to get it back beh
 Python, once per read; a window of 16 array steps makes dozens of reads per sample. A slice of a mapping
 makes no call and copies nothing; the decoder reads the JPEG straight from the page cache.
 
+Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they
+resolve against mappings of their own (`resolve`): the frame's bytes never go through a pipe, and are
+never copied in the parent.
+
 A mapping is dropped by `MappedShards.close` (the samples still holding slices keep theirs alive until
 they are gone). A range past the end of a file goes to the byte source, which raises its "truncated"
 error naming the file. The shards must not shrink while mapped: finished shards never change in place
@@ -15,8 +19,24 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
+from collections import OrderedDict
+from typing import NamedTuple
 
+from episodepipes.format import BLOCK
 from episodepipes.shardio import LocalSource, check_name
+
+_USTAR = struct.Struct("100s24x12s20xc100x5s")  # name, size, type, magic of a tar header, read in place
+MAX_MAPS = 64  # shards a decode process keeps mapped (`resolve`)
+_MAPS: OrderedDict[str, memoryview] = OrderedDict()
+
+
+class ShardSlice(NamedTuple):
+    """``size`` bytes at ``offset`` of the shard file at ``path``: what a decode process maps itself."""
+
+    path: str
+    offset: int
+    size: int
 
 
 class MappedShards:
@@ -34,6 +54,14 @@ class MappedShards:
             return self.source.read(name, offset, size)  # its error names the file and the range
         return view[offset:offset + size]
 
+    def frame(self, name: str, start: int, end: int) -> memoryview | None:
+        """The mapped bytes ``[start, end)`` of shard ``name``, or None where the file is shorter (the caller
+        then reads through `read`, whose error names the file)."""
+        view = self._maps.get(name)
+        if view is None:
+            view = self._map(name)
+        return view[start:end] if 0 <= start <= end <= len(view) else None
+
     def _map(self, name: str) -> memoryview:
         size = self.source.size(name)  # a missing file is the source's error
         if size == 0:
@@ -47,3 +75,60 @@ class MappedShards:
     def close(self) -> None:
         """Forget the mappings (each is unmapped once no slice of it is left)."""
         self._maps = {}
+
+
+def frame_members(buf: memoryview, prefix: bytes,
+                  want: set[str] | None = None) -> tuple[dict[str, tuple[int, int]], int] | None:
+    """({field: (start, end) in ``buf``}, bytes a read of them takes) of one frame's plain ustar members, all
+    named ``prefix + field``; only ``want`` fields if given (walking headers until all are found, as
+    `tarmembers.frame_fields` reads them). None for anything else (a long name, a binary size, another name,
+    a member past the frame, a wanted field missing): `tarmembers.frame_fields` then says what is wrong.
+
+    The reader's per-frame hot path: the headers are parsed in place, with no per-member read or copy.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    end, pos, n, plen = len(buf), 0, 0, len(prefix)
+    left = len(want) if want is not None else -1
+    while pos < end and left != 0:
+        if end - pos < BLOCK:
+            return None
+        name, size_field, kind, magic = _USTAR.unpack_from(buf, pos)
+        if magic != b"ustar" or kind not in b"0\0" or size_field[0] == 0x80 or not name.startswith(prefix):
+            return None
+        try:
+            size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
+            field = name[plen:].split(b"\0", 1)[0].decode("utf-8")
+        except ValueError:
+            return None
+        data = pos + BLOCK
+        pos = data + -(-size // BLOCK) * BLOCK
+        if data + size > end or field in out:
+            return None
+        n += BLOCK
+        if want is None:
+            out[field] = (data, data + size)
+        elif field in want:
+            out[field] = (data, data + size)
+            n += size
+            left -= 1
+    if left > 0:
+        return None
+    return out, end if want is None else n
+
+
+def resolve(s: ShardSlice) -> memoryview:
+    """In a decode process: the bytes ``s`` names, a slice of this process's mapping of its shard."""
+    view = _MAPS.get(s.path)
+    if view is None:
+        with open(s.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            view = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
+        _MAPS[s.path] = view
+        while len(_MAPS) > MAX_MAPS:
+            _MAPS.popitem(last=False)
+    else:
+        _MAPS.move_to_end(s.path)
+    if s.offset + s.size > len(view):
+        raise ValueError(f"{s.path} ends before byte {s.offset + s.size}, where its index puts a frame: truncated "
+                         "while reading? re-shard it or check with verify=True")
+    return view[s.offset:s.offset + s.size]

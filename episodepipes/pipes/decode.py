@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 from torchdata.nodes import BaseNode
 
 from episodepipes.index import EpisodeIndex
@@ -19,6 +20,7 @@ from episodepipes.pipes import _pool
 from episodepipes.pipes._batchmemo import BatchMemo
 from episodepipes.pipes._executor import InOrder
 from episodepipes.pipes._lifecycle import shutdown_node
+from episodepipes.pipes._mapped import ShardSlice
 from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
 from episodepipes.pipes._slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
@@ -85,6 +87,8 @@ class Decoder(BaseNode[dict]):
         self._share = share_frames
         self._memo: BatchMemo | None = None  # with batch rows and share_frames: a frame shown twice is decoded once
         self._sink = self._choose_sink(slab if transform is None else 0)
+        if self.options.method == "process" and hasattr(source, "send_slices"):  # workers map the shards
+            source.send_slices()
         self._plan()
         self._ex: InOrder[_InFlight] | None = None
         self._specs: dict[str, EpisodeSpec] = {}
@@ -147,6 +151,7 @@ class Decoder(BaseNode[dict]):
         if not self._ex:
             self.shutdown()  # the last frame is decoded: release the workers now, not at the next call
         if entry.claim.shared:  # a process wrote these frames into shared rows: nothing was pickled
+            decoded = unpack_shared(decoded)
             decoded.fields.update(entry.claim.rows)
         if self._memo is not None:
             spec = self._spec(entry.raw.item.episode)
@@ -196,7 +201,8 @@ class Decoder(BaseNode[dict]):
             claim = self._sink.claim(shapes)
             sent = raw if self._memo is None else self._memo.plan(raw, list(spec.cameras))
             work = portable(sent) if self.options.method == "process" else sent
-            self._ex.put(_InFlight(before, sent, claim), decode_into, self.fn, work, spec, claim.ticket)
+            fn = decode_shared if claim.shared else decode_into
+            self._ex.put(_InFlight(before, sent, claim), fn, self.fn, work, spec, claim.ticket)
         if self._ex is not None and (self._done or self._ex.idle):  # a partial chunk: nothing else is coming
             self._ex.flush()
 
@@ -232,11 +238,38 @@ class Decoder(BaseNode[dict]):
         return fields
 
 
+Packed = tuple[list[str], int, "str | None", dict[str, Any], tuple[tuple[str, bytearray, str, tuple[int, ...]], ...]]
+
+
+def decode_shared(fn: SampleDecode, raw: RawSample, spec: EpisodeSpec, ticket: tuple[int, int, int]) -> Packed:
+    """In a process worker: `decode_into` shared rows, its result as plain tuples and each array as its bytes.
+
+    Pickling a `Decoded` and the small arrays in it costs tens of microseconds a sample each way (a dataclass
+    and an ndarray reduce through copyreg); tuples, bytes and scalars cost about one."""
+    out = decode_into(fn, raw, spec, ticket)
+    plain, arrays = {}, []
+    for k, v in out.fields.items():
+        if isinstance(v, np.ndarray) and not v.dtype.hasobject:
+            arrays.append((k, bytearray(np.ascontiguousarray(v)), v.dtype.str, v.shape))
+        else:
+            plain[k] = v
+    return out.corrupt, out.frames, out.damaged, plain, tuple(arrays)
+
+
+def unpack_shared(packed: Packed) -> Decoded:
+    """In the parent: the `Decoded` `decode_shared` sent (arrays over their unpickled, writable bytes)."""
+    corrupt, frames, damaged, fields, arrays = packed
+    for k, data, dtype, shape in arrays:
+        fields[k] = np.frombuffer(data, dtype).reshape(shape)
+    return Decoded(fields, corrupt, frames, damaged)
+
+
 def portable(raw: RawSample) -> RawSample:
     """``raw`` with bytes where a reader handed out memoryviews (slices of mapped shards), which do not pickle
-    to a worker process; ``raw`` itself when it holds none. Its crc32 checks are made here: a process worker
-    would need the whole frames sent beside their members."""
-    if raw.checks:
+    to a worker process; ``raw`` itself when it holds none (bytes, or `ShardSlice` references the worker
+    resolves). Its crc32 checks of memoryviews are made here (the worker would need the whole frames sent
+    beside their members); checks of references go to the worker."""
+    if raw.checks and not isinstance(raw.checks[0][1], ShardSlice):
         raw = dataclasses.replace(raw, checks=(), damaged=raw.damaged or crc_mismatch(raw.checks))
     views = any(isinstance(v, memoryview) for v in raw.members.values()) or any(
         isinstance(v, memoryview) for w in raw.windows.values() for v in w.data.values())

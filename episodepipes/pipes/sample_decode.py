@@ -8,6 +8,7 @@ reporting: the `Decoder` counts, logs or raises in the parent. Camera frames go 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import json
@@ -19,6 +20,7 @@ import numpy as np
 
 from episodepipes.format import npy_header, npy_load
 from episodepipes.index import Episode
+from episodepipes.pipes._mapped import ShardSlice, resolve
 from episodepipes.pipes.frames import JPEG, FrameDecoder
 from episodepipes.pipes.sample import RawSample, StepWindow, crc_mismatch
 
@@ -78,6 +80,7 @@ class SampleDecode:
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def __call__(self, raw: RawSample, spec: EpisodeSpec, rows: Rows | None = None) -> Decoded:
+        raw = resolved(raw)
         damaged = raw.damaged if raw.damaged is not None else crc_mismatch(raw.checks)
         if damaged is not None:
             out = Decoded(self._zeros(raw, spec, rows), sorted(spec.cameras), 0, damaged)
@@ -195,6 +198,26 @@ class SampleDecode:
         for key, w in raw.windows.items():
             f[f"{key}_pad"] = np.array(w.pad, bool)
         return f
+
+
+def resolved(raw: RawSample) -> RawSample:
+    """``raw`` with the bytes its `ShardSlice` references name (a decode process's own mappings), or ``raw``
+    itself when it holds none."""
+    def ref(v: Any) -> bool:
+        return isinstance(v, ShardSlice)
+
+    if not (any(map(ref, raw.members.values())) or any(ref(v) for w in raw.windows.values() for v in w.data.values())
+            or any(ref(c[1]) for c in raw.checks)):
+        return raw
+
+    def get(v: Any) -> Any:
+        return resolve(v) if isinstance(v, ShardSlice) else v
+
+    return dataclasses.replace(
+        raw, members={k: get(v) for k, v in raw.members.items()},
+        windows={k: dataclasses.replace(w, data={s: get(v) for s, v in w.data.items()})
+                 for k, w in raw.windows.items()},
+        checks=tuple((s, get(d), c) for s, d, c in raw.checks))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from episodepipes.format import sample_key
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes import block_order as bo
 from episodepipes.pipes import block_read
 from episodepipes.pipes import train_state as ts
-from episodepipes.pipes._mapped import MappedShards
+from episodepipes.pipes._mapped import MappedShards, ShardSlice, frame_members
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.block_order import BlockOrder
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
@@ -121,6 +122,8 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             frames = self.blocks.block_frames * self.blocks.window_blocks
             self._ahead = ReadAhead(self._fetch_window, self._following_window,
                                     depth=max(1, -(-READ_AHEAD * batch_size // frames)))
+        self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
+        self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # one batch's frames (_located)
 
     def _order(self, epoch: int) -> IndexShuffle | BlockOrder:
         """Epoch ``epoch``'s order of the frames (pure of the cursor: the read-ahead threads call it too)."""
@@ -173,7 +176,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         return self._batch[2]
 
     def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
-        e, t = self.table.locate(flat)
+        e, t, *at = self._located(flat)
         ep = self.episodes[e]
         read: dict[int, dict[str, bytes]] = {}
         steps = ((t, None), *fields_by_step(t, ep.length, self.windows).items())
@@ -181,15 +184,38 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             got = self._fetch(ep, [s for s, _ in steps]) if self.index.remote else {}
         checks: list[tuple[int, bytes, int]] = []  # crc32 checks left to the decode worker (local shards)
         damaged = [why for s, want in steps
-                   if (why := self._read(ep, s, want, read, got.get(s), checks)) is not None]
+                   if (why := self._read(ep, s, want, read, got.get(s), checks, at if s == t else None)) is not None]
         self.stats.add("frames_read", len(read))
         item = Item(ep.id, t)
-        shard = self.index.shards[ep.frame_range(t)[0]].name
+        shard = self._names[at[0]]
         if damaged:  # nothing of it is decoded: the Decoder gives zeros and counts it corrupt
             return damaged_sample(item, shard, ep.length, self.windows, damaged[0])
         raw = window_sample(item, shard, ep.length, self.windows, read)
         raw.checks = tuple(checks)
         return raw
+
+    def _located(self, flat: int) -> tuple[int, int, int, int, int, int | None]:
+        """(episode position, step, shard, start byte, end byte, crc32 or None) of flat frame ``flat``.
+
+        Looked up for its whole batch at once (`EpisodeIndex.frame_ranges`): per frame, numpy's per-call cost
+        is most of the lookup. A frame outside this reader's current batch is looked up alone.
+        """
+        loc = self._locs.get(flat)
+        if loc is not None:
+            return loc
+        batch = self._frames_of(self._epoch, self._pos // self.batch_size)
+        if flat not in batch:  # not this reader's own cursor (a mixture's draw): one frame, without numpy
+            e, t = self.table.locate(flat)
+            ep = self.episodes[e]
+            return (e, t, *ep.frame_range(t), ep.frame_crc(t))
+        flats = batch.tolist()
+        es, ts_ = zip(*map(self.table.locate, flats))
+        rows = np.add([self.episodes[e].rows.start for e in es], ts_)
+        shard, a, b = self.index.frame_ranges(rows)
+        crcs = self.index.frame_crcs(rows)
+        self._locs = dict(zip(flats, zip(es, ts_, shard.tolist(), a.tolist(), b.tolist(),
+                                         [None] * len(flats) if crcs is None else crcs.tolist())))
+        return self._locs[flat]
 
     def _following(self, key: tuple[int, int]) -> tuple[int, int] | None:
         """The (epoch, step) after ``key`` in this pass, or None past its last epoch."""
@@ -254,28 +280,40 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         return out
 
     def _read(self, ep: Episode, step: int, want: set[str] | None, into: dict[int, dict[str, bytes]],
-              fetched: bytes | None = None, checks: list[tuple[int, bytes, int]] | None = None) -> str | None:
+              fetched: bytes | None = None, checks: list[tuple[int, bytes, int]] | None = None,
+              at: list | None = None) -> str | None:
         """Read ``step``'s fields into ``into[step]``; why its bytes are damaged, or None.
 
         A frame read whole (the current step, and window steps of a camera) is checked against its crc32 in
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
-        ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root). With ``checks``, a
+        ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root), ``at`` its
+        ``[shard, start, end, crc32]`` when `_located` looked them up already. With ``checks``, a
         frame of a local shard is not checked here but appended to it, for the decode worker to check
         (`RawSample.checks`): zlib releases the GIL, and this thread then waits behind the decode threads.
         """
-        shard, start, end = ep.frame_range(step)
+        whole = want is None or any(f.endswith(".jpg") for f in want)
+        if at is None:
+            shard, start, end = ep.frame_range(step)
+            crc = ep.frame_crc(step) if whole else None
+        else:
+            shard, start, end, crc = at
+            crc = crc if whole else None
         name, path = self._names[shard], self._where[shard]
         if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
             mapped = self.__dict__.get("_mapped")
             if mapped is None:
                 mapped = self._mapped = MappedShards(self.source)
+            view = mapped.frame(name, start, end)
+            got = None if view is None else frame_members(view, sample_key(ep.id, step).encode() + b".",
+                                                          want if crc is None else None)
+            if got is not None:  # plain members: parsed in place (anything else takes frame_fields below)
+                return self._mapped_fields(step, view, got, path, start, crc, into, checks)
             read = mapped.read
         else:
             read = self.source.read
         if fetched is not None:
             def read(_: str, offset: int, size: int) -> bytes:
                 return fetched[offset - start:offset - start + size]
-        crc = ep.frame_crc(step) if want is None or any(f.endswith(".jpg") for f in want) else None
         reads: list[bytes | memoryview] = []
 
         def pread(size: int, offset: int) -> bytes | memoryview:
@@ -295,6 +333,32 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         elif crc is not None and zlib.crc32(reads[0]) != crc:
             return f"frame {step} does not match its crc32 in the index"
         return None
+
+    def _mapped_fields(self, step: int, view: memoryview, got: tuple[dict[str, tuple[int, int]], int], path: str,
+                       start: int, crc: int | None, into: dict[int, dict[str, bytes]],
+                       checks: list[tuple[int, bytes, int]] | None) -> str | None:
+        """`_read` of a frame of a mapped shard whose members `frame_members` parsed: slices of the mapping, or
+        `ShardSlice` references to it where decode processes read the frames (`send_slices`)."""
+        spans, n = got
+        self.stats.add("bytes_read", n)
+        if self._slices:
+            into[step] = {f: ShardSlice(path, start + a, b - a) for f, (a, b) in spans.items()}  # type: ignore[misc]
+            whole: bytes | memoryview | ShardSlice = ShardSlice(path, start, len(view))
+        else:
+            into[step] = {f: view[a:b] for f, (a, b) in spans.items()}  # type: ignore[misc]
+            whole = view
+        if crc is not None and checks is not None and spans:
+            checks.append((step, whole, crc))  # type: ignore[arg-type]
+        elif crc is not None and zlib.crc32(view) != crc:
+            return f"frame {step} does not match its crc32 in the index"
+        return None
+
+    def send_slices(self) -> None:
+        """Hand frames of local shards out as `ShardSlice` references, which a decode process resolves against
+        its own mapping of the shard (`Decoder` asks this of its source for ``method="process"``): no frame
+        bytes are copied or pickled. Frames read otherwise (a remote root, a member layout the fast path does
+        not parse) still come as bytes."""
+        self._slices = True
 
 
 def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, split: str = "train",
