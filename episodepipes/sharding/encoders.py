@@ -1,11 +1,15 @@
-"""The encoder processes of `write_shards`: one task reads and encodes one episode.
+"""The encoders of `write_shards`: one task reads and encodes one episode, in this process, a thread or a pool.
 
-Results come back in task order, so the output never depends on timing or on the number of workers.
+Results come back in task order, so the output never depends on timing or on the number of workers. A write that
+copies packets (``codec="copy"``) has little work per episode besides demuxing and I/O, so its episodes run in one
+thread beside the writer, and the process pool starts only when an episode turns out to have frames to encode (an
+image feature): starting the pool and passing every episode through a spool file cost more than the work it spread.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import itertools
 import mmap
@@ -32,7 +36,12 @@ def decode_threads() -> int:
 
 
 def _encode(task: tuple) -> tuple:
-    """Worker: read and encode one episode. Input errors come back as values, to be skipped or raised.
+    """Worker: `_encode_one`'s result."""
+    return _encode_one(task)[0]
+
+
+def _encode_one(task: tuple) -> tuple[tuple, bool]:
+    """Read and encode one episode. Input errors come back as values, to be skipped or raised.
 
     ``split`` is the split chosen by an option; it replaces the episode's own split when ``override``
     (``--val-episodes``), else only fills it in (``--val-fraction``). The result says where the split
@@ -43,10 +52,14 @@ def _encode(task: tuple) -> tuple:
     return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
     writing them, and the parent is the one process that cannot be parallelised. A failed spool write
     (a full disk) is not the episode's fault: it is raised, never skipped as a bad episode.
+
+    The flag says whether the episode had frames to encode (cameras that are not copied packets).
     """
     reader, eid, split, override, opts, spool = task
+    framed = False
     try:
         ep = reader.read(eid)
+        framed = bool(ep.cameras)
         origin = "metadata" if ep.split is not None else "default"
         if split is not None and (override or ep.split is None):
             ep.split, origin = split, "option"
@@ -56,17 +69,17 @@ def _encode(task: tuple) -> tuple:
         enc = encode_episode(ep, opts)
     except (EpisodeError, ValueError, OSError, cv2.error) as e:
         msg = str(e) if isinstance(e, EpisodeError) else f"episode {eid!r}: {type(e).__name__}: {e}"
-        return "bad", eid, msg
+        return ("bad", eid, msg), framed
     stats = episode_part(enc.meta["id"], {safe_field(k): v for k, v in ep.arrays.items()})
     if spool is None:
-        return "ok", enc.meta, (enc.data(), enc.sizes), origin, stats
+        return ("ok", enc.meta, (enc.data(), enc.sizes), origin, stats), framed
     path = Path(spool) / f"{enc.meta['id']}.samples"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_parts(fd, enc)
     finally:
         os.close(fd)
-    return "ok", enc.meta, (str(path), enc.sizes), origin, stats
+    return ("ok", enc.meta, (str(path), enc.sizes), origin, stats), framed
 
 
 def _write_parts(fd: int, enc: EncodedEpisode) -> None:
@@ -109,16 +122,55 @@ def _init(threads: int, spawned: bool) -> None:
         cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool
 
 
-def encoded(tasks: list[tuple], workers: int) -> Iterator[tuple]:
+def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False) -> Iterator[tuple]:
     """`_encode` over ``tasks`` in order: in this process, or in ``workers`` forked processes.
+
+    ``threaded`` (copied packets, little to encode): with ``workers > 1`` the tasks run in one thread beside the
+    caller (demuxing, parquet reads and the caller's hashing and writing release the GIL) until an episode has
+    frames to encode; the tasks after it go to the pool, started then.
+    """
+    if workers <= 1:
+        yield from map(_encode, tasks)
+        return
+    done = 0
+    if threaded:
+        for res in _threaded(tasks, 2 * workers):
+            done += 1
+            yield res
+    if done < len(tasks):
+        yield from _pooled(tasks[done:], workers)
+
+
+def _threaded(tasks: list[tuple], ahead: int) -> Iterator[tuple]:
+    """Results of ``tasks`` run one at a time in a thread, at most ``ahead`` in flight, stopping after the first
+    episode with frames to encode (and the tasks already started then). The results stay in memory (no spool)."""
+    ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="episodepipes-copy")
+    try:
+        todo, window = iter(tasks), collections.deque()
+        for task in itertools.islice(todo, ahead):
+            window.append(ex.submit(_encode_one, (*task[:-1], None)))
+        while window:
+            res, framed = window.popleft().result()
+            yield res
+            if framed:  # the pool takes over from the first task not yet started (one thread: they are the last)
+                while window and window[-1].cancel():
+                    window.pop()
+                for fut in window:
+                    yield fut.result()[0]
+                return
+            for task in itertools.islice(todo, 1):
+                window.append(ex.submit(_encode_one, (*task[:-1], None)))
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _pooled(tasks: list[tuple], workers: int) -> Iterator[tuple]:
+    """`_encode` over ``tasks`` in order in ``workers`` forked processes.
 
     The children inherit one OpenCV thread each (one process per core already; more threads would only
     contend) from a setting made in this process around the fork: `cv2.setNumThreads` called in a
     forked child can wait forever on the parent's thread pool, which the child does not have.
     """
-    if workers <= 1:
-        yield from map(_encode, tasks)
-        return
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)

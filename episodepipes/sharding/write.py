@@ -279,7 +279,7 @@ class _Run:
                   str(spool) if workers > 1 else None) for p in self.block[prog.position:]]
         writer.on_shard = self.save
         try:  # the spool goes on failure too: on a full disk its files hold space the user needs
-            with writer, meter, contextlib.closing(encoded(tasks, workers)) as results:
+            with writer, meter, contextlib.closing(encoded(tasks, workers, threaded=opts.codec == "copy")) as results:
                 for position, res in zip(range(prog.position, len(self.block)), results):
                     self.position = position
                     if res[0] == "bad":
