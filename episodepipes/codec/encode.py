@@ -97,6 +97,16 @@ def encode_frames(frames: Iterable[np.ndarray], options: CodecOptions = CodecOpt
         return _encode(frames, options, channel_order == "bgr")
 
 
+def _reproducible(options: CodecOptions) -> dict[str, str]:
+    """The encoder options with x264's MB-tree off: its per-macroblock qp offsets are computed from lookahead
+    values that valgrind shows come from uninitialised stack memory, so the same frames gave other packets now
+    and then within one process, and a resumed or merged write differed from a single one."""
+    opts = options.encoder_options()
+    if options.codec == "h264":
+        opts["x264-params"] += ":mbtree=0"
+    return opts
+
+
 def _encode(frames: Iterable[np.ndarray], options: CodecOptions, bgr: bool) -> Packets:
     ctx, shape, out = None, None, []
     for i, frame in enumerate(frames):
@@ -105,7 +115,7 @@ def _encode(frames: Iterable[np.ndarray], options: CodecOptions, bgr: bool) -> P
             ctx = av.CodecContext.create(_ENCODER[options.codec], "w")
             ctx.height, ctx.width = shape[:2]
             ctx.pix_fmt, ctx.time_base, ctx.framerate = "yuv420p", fractions.Fraction(1, 30), 30
-            ctx.options = options.encoder_options()
+            ctx.options = _reproducible(options)
             if options.codec == "h264":  # x264's frame threads gave other bytes now and then on a loaded machine
                 ctx.thread_count = 1  # (seen as a resumed write differing from one run); shards must be reproducible
         rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB) if bgr else np.ascontiguousarray(frame)
