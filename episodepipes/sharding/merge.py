@@ -185,7 +185,11 @@ def copy_jobs(jobs: list[tuple[_Job, dict]], writer: ShardWriter) -> None:
         with open_source(d.root) as job:
             for entry in data["episodes"]:
                 meta = {k: v for k, v in entry.items() if k != "segments"}
-                writer.add_frames(meta, *_frames(d, job, data["shards"], entry))
+                frames = _frames(d, job, data["shards"], entry)
+                try:  # the bytes a job's index points at, re-parsed by the writer (a packed episode's chunks)
+                    writer.add_frames(meta, *frames)
+                except ValueError as e:
+                    raise ValueError(f"job {d.name}: {d / INDEX_NAME}: {e}; re-run that job with --overwrite") from None
 
 
 def _job_stats(jobs: list[tuple[_Job, dict]]) -> StatsFields:
