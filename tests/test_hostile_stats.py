@@ -301,3 +301,22 @@ def test_a_stray_shard_like_file_is_left_alone_and_the_write_resumes(unfinished,
     assert write_shards(SYN, unfinished, OPTS).resumed
     assert (unfinished / "shard-abc.tar").read_bytes() == b"not ours"
     assert (unfinished / "index.json").read_bytes() == (written / "index.json").read_bytes()
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (_fifo, "is not a regular file"),
+    (lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "is damaged"),
+    (lambda p: p.write_text("9" * 5000), r"is damaged \(.*digits"),
+    (lambda p: p.write_bytes(b"\xff\xfe"), "is damaged"),
+])
+def test_a_progress_file_that_cannot_be_read_is_refused_without_blocking(unfinished, make, message):
+    (unfinished / PROGRESS_NAME).unlink()
+    make(unfinished / PROGRESS_NAME)
+    with pytest.raises(ValueError, match=rf"^{unfinished / PROGRESS_NAME} {message}.*pass --overwrite to start over$"):
+        write_shards(SYN, unfinished, OPTS)
+
+
+def test_progress_options_that_are_no_object_are_refused(unfinished):
+    _edit_progress(unfinished, _set(options=[1]))
+    with pytest.raises(ValueError, match=r"_progress.json is damaged \(options should be an object\)"):
+        write_shards(SYN, unfinished, OPTS)

@@ -23,6 +23,7 @@ from pathlib import Path
 from episodepipes import statsfile
 from episodepipes._indexcheck import SHARD_NAME, Where, _episode, _segments, check_extras, check_shards
 from episodepipes.format import INDEX_NAME, shard_name
+from episodepipes.indexopen import read_regular
 from episodepipes.sharding.writer import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -87,10 +88,13 @@ def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | No
     out.mkdir(parents=True, exist_ok=True)
     file = out / PROGRESS_NAME
     if file.exists():
+        raw = read_regular(file, "pass --overwrite to start over", error=ValueError)  # a FIFO there never blocks
         try:
-            prog = Progress(**json.loads(file.read_text()))
-        except (json.JSONDecodeError, TypeError) as e:
+            prog = Progress(**json.loads(raw))
+        except (ValueError, RecursionError, TypeError) as e:  # not JSON, not UTF-8, 5000 digits, not an object
             raise ValueError(f"{file} is damaged ({e}); pass --overwrite to start over") from e
+        if type(prog.options) is not dict:
+            raise ValueError(f"{file} is damaged (options should be an object); pass --overwrite to start over")
         if prog.options != options:
             changed = sorted(k for k in options.keys() | prog.options.keys()
                              if options.get(k) != prog.options.get(k))
