@@ -104,3 +104,14 @@ def test_where_cannot_change_what_the_next_episode_sees(written):
 
     select(index, None, where=meddle)
     assert all(e.meta["flag"] is True and e.meta["n"] == 1 for e in index.episodes)
+
+
+def test_episode_folders_whose_names_become_one_tar_safe_id_are_refused_before_writing(tmp_path, capsys):
+    """"caf\u00e9" and "caf\u00e8" (or a name and its other Unicode spelling) would share member names."""
+    src = _raw(tmp_path / "src", {})
+    (src / "ep0000").rename(src / "caf\u00e9")
+    (src / "ep0001").rename(src / "caf\u00e8")
+    assert main(["write", str(src), str(tmp_path / "out"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "both become 'caf_' in shard member names; rename one of them" in err, err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("shard-*"))
