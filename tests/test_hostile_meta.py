@@ -74,3 +74,29 @@ def test_fps_tokens_json_reads_as_inf_or_nan_are_refused(src, token):
     path.write_text(path.read_text().replace('"fps": 10', f'"fps": {token}', 1))
     with pytest.raises(ValueError, match=r"meta/info.json: fps=(-?inf|nan) must be a finite number > 0"):
         LeRobotReader(src)
+
+
+@pytest.mark.parametrize("what", ["fifo", "link_to_fifo"])
+def test_a_zarr_chunk_that_is_no_regular_file_is_refused_before_zarr_opens_it(tmp_path, capsys, what):
+    import os
+
+    from helpers import write_zarr
+
+    from episodepipes.sharding.episode import EpisodeError
+    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.zarr_reader import ZarrReader
+
+    src = write_zarr(tmp_path / "src", SyntheticReader(num_episodes=1, length=4, height=16, width=24))
+    chunk = src / "ep0000.zarr/action/c/0/0"
+    chunk.unlink()
+    if what == "fifo":
+        os.mkfifo(chunk)
+    else:  # a link to a FIFO that stays inside SRC: followed, and refused for what it is
+        os.mkfifo(src / "pipe")
+        chunk.symlink_to(src / "pipe")
+    with pytest.raises(EpisodeError, match=rf"^episode 'ep0000': {chunk} is not a regular file \(a FIFO or device in "
+                                           r"the store\); replace it"):
+        ZarrReader(src).read("ep0000")
+    assert cli.main(["write", str(src), str(tmp_path / "out"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(chunk) in err
