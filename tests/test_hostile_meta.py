@@ -100,3 +100,25 @@ def test_a_zarr_chunk_that_is_no_regular_file_is_refused_before_zarr_opens_it(tm
     assert cli.main(["write", str(src), str(tmp_path / "out"), "--workers", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(chunk) in err
+
+
+@pytest.mark.parametrize("what", ["fifo", "dev_null", "broken_link"])
+def test_a_raw_video_that_is_no_regular_file_is_refused_not_dropped(tmp_path, capsys, what):
+    """Skipped, the camera would silently go missing from the episode; named, the fix is clear."""
+    import os
+
+    from helpers import write_raw
+
+    from episodepipes.sharding.episode import EpisodeError
+    from episodepipes.sharding.raw import RawReader
+    from episodepipes.sharding.synthetic import SyntheticReader
+
+    src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=1, length=4, height=16, width=24))
+    video = src / "ep0000" / "side.mp4"
+    {"fifo": lambda: os.mkfifo(video), "dev_null": lambda: video.symlink_to("/dev/null"),
+     "broken_link": lambda: video.symlink_to(src / "ep0000" / "gone.mp4")}[what]()
+    with pytest.raises(EpisodeError, match=rf"^episode 'ep0000': {video} is not a regular file"):
+        RawReader(src).read("ep0000")
+    assert cli.main(["write", str(src), str(tmp_path / "out"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(video) in err
