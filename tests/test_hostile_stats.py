@@ -280,7 +280,7 @@ def test_a_statistics_log_that_repeats_a_record_is_refused_at_resume(unfinished,
     log = (unfinished / STATS_LOG).read_bytes()
     (unfinished / STATS_LOG).write_bytes(log[:p["stats_log"][0]["bytes"]] + log)
     _edit_progress(unfinished, lambda p: p.update(stats_log=[p["stats_log"][0], *p["stats_log"]]))
-    with pytest.raises(ValueError, match=rf"^{unfinished / PROGRESS_NAME} \(its statistics, {STATS_LOG}\): "
+    with pytest.raises(ValueError, match=rf"^{unfinished / PROGRESS_NAME} \(its saved statistics\): "
                                          r"stats\['train'\]\['\w+'\] count=\d+, but the finished train episodes "
                                          r"with '\w+' have \d+ steps; the progress file is damaged: pass "
                                          "--overwrite to start over$"):

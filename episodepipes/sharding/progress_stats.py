@@ -28,7 +28,7 @@ class StatsLog:
         self.path, self.records = out / STATS_LOG, list(prog.stats_log)
         try:  # saved statistics whose records repeat or miss an episode would make an index that refuses them
             if prog.stats_log or prog.stats is not None:
-                check_steps(fields, prog.episodes, f"{out / PROGRESS_NAME} (its statistics, {self.path.name})")
+                check_steps(fields, prog.episodes, f"{out / PROGRESS_NAME} (its saved statistics)")
         except ValueError as e:
             raise ValueError(f"{e}; the progress file is damaged: pass --overwrite to start over") from None
         self.pending: list[bytes] = []
