@@ -45,7 +45,7 @@ def read_regular(path: Path, fix: str, *, limit: int | None = None,
     """The bytes of the regular file ``path``, read to the size it had when opened. A FIFO, a device or a folder
     in its place, or a file of more than ``limit`` bytes (a sparse file costs no disk), is refused by ``error``
     naming it and ``fix``; a missing file raises FileNotFoundError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO's open never blocks
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))  # FIFO: no wait
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
