@@ -9,6 +9,7 @@ range) and flat: one JSON scalar per key, never a list or an object to walk.
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Any
 
 BUILTIN = ("id", "split", "length", "fps", "prompt", "cameras", "arrays", "segments")  # an episode's own fields
@@ -27,6 +28,10 @@ def problem(attrs: Any) -> str | None:
     for k, v in attrs.items():
         if not isinstance(k, str) or not 0 < len(k) <= MAX_KEY_CHARS:
             return f"attribute name {str(k)[:40]!r} should be text of 1 to {MAX_KEY_CHARS} characters"
+        if not (k.isascii() and k.isprintable()) and (  # the common case, checked in C
+                not unicodedata.is_normalized("NFC", k) or any(unicodedata.category(c) == "Cc" for c in k)):
+            return (f"attribute name {ascii(k[:40])} should be NFC-normalised text without control characters (two "
+                    "spellings of one name would select differently); normalise it")
         if k in BUILTIN:
             return f"attribute {k!r} is a built-in episode field ({', '.join(BUILTIN)}); rename it"
         if v is None or isinstance(v, bool):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,14 +18,50 @@ import numpy as np
 
 from episodepipes import indexv2
 from episodepipes._indexcheck import IndexFormatError, check_index
-from episodepipes.format import FORMAT_NAME, INDEX_NAME, VERSIONS
+from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, VERSIONS
 from episodepipes.shardio import ByteSource, ShardMissingError, open_source
 
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
 
+MAX_INDEX_BYTES = 1 << 34  # far above any index (a v1 index of 10**8 frames is a few GB); a sparse file is not read
 log = logging.getLogger("episodepipes.index")  # the logger the v1 warning has always come from
 _WARNED: set[str] = set()  # v1 index files already told to upgrade in this process
+
+
+def regular_file(path: Path, fix: str, error: type[ValueError] = IndexFormatError) -> None:
+    """Refuse ``path`` unless it is a regular file (through links): a FIFO would block an open forever, and a
+    device such as /dev/zero never ends. A missing file is left to the caller's open."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise error(f"{path} is not a regular file (a folder, FIFO or device in its place); {fix}")
+
+
+def read_regular(path: Path, fix: str, *, limit: int | None = None,
+                 error: type[ValueError] = IndexFormatError) -> bytes:
+    """The bytes of the regular file ``path``, read to the size it had when opened. A FIFO, a device or a folder
+    in its place, or a file of more than ``limit`` bytes (a sparse file costs no disk), is refused by ``error``
+    naming it and ``fix``; a missing file raises FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))  # FIFO: no wait
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path} is not a regular file (a folder, FIFO or device in its place); {fix}")
+        if limit is not None and st.st_size > limit:
+            raise error(f"{path} holds {st.st_size} bytes, more than the {limit} expected; {fix}")
+        size, chunks, n = st.st_size, [], 0
+        while n < size:
+            b = os.read(fd, min(size - n, 1 << 26))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_local(path: str | os.PathLike) -> tuple[Path, Path, bytes]:
@@ -36,7 +73,7 @@ def read_local(path: str | os.PathLike) -> tuple[Path, Path, bytes]:
         hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
                 else "the folder does not exist; check the path")
         raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
-    return root, file, file.read_bytes()
+    return root, file, read_regular(file, "restore the index or re-shard", limit=MAX_INDEX_BYTES)
 
 
 def read_remote(url: str, options: RemoteOptions | None) -> tuple[ByteSource, str, bytes]:
@@ -65,6 +102,8 @@ def tables(root: Path | str, data: Any, file: Path | str,
         warn_v1(file, root)
         return version, meta, data, cols, seg_ok
     w, sizes, samples = indexv2.check_meta(data, file)
+    for name in data["columns"] if source is None else ():  # np.load would block on a FIFO, read a device forever
+        regular_file(Path(root) / COLUMNS[name][0], "restore it or re-shard")
     cols = (indexv2.load_columns(root, data, file) if source is None
             else indexv2.read_columns(source, data, file))
     indexv2.check_tables(w, data, cols, sizes, samples)

@@ -6,11 +6,13 @@ Most opens never ask for them, so `EpisodeIndex` calls `load` on first use (`sta
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from episodepipes import statsfile
 from episodepipes._indexcheck import IndexFormatError
+from episodepipes.indexopen import read_regular
 from episodepipes.indexv2 import LENGTH, SCHEMA, SPLIT
 from episodepipes.normstats import StatsTable
 from episodepipes.statsfields import check_counts, no_stats_hint
@@ -23,8 +25,7 @@ if TYPE_CHECKING:
 def load(ix: EpisodeIndex) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
     """(the statistics or None when the index has none, the reason for each (split, key) it lacks), checked."""
     side = ix.location(statsfile.NAME)
-    read = ((lambda: ix.source.read_file(statsfile.NAME)) if ix.remote
-            else (lambda: (Path(ix.root) / statsfile.NAME).read_bytes()))
+    read = (lambda: ix.source.read_file(statsfile.NAME)) if ix.remote else (lambda: _read_local(ix))
     try:
         table, missing = load_stats(ix.meta, where=str(ix.file), read_side=read, side=side)
         if table is not None:
@@ -34,6 +35,16 @@ def load(ix: EpisodeIndex) -> tuple[StatsTable | None, dict[tuple[str, str], str
     except ValueError as e:
         raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {ix.root} --recompute") from None
     return table, missing
+
+
+def _read_local(ix: EpisodeIndex) -> bytes:
+    """The local side file's bytes: a FIFO or device in its place is refused, and a file larger than the index says
+    (a sparse one costs no disk) is refused by its size, before it is read."""
+    path, desc = Path(ix.root) / statsfile.NAME, ix.meta.get(statsfile.FIELD)
+    size = os.stat(path).st_size
+    if type(desc.get("bytes")) is int and size > desc["bytes"]:  # `statsfile.read` checked the descriptor
+        raise statsfile.mismatch(str(path), size, str(ix.file))
+    return read_regular(path, "restore it", error=ValueError)
 
 
 def summary(ix: EpisodeIndex, key: str, split: str) -> dict[str, Any]:
@@ -47,4 +58,7 @@ def summary(ix: EpisodeIndex, key: str, split: str) -> dict[str, Any]:
     if (split, key) not in table.keys():
         have = sorted(f"{s}/{k}" for s, k in table.keys() if (s, k) not in missing)
         raise KeyError(f"{ix.file} has no statistics for {key!r} in split {split!r}; it has {have}")
-    return table.get(key, split=split).summary()
+    entry = table.get(key, split=split)
+    if not entry.count:  # an entry of no steps, which the index's episodes let through only where none have the key
+        raise KeyError(f"{ix.file} has no statistics for {key!r} in split {split!r}: they count no steps")
+    return entry.summary()

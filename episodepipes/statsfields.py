@@ -158,6 +158,19 @@ def check_counts(table: StatsTable, missing: Mapping[tuple[str, str], str], leng
                              f"with {key!r} have {want} steps")
 
 
+def check_steps(fields: StatsFields, episodes: list[dict], where: str) -> None:
+    """Each entry ``fields`` serves counts exactly the steps of the (checked, v1-style) ``episodes`` of its split
+    that have its key: statistics saved beside a resumed write's progress, before any more are folded in."""
+    steps: dict[tuple[str, str], int] = {}
+    for e in episodes:
+        for key in e["arrays"]:
+            steps[(e["split"], key)] = steps.get((e["split"], key), 0) + e["length"]
+    for (split, key), acc in sorted(fields.stats.items()):
+        if (split, key) not in fields.missing and acc.count != steps.get((split, key), 0):
+            raise ValueError(f"{where}: stats[{split!r}][{key!r}] count={acc.count}, but the finished {split} "
+                             f"episodes with {key!r} have {steps.get((split, key), 0)} steps")
+
+
 def no_stats_hint(file: Path) -> str:
     return (f"{file} has no statistics (written before episodepipes computed them); compute them with: "
             f"episodepipes-shard stats {file.parent} --recompute")

@@ -222,9 +222,14 @@ def read(read_file: Callable[[], bytes], desc: Any, *, where: str, file: str) ->
     except FileNotFoundError:
         raise ValueError(f"{file} is missing, and {where} needs it") from None
     if len(raw) != size or hashlib.sha256(raw).hexdigest() != sha:
-        raise ValueError(f"{file} has {len(raw)} bytes or a sha256 that do not match {where}'s {FIELD} "
-                         "(changed, swapped or cut short)")
+        raise mismatch(file, len(raw), where)
     return decode(raw, where=file)
+
+
+def mismatch(file: str, size: int, where: str) -> ValueError:
+    """The error for a side file of ``size`` bytes that is not the one ``where`` names."""
+    return ValueError(f"{file} has {size} bytes or a sha256 that do not match {where}'s {FIELD} "
+                      "(changed, swapped or cut short)")
 
 
 def write(path: Path, stats: Mapping[tuple[str, str], ArrayStats], missing: Mapping[tuple[str, str], str]) -> dict:

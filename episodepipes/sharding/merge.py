@@ -18,6 +18,7 @@ from pathlib import Path
 
 from episodepipes.format import INDEX_NAME
 from episodepipes.index import EpisodeIndex
+from episodepipes.indexopen import read_regular
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.recompute import recompute
@@ -106,15 +107,22 @@ def _job_indexes(jobs: str, dirs: list[_Job]) -> list[tuple[_Job, dict]]:
         except (ValueError, FileNotFoundError) as e:
             raise ValueError(f"job {d.name}: {e}; re-run that job with --overwrite") from e
         _job_record(d, data)
+        try:  # read its statistics and count them against its episodes (verify=True did for a local job)
+            if has_stats(data):
+                index._load_stats()
+        except ValueError as e:
+            raise ValueError(f"job {d.name}: {e}; re-run that job with --overwrite") from None
         found.append((d, data))
     num_jobs = found[0][1]["job"]["num_jobs"]
     indices = [data["job"]["index"] for _, data in found]
-    if indices != list(range(num_jobs)):
-        missing = sorted(set(range(num_jobs)) - set(indices))
+    if num_jobs != len(found) or indices != list(range(num_jobs)):
+        have = set(indices)  # num_jobs is a job's field: list the first missing ones, never count up to it
+        missing = [i for i in range(min(num_jobs, len(found) + 10)) if i not in have]
         if not missing:
             raise ValueError(f"{jobs}: the job folders {[d.name for d, _ in found]} do not hold jobs 0..{num_jobs - 1} "
                              f"of {num_jobs}; re-run the jobs with the same --num-jobs and --overwrite")
-        raise ValueError(f"{jobs}: jobs {missing} of {num_jobs} are missing; run them with --job-index")
+        more = " and more" if num_jobs > len(found) + 10 else ""
+        raise ValueError(f"{jobs}: jobs {missing}{more} of {num_jobs} are missing; run them with --job-index")
     for d, data in found:
         if data["options"] != found[0][1]["options"] or data["job"]["num_jobs"] != num_jobs:
             raise ValueError(f"job {d.name} was written with other options than {found[0][0].name}; "
@@ -177,7 +185,11 @@ def copy_jobs(jobs: list[tuple[_Job, dict]], writer: ShardWriter) -> None:
         with open_source(d.root) as job:
             for entry in data["episodes"]:
                 meta = {k: v for k, v in entry.items() if k != "segments"}
-                writer.add_frames(meta, *_frames(d, job, data["shards"], entry))
+                frames = _frames(d, job, data["shards"], entry)
+                try:  # the bytes a job's index points at, re-parsed by the writer (a packed episode's chunks)
+                    writer.add_frames(meta, *frames)
+                except ValueError as e:
+                    raise ValueError(f"job {d.name}: {d / INDEX_NAME}: {e}; re-run that job with --overwrite") from None
 
 
 def _job_stats(jobs: list[tuple[_Job, dict]]) -> StatsFields:
@@ -200,7 +212,7 @@ def _side_file(d: _Job):  # noqa: ANN202 - a reader of the job's statistics side
             with open_source(d.root) as src:
                 return src.read_file(STATS_NAME)
         return read
-    return lambda: (d.root / STATS_NAME).read_bytes()
+    return lambda: read_regular(d.root / STATS_NAME, "re-run that job with --overwrite", error=ValueError)
 
 
 def _frames(d: _Job, job: ByteSource, shards: list[dict], entry: dict) -> tuple[bytes, list[int]]:

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from episodepipes import statsfile
-from episodepipes.format import INDEX_NAME
+from episodepipes._indexcheck import SHARD_NAME, Where, _episode, _segments, check_extras, check_shards
+from episodepipes.format import INDEX_NAME, shard_name
+from episodepipes.indexopen import read_regular
 from episodepipes.sharding.writer import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -86,15 +88,19 @@ def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | No
     out.mkdir(parents=True, exist_ok=True)
     file = out / PROGRESS_NAME
     if file.exists():
+        raw = read_regular(file, "pass --overwrite to start over", error=ValueError)  # a FIFO there never blocks
         try:
-            prog = Progress(**json.loads(file.read_text()))
-        except (json.JSONDecodeError, TypeError) as e:
+            prog = Progress(**json.loads(raw))
+        except (ValueError, RecursionError, TypeError) as e:  # not JSON, not UTF-8, 5000 digits, not an object
             raise ValueError(f"{file} is damaged ({e}); pass --overwrite to start over") from e
+        if type(prog.options) is not dict:
+            raise ValueError(f"{file} is damaged (options should be an object); pass --overwrite to start over")
         if prog.options != options:
             changed = sorted(k for k in options.keys() | prog.options.keys()
                              if options.get(k) != prog.options.get(k))
             raise ValueError(f"{out} holds an unfinished write with other options (differ: {', '.join(changed)}); "
                              "re-run with the same options to resume, or pass --overwrite to start over")
+        _check(prog, file)
         _drop_unrecorded(out, prog.shards, check)
         log.info("resuming %s after %d finished shards", out, len(prog.shards))
         return prog, True
@@ -104,6 +110,45 @@ def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | No
     prog = Progress(options=options)
     prog.save(out)
     return prog, False
+
+
+def _check(prog: Progress, file: Path) -> None:
+    """Every field a resume uses, as the index check has them (a progress file is data on a disk too): the finished
+    shards in order, the finished episodes and the one in flight filling exactly their frames, the cursor after
+    the episodes finished or skipped. Anything else is refused naming the file and the fix."""
+    fix = "pass --overwrite to start over"
+    w = Where(file)
+    try:
+        sizes, samples = check_shards(w, {"shards": prog.shards})
+        check_extras(w, {"skipped": prog.skipped})
+        for i, s in enumerate(prog.shards):
+            if s["name"] != shard_name(i):
+                raise w.fail(f"shard {i}", f"name={s['name']!r} should be {shard_name(i)!r}")
+        held, ids = [0] * len(sizes), set()
+        for k, e in enumerate(w.seq({"episodes": prog.episodes}, "episodes", "the progress")):
+            eid = _episode(w, e, k, sizes, held)
+            if eid in ids:
+                raise w.fail(f"episode {eid!r}", "this id appears twice")
+            ids.add(eid)
+        cursor = {"position": prog.position, "frame": prog.frame, "segments": prog.segments}
+        position = w.num(cursor, "position", "the cursor")
+        frame = w.num(cursor, "frame", "the cursor")
+        if w.seq(cursor, "segments", "the cursor"):
+            _segments(w, prog.segments, "the episode in flight", frame, sizes, held)
+        elif frame:
+            raise w.fail("the cursor", f"frame={frame} but the episode in flight has no finished segments")
+        w.increasing()
+        w.no_bool_crcs()
+        if position != len(prog.episodes) + len(prog.skipped):
+            raise w.fail("the cursor", f"position={position} should follow the {len(prog.episodes)} episodes "
+                                       f"finished and {len(prog.skipped)} skipped")
+        if held != samples:
+            i = next(i for i, (a, b) in enumerate(zip(held, samples)) if a != b)
+            raise w.fail(f"shard {i}", f"samples={samples[i]} but the episodes' segments put {held[i]} frames in it")
+        if type(prog.splits) is not dict or not all(type(n) is int and n >= 0 for n in prog.splits.values()):
+            raise w.fail("the progress", "splits should be an object of origin -> count")
+    except ValueError as e:
+        raise ValueError(f"{str(e).removesuffix('; re-shard with write --overwrite')}; {fix}") from None
 
 
 def _drop_unrecorded(out: Path, shards: list[dict], check: Callable[[list[dict]], None] | None = None) -> None:
@@ -119,5 +164,5 @@ def _drop_unrecorded(out: Path, shards: list[dict], check: Callable[[list[dict]]
     for p in out.glob("*.tmp"):
         p.unlink()
     for p in out.glob("shard-*.tar"):
-        if int(p.stem.split("-")[1]) >= n_shards:
+        if SHARD_NAME.fullmatch(p.name) and int(p.stem.split("-")[1]) >= n_shards:  # another name is not ours
             p.unlink()

@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 
 from episodepipes import statsfile
-from episodepipes.sharding.progress import STATS_LOG, Progress
-from episodepipes.statsfields import StatsFields
+from episodepipes.indexopen import read_regular
+from episodepipes.sharding.progress import PROGRESS_NAME, STATS_LOG, Progress
+from episodepipes.statsfields import StatsFields, check_steps
 
 _MAX_RECORDS = 1 << 24
 
@@ -25,6 +26,11 @@ class StatsLog:
 
     def __init__(self, out: Path, prog: Progress, fields: StatsFields) -> None:
         self.path, self.records = out / STATS_LOG, list(prog.stats_log)
+        try:  # saved statistics whose records repeat or miss an episode would make an index that refuses them
+            if prog.stats_log or prog.stats is not None:
+                check_steps(fields, prog.episodes, f"{out / PROGRESS_NAME} (its saved statistics)")
+        except ValueError as e:
+            raise ValueError(f"{e}; the progress file is damaged: pass --overwrite to start over") from None
         self.pending: list[bytes] = []
         if not self.records and (fields.stats or fields.missing):  # resumed from an older progress file
             self.pending.append(statsfile.encode(fields.stats, fields.missing))
@@ -54,7 +60,7 @@ def read_log(out: Path, records: object, *, where: str) -> StatsFields:
     sizes = [statsfile.check_descriptor(r, f"{where}: stats_log entry {i}") for i, r in enumerate(records)]
     path = out / STATS_LOG
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, "pass --overwrite to start over", error=ValueError)
     except FileNotFoundError:
         raise ValueError(f"{path} is missing, and {where} needs it") from None
     if len(raw) < sum(n for n, _ in sizes):

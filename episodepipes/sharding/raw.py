@@ -122,6 +122,9 @@ class RawReader:
         files: dict[str, str] = {}
         video_fps: float | None = None
         for p in sorted(d.iterdir()):
+            if p.suffix.lower() in VIDEO_EXTS and not p.is_file() and not p.is_dir():  # never a camera dropped unsaid
+                raise EpisodeError(f"{where}: {p} is not a regular file (a FIFO, device or broken link); replace it "
+                                   "by the video, or remove it")
             if p.is_file() and p.suffix.lower() in VIDEO_EXTS:
                 cam, frames = p.stem, VideoFrames(resolve_inside(p, root, where), where, expected)
                 if video_fps is None and "fps" not in meta:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,12 +73,16 @@ def _arrays(group: object, prefix: str = "") -> Iterator[tuple[str, object]]:
 
 
 def _check_links(store: Path, root: Path, where: str) -> None:
-    """Every link inside the store must resolve inside ``root``: zarr opens chunk files by itself."""
+    """Every link inside the store must resolve inside ``root``, and every file be a regular one (a FIFO would block
+    zarr's open forever, a device never end): zarr opens chunk files by itself."""
     for folder, dirs, files in os.walk(store):
         for name in (*dirs, *files):
             p = Path(folder) / name
             if p.is_symlink():
                 resolve_inside(p, root, where)
+            if name in files and p.exists() and not stat.S_ISREG(os.stat(p).st_mode):
+                raise EpisodeError(f"{where}: {p} is not a regular file (a FIFO or device in the store); replace it "
+                                   "by the chunk it should be, or re-write the store")
 
 
 @dataclass(frozen=True)
