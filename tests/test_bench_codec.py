@@ -79,3 +79,15 @@ def test_encoder_settings_the_writer_does_not_take_reach_the_shards_and_the_pipe
         return np.mean([psnr(a, b) for a, b in zip(np.concatenate(got).transpose(0, 2, 3, 1), np.concatenate(eps))])
 
     assert abs(quality(tmp_path / "fast") - quality(tmp_path / "plain")) < 1.0  # same crf, about the same quality
+
+
+def test_the_sweep_gives_each_setting_its_decode_cost_beside_bytes_and_quality():
+    from benchmarks.codec_sweep import codec_row, jpeg_row
+
+    eps = _episodes(n=2, length=8)
+    jpeg = jpeg_row(eps)
+    plain = codec_row(eps, CodecOptions(codec="h264", gop=4, crf=18))
+    fast = codec_row(eps, CodecOptions(codec="h264", gop=4, crf=18, fast_decode=True))
+    assert len(jpeg) == 4 and len(plain) == len(fast) == 5
+    assert all(r[-1] > 0 for r in (jpeg, plain, fast))  # CPU ms/frame of the bare decode
+    assert fast[0] != plain[0] and abs(fast[1] - plain[1]) < 1.0  # other bytes, about the same quality
