@@ -52,7 +52,7 @@ FOOTAGE = {"python3-imageio": "cockatoo.mp4", "opencv-doc": "vtest.avi"}
 FORMATS = [("jpeg q90", None), ("h264 gop2", CodecOptions(codec="h264", gop=2)),
            ("h264 gop8", CodecOptions(codec="h264", gop=8)),
            ("h264 gop2 fastdecode", CodecOptions(codec="h264", gop=2, fast_decode=True)),
-           ("h264 gop16 crf14 fastdecode", CodecOptions(codec="h264", gop=16, crf=14, fast_decode=True)),
+           ("h264 gop32 crf14 fastdecode", CodecOptions(codec="h264", gop=32, crf=14, fast_decode=True)),
            ("av1 gop2", CodecOptions(codec="av1", gop=2)), ("av1 gop8", CodecOptions(codec="av1", gop=8))]
 K, W, WINDOWS = 4, 4, 8
 
