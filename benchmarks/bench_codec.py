@@ -13,8 +13,9 @@ against one member per GOP and per chunk of whole GOPs, at 224x224 and 480x640.
     python benchmarks/bench_codec.py [--frames 240] [--episode 60]
 
 The ``codec`` section of scripts/bench.py (`run`) is `benchmarks.codec_section`: the same footage through the
-shard writer and the pipes, JPEG q90 shards side by side with h264/AV1 packed shards at GOP 2 and at the settings
-the GOP x crf sweep (`benchmarks.codec_sweep`) chose, with each goal of the codec issue met or not.
+shard writer and the pipes, JPEG q90 shards side by side with h264/AV1 packed shards: AV1 at LeRobot's GOP-2
+defaults, the settings the GOP x crf sweep (`benchmarks.codec_sweep`) chose, and h264 fastdecode rows for speed,
+with each goal of the codec issue met or not.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ FOOTAGE = {"python3-imageio": "cockatoo.mp4", "opencv-doc": "vtest.avi"}
 FORMATS = [("jpeg q90", None), ("h264 gop2", CodecOptions(codec="h264", gop=2)),
            ("h264 gop8", CodecOptions(codec="h264", gop=8)),
            ("h264 gop2 fastdecode", CodecOptions(codec="h264", gop=2, fast_decode=True)),
+           ("h264 gop32 crf14 fastdecode", CodecOptions(codec="h264", gop=32, crf=14, fast_decode=True)),
            ("av1 gop2", CodecOptions(codec="av1", gop=2)), ("av1 gop8", CodecOptions(codec="av1", gop=8))]
 K, W, WINDOWS = 4, 4, 8
 

@@ -1,11 +1,13 @@
 """JPEG q90 shards against h264 and AV1 packed shards of the same real frames, one run, side by side.
 
 480 frames of cockatoo.mp4 and vtest.avi (Debian's ``python3-imageio`` and ``opencv-doc``) at 480x640, in 8
-episodes, written by the shard writer as JPEG q90 and as video shards: at GOP 2 (LeRobot's AV1 defaults; the
-metric_pipe goal is at GOP 2) and at the settings chosen from the GOP x crf sweep (`benchmarks.codec_sweep`) as the
-smallest that keep 40 dB PSNR in RGB as well as in luma. PSNR is of what video_pipe returns against the frames
-written, RGB (all three channels) and luma (BT.601 Y of both); the 4:2:0 round-trip row is what yuv420p alone costs
-with no codec loss (every video format here is 4:2:0), so it caps the RGB figure of any of them.
+episodes, written by the shard writer as JPEG q90 and as video shards: AV1 at GOP 2 (LeRobot's defaults; the
+metric_pipe goal is at GOP 2), the settings chosen from the GOP x crf sweep (`benchmarks.codec_sweep`) as the
+smallest that keep 40 dB PSNR in RGB as well as in luma (the storage goal), and h264 with x264's fastdecode tune
+(no CABAC, no deblocking: the decode cost is the codec's, so these rows are for the speed goals). PSNR is of what
+video_pipe returns against the frames written, RGB (all three channels) and luma (BT.601 Y of both); the 4:2:0
+round-trip row is what yuv420p alone costs with no codec loss (every video format here is 4:2:0), so it caps the
+RGB figure of any of them.
 Throughput: every round runs each format's passes in turn (bare decode at 1 and 2 threads, video_pipe, metric_pipe,
 train_pipe), so a busy moment on a shared machine hits every format alike; figures are the median over rounds with
 the range, ratios are per-round ratios to the JPEG pass of the same round (median, range), and CPU ms/frame (all
@@ -33,11 +35,15 @@ import cv2
 import numpy as np
 
 from benchmarks.bench_codec import footage_paths, load, psnr
+from episodepipes.codec import CodecOptions, encode_frames
 from episodepipes.codec.stream import DECODERS
 
 JPEG = "jpeg q90"
-GOP2 = {"h264 gop2 crf18": ("h264", 2, 18), "av1 gop2 crf30": ("av1", 2, 30)}
-CHOSEN = {"h264 gop32 crf14": ("h264", 32, 14), "av1 gop16 crf16": ("av1", 16, 16)}
+GOP2 = {"av1 gop2 crf30": CodecOptions(codec="av1", gop=2, crf=30)}  # LeRobot's defaults, for the comparison
+CHOSEN = {"h264 gop32 crf14": CodecOptions(codec="h264", gop=32, crf=14),  # the sweep's smallest at 40 dB RGB
+          "av1 gop16 crf16": CodecOptions(codec="av1", gop=16, crf=16)}
+FAST = {"h264 fastdecode gop2 crf18": CodecOptions(codec="h264", gop=2, crf=18, fast_decode=True),  # metric, train
+        "h264 fastdecode gop32 crf14": CodecOptions(codec="h264", gop=32, crf=14, fast_decode=True)}  # video, 40 dB
 GOALS = {"storage": 5.0, "psnr": 40.0, "video": 1.0, "metric": 0.5, "train": 0.7}
 HISTORY = 4  # camera frames of train_pipe's history window
 COPIES = 4  # the train shards hold each episode this many times (see `train_shards`)
@@ -65,21 +71,31 @@ def yuv420_round_trip(eps: list[np.ndarray]) -> tuple[float, float]:
 
 def write(out: Path, eps: list[np.ndarray], opts: object) -> tuple[int, int, list[list[bytes]]]:
     """Write the episodes (RGB frames, two 7-float arrays per step) as shards: (shard bytes, payload bytes, each
-    episode's JPEGs or packets as the shards hold them, for the bare-decode ceiling)."""
+    episode's JPEGs or packets as the shards hold them, for the bare-decode ceiling).
+
+    ``opts``: the writer's `EncodeOptions`, or `CodecOptions` for encoder settings the writer does not take
+    (``fast_decode``, ``preset``): `encode_frames`, the writer's own encoder, then makes the packets and the
+    shards store them as `--codec copy` does, in the same packed layout."""
     from episodepipes.codec.chunk import parse_record
     from episodepipes.index import EpisodeIndex
-    from episodepipes.sharding.encode import encode_episode
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
     from episodepipes.sharding.episode import EpisodeData
     from episodepipes.sharding.writer import ShardWriter
     from episodepipes.tarmembers import frame_fields
 
     shutil.rmtree(out, ignore_errors=True)
     rng = np.random.default_rng(0)
+    codec = opts if isinstance(opts, CodecOptions) else None
     with ShardWriter(out, shard_size=64 << 20, options={}) as w:
         for k, ep in enumerate(eps):
             arrays = {"state": rng.standard_normal((len(ep), 7)).astype("<f4"),
                       "action": rng.standard_normal((len(ep), 7)).astype("<f4")}
-            w.add(encode_episode(EpisodeData(f"ep{k:03d}", {"front": list(ep)}, arrays, 30.0, split="val"), opts))
+            if codec is None:
+                one = EpisodeData(f"ep{k:03d}", {"front": list(ep)}, arrays, 30.0, split="val")
+            else:
+                one = EpisodeData(f"ep{k:03d}", {}, arrays, 30.0, split="val",
+                                  packets={"front": encode_frames(ep, codec)})
+            w.add(encode_episode(one, EncodeOptions(codec="copy") if codec else opts))
     ix = EpisodeIndex.open(out)
     payload, units = 0, {e.id: [] for e in ix.episodes}
     for i, s in enumerate(ix.shards):
@@ -228,21 +244,21 @@ def _goal(ok: bool | None) -> str:
 
 
 def run(workdir: Path, quick: bool) -> dict:
-    """The codec section on the benchmark footage, at GOP 2 and at the chosen settings."""
-    return measure(workdir, episodes(quick), {**GOP2, **CHOSEN}, rounds=2 if quick else 3,
+    """The codec section on the benchmark footage: LeRobot's AV1 defaults, the storage settings, the speed ones."""
+    return measure(workdir, episodes(quick), {**GOP2, **CHOSEN, **FAST}, rounds=2 if quick else 3,
                    source="cockatoo.mp4 + vtest.avi")
 
 
-def measure(workdir: Path, eps: list[np.ndarray], codecs: dict[str, tuple[str, int, int]], *, rounds: int,
+def measure(workdir: Path, eps: list[np.ndarray], codecs: dict[str, CodecOptions], *, rounds: int,
             source: str) -> dict:
-    """JPEG q90 and each ``{name: (codec, gop, crf)}`` written from ``eps``, then ``rounds`` rounds of every
-    format's passes in turn (see the module docstring)."""
+    """JPEG q90 and each ``{name: CodecOptions}`` written from ``eps``, then ``rounds`` rounds of every format's
+    passes in turn (see the module docstring)."""
     from episodepipes.sharding.encode import EncodeOptions
 
     ids = [f"ep{k:03d}" for k in range(len(eps))]
-    formats = {JPEG: (None, EncodeOptions(jpeg_quality=90))}
-    for name, (codec, gop, crf) in codecs.items():
-        formats[name] = (codec, EncodeOptions(codec=codec, gop=gop, crf=crf))
+    formats: dict[str, tuple[str | None, object]] = {JPEG: (None, EncodeOptions(jpeg_quality=90))}
+    for name, options in codecs.items():
+        formats[name] = (options.codec, options)
     res: dict[str, dict] = {}
     for name, (codec, opts) in formats.items():
         out = workdir / name.replace(" ", "-")
