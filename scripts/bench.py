@@ -176,6 +176,58 @@ def _plots(results: dict[str, dict], out: Path) -> list[str]:
     return made
 
 
+
+def _with_previous(results: dict[str, dict], path: Path) -> dict[str, dict]:
+    """``results`` plus the sections of an earlier run's ``benchmarks.json`` that this run did not re-run.
+
+    A file written before sections carried their own commit gives its file-level commit, command, note and machine
+    to each of its sections. The sections come out in `SECTIONS` order.
+    """
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, ValueError):
+        prev = {}
+    kept = {}
+    for name, res in (prev.get("results") or {}).items():
+        if name in SECTIONS and name not in results and isinstance(res, dict):
+            for key in ("commit", "command", "note", "machine"):
+                res.setdefault(key, prev.get(key))
+            kept[name] = res
+    merged = {**kept, **results}
+    return {name: merged[name] for name in SECTIONS if name in merged}
+
+
+def write_docs(results: dict[str, dict], out: Path, *, commit: str, command: str, note: str = "",
+               quick: bool = False) -> None:
+    """Write BENCHMARKS.md, benchmarks.json and the plots for ``results`` (plus earlier sections kept)."""
+    out.mkdir(parents=True, exist_ok=True)
+    machine = _machine()
+    for res in results.values():
+        res.update(commit=commit, command=command, note=note, machine=machine)
+    if not quick:  # a partial run replaces its own sections and keeps the others, each with its own commit
+        results = _with_previous(results, out / "benchmarks.json")
+    plots = _plots(results, out)
+    md = ["# Benchmarks", "",
+          "Each section was produced by the command, at the commit and on the machine written under its title: "
+          "re-running some sections (`python scripts/bench.py train codec`) replaces those and keeps the others.",
+          "", "Ratios: for throughput (frames/s) `ours / reference`; for costs (time, bytes, frames) "
+          "`reference / ours`. Above 1x means episodepipes is better.", ""]
+    for name, res in results.items():
+        m = res.get("machine") or machine
+        md += [f"## {name}", "", *(res.get("intro", "").splitlines()), "",
+               f"Commit `{res.get('commit')}`; command `{res.get('command')}`"
+               f"{' (quick mode: smoke figures)' if quick else ''}."
+               + (f" **{res['note']}**" if res.get("note") else ""), "",
+               f"Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; "
+               + ", ".join(f"{k} {v}" for k, v in m["versions"].items()), "",
+               *_extra_tables(res), *(_table(res) + [""] if res.get("rows") else [])]
+        if res.get("versions"):
+            md += ["Versions measured here: " + "; ".join(f"{k}: {v}" for k, v in res["versions"].items()), ""]
+    md += [f"![{p}]({p})" for p in plots]
+    (out / "BENCHMARKS.md").write_text("\n".join(md) + "\n")
+    (out / "benchmarks.json").write_text(json.dumps({"results": results}, indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sections", nargs="*", choices=[[], *SECTIONS], default=[], metavar="SECTION",
@@ -204,25 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{k}/{len(sections)}] {name} done in {time.perf_counter() - t0:.1f}s", flush=True)
             for line in _extra_tables(results[name]) + (_table(results[name]) if results[name].get("rows") else []):
                 print("   ", line)
-    args.out.mkdir(parents=True, exist_ok=True)
-    machine = _machine()
-    plots = _plots(results, args.out)
-    md = ["# Benchmarks", "", *([f"**{args.note}**", ""] if args.note else []),
-          f"Command: `{command}`{' (quick mode: smoke figures)' if args.quick else ''}", "",
-          f"Commit: `{commit}` (every table below was produced at it)", "",
-          f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['platform']}", "",
-          "Versions: " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()), "",
-          "Ratios: for throughput (frames/s) `ours / reference`; for costs (time, bytes, frames) "
-          "`reference / ours`. Above 1x means episodepipes is better.", ""]
-    for name, res in results.items():
-        md += [f"## {name}", "", *(res.get("intro", "").splitlines()), "", f"Commit `{commit}`.", "",
-               *_extra_tables(res), *(_table(res) + [""] if res.get("rows") else [])]
-        if res.get("versions"):
-            md += ["Versions measured here: " + "; ".join(f"{k}: {v}" for k, v in res["versions"].items()), ""]
-    md += [f"![{p}]({p})" for p in plots]
-    (args.out / "BENCHMARKS.md").write_text("\n".join(md) + "\n")
-    (args.out / "benchmarks.json").write_text(json.dumps({"command": command, "commit": commit, "machine": machine,
-                                                          "results": results}, indent=1, default=str))
+    write_docs(results, args.out, commit=commit, command=command, note=args.note, quick=args.quick)
     print(f"wrote {args.out / 'BENCHMARKS.md'}")
     return 0
 

@@ -69,3 +69,24 @@ def test_bench_records_the_commit_it_measured():
     import bench
 
     assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", bench._commit())
+
+
+def _section(rows_ours):
+    return {"intro": "x", "rows": [{"metric": "m", "ours": rows_ours, "baseline": 1.0, "ceiling": None,
+                                    "unit": "frames/s", "note": ""}]}
+
+
+def test_a_partial_benchmark_run_keeps_the_other_sections_each_with_its_own_commit(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench
+
+    bench.write_docs({"gate": _section(5.0), "train": _section(7.0)}, tmp_path, commit="aaaa", command="one")
+    bench.write_docs({"train": _section(9.0)}, tmp_path, commit="bbbb", command="two", note="loaded")
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    gate, train = md.split("## train")
+    assert "## gate" in gate and "Commit `aaaa`; command `one`" in gate and "bbbb" not in gate
+    assert "Commit `bbbb`; command `two`. **loaded**" in train and "aaaa" not in train
+    assert "| m | 9.00 |" in train and "| m | 7.00 |" not in md  # the re-run section's figure replaced the old
+    assert "| m | 5.00 |" in gate
+    bench.write_docs({"gate": _section(6.0)}, tmp_path, commit="cccc", command="three", quick=True)
+    assert "aaaa" not in (tmp_path / "BENCHMARKS.md").read_text()  # a quick run keeps nothing of the figures
