@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,21 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise ValueError(f"file name {name!r} is not a plain base name inside the dataset folder")
     return name
+
+
+def open_regular(path: str | os.PathLike, fix: str, error: type[Exception]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its stat, if it is a regular file (through links); otherwise ``error``
+    naming it and ``fix``. Opened with O_NONBLOCK where the platform has it: opening a FIFO would otherwise wait for
+    a writer forever, and a device such as /dev/zero never ends. A missing file raises FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path} is not a regular file (a folder, FIFO or device in its place); {fix}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 class ByteSource(Protocol):
@@ -71,7 +87,8 @@ class ByteSource(Protocol):
 
 
 class LocalSource:
-    """A local folder: one read-only descriptor per file, shared by threads through ``os.pread``."""
+    """A local folder: one read-only descriptor per file, shared by threads through ``os.pread``. A name that is not
+    a regular file (a FIFO, a device, a folder) is refused at its first use, naming it."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = str(root)
@@ -89,7 +106,7 @@ class LocalSource:
                 if fd is None:
                     path = self._path(name)
                     try:
-                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                        fd, _ = open_regular(path, f"restore it or re-shard {self.root}", ShardIOError)
                     except FileNotFoundError:
                         raise ShardMissingError(f"{path} is missing; restore it or re-shard {self.root}") from None
                     self._fds[name] = fd
@@ -97,6 +114,10 @@ class LocalSource:
 
     def size(self, name: str) -> int:
         return os.fstat(self._fd(name)).st_size
+
+    def fileno(self, name: str) -> int:
+        """The source's descriptor of the file (a regular file, checked at open; owned by the source)."""
+        return self._fd(name)
 
     def read(self, name: str, offset: int, size: int) -> bytes:
         fd = self._fds.get(name)  # the common case, without a call: readers ask for every header of a frame

@@ -14,9 +14,8 @@ error naming the file. The shards must not shrink while mapped: finished shards 
 from __future__ import annotations
 
 import mmap
-import os
 
-from episodepipes.shardio import LocalSource, check_name
+from episodepipes.shardio import LocalSource
 
 
 class MappedShards:
@@ -39,8 +38,8 @@ class MappedShards:
         if size == 0:
             view = memoryview(b"")
         else:
-            with open(os.path.join(self.source.root, check_name(name)), "rb") as f:
-                view = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
+            # the source's own descriptor, checked to be a regular file: a FIFO opened again by name would block
+            view = memoryview(mmap.mmap(self.source.fileno(name), size, access=mmap.ACCESS_READ))
         self._maps[name] = view
         return view
 
