@@ -19,7 +19,7 @@ import numpy as np
 from episodepipes import indexv2
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, VERSIONS
-from episodepipes.shardio import ByteSource, ShardMissingError, open_regular, open_source
+from episodepipes.shardio import ByteSource, ShardMissingError, ShardTooLargeError, open_regular, open_source
 
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
@@ -78,10 +78,12 @@ def read_remote(url: str, options: RemoteOptions | None) -> tuple[ByteSource, st
     source = open_source(url, options=options)  # refuses a root with credentials without echoing it
     file = f"{source.root}/{INDEX_NAME}"
     try:
-        raw = source.read_file(INDEX_NAME)
+        raw = source.read_file(INDEX_NAME, limit=MAX_INDEX_BYTES)  # refused by its size before the download
     except ShardMissingError:
         raise FileNotFoundError(f"no {INDEX_NAME} at {source.root}: an unfinished upload or write, or the "
                                 "wrong prefix; check the URL") from None
+    except ShardTooLargeError as e:
+        raise IndexFormatError(str(e)) from None
     return source, file, raw
 
 

@@ -34,6 +34,14 @@ class ShardTruncatedError(ShardIOError, ValueError):
     """The file ends before a range the index points at (also a `ValueError`: the data disagrees with its index)."""
 
 
+class ShardTooLargeError(ShardIOError, ValueError):
+    """A file read whole holds more bytes than its reader allows (``size``: what it holds); refused before reading."""
+
+    def __init__(self, where: str, size: int, limit: int, fix: str) -> None:
+        super().__init__(f"{where} holds {size} bytes, more than the {limit} expected; {fix}")
+        self.size = size
+
+
 def check_name(name: str) -> str:
     """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
@@ -77,8 +85,9 @@ class ByteSource(Protocol):
         """`read_ranges` of each ``(name, ranges)``; a remote source has every object's GETs in flight together."""
         ...
 
-    def read_file(self, name: str) -> bytes:
-        """The whole file (an index)."""
+    def read_file(self, name: str, *, limit: int | None = None) -> bytes:
+        """The whole file (an index); one of more than ``limit`` bytes is refused by its size before it is read
+        (`ShardTooLargeError`)."""
         ...
 
     def close(self) -> None:
@@ -133,8 +142,11 @@ class LocalSource:
     def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
         return [self.read_ranges(name, ranges) for name, ranges in calls]
 
-    def read_file(self, name: str) -> bytes:
-        return self.read(name, 0, self.size(name))
+    def read_file(self, name: str, *, limit: int | None = None) -> bytes:
+        size = self.size(name)
+        if limit is not None and size > limit:
+            raise ShardTooLargeError(self._path(name), size, limit, f"restore it or re-shard {self.root}")
+        return self.read(name, 0, size)
 
     def close(self) -> None:
         with self._lock:
