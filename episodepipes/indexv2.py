@@ -62,13 +62,14 @@ from episodepipes._indexcheck import (
 )
 from episodepipes.episode_attrs import BUILTIN, problem
 from episodepipes.format import BLOCK, COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, MAX_BACK, PACKED_COLUMNS, npy_bytes
-from episodepipes.shardio import ByteSource, ShardMissingError
+from episodepipes.shardio import ByteSource, ShardMissingError, ShardTooLargeError
 
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
 SHARD, ROW, COUNT = range(3)  # columns of the segments table
 EPISODE_KEYS = BUILTIN  # v1 entry fields; no episode attribute takes their names
 V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "columns")
 _MAX_FRAMES = 2**40
+_NPY_HEADER = 1 << 16  # above any .npy header numpy writes for a column's dtype and shape (a version 1.0 header)
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
 
 
@@ -300,10 +301,13 @@ def read_columns(source: ByteSource, data: dict, file: str) -> dict[str, np.ndar
     for name, c in data["columns"].items():
         col = COLUMNS[name][0]
         where, shape = f"{source.root}/{col}", tuple(c["shape"])
+        limit = _NPY_HEADER + int(np.prod(shape, dtype=object)) * np.dtype(c["dtype"]).itemsize
         try:
-            raw = source.read_file(col)
+            raw = source.read_file(col, limit=limit)  # a larger object is refused by its size, not downloaded
         except ShardMissingError:
             raise IndexFormatError(f"{where} is missing, and {file} needs it; upload it or re-shard") from None
+        except ShardTooLargeError as e:
+            raise IndexFormatError(str(e)) from None
         buf = io.BytesIO(raw)
         try:
             arr = np.load(buf, allow_pickle=False)

@@ -70,3 +70,17 @@ def test_read_file_with_a_limit_gets_exactly_the_objects_bytes_in_one_ranged_get
         with pytest.raises(ShardTooLargeError, match=rf"holds {len(raw)} bytes, more than the {len(raw) - 1}"):
             src.read_file("index.json", limit=len(raw) - 1)
         assert proxy.gets() == []
+
+
+def test_a_remote_column_larger_than_its_dtype_and_shape_is_refused_before_its_download(shards, moto, proxy):
+    from episodepipes.format import COLUMNS
+
+    name = COLUMNS["offset"][0]
+    moto.upload_dir(shards, BUCKET, "big-column")
+    moto.client().put_object(Bucket=BUCKET, Key=f"big-column/{name}",
+                             Body=(shards / name).read_bytes() + b"\0" * PAD)
+    url = f"s3://{BUCKET}/big-column"
+    with pytest.raises(IndexFormatError, match=rf"^{url}/{name} holds {(shards / name).stat().st_size + PAD} bytes, "
+                                               "more than the [0-9]+ expected; re-upload it or re-shard") as e:
+        EpisodeIndex.open(url)
+    assert "\n" not in str(e.value) and _body_gets(proxy, name) == [] and proxy.body_bytes < PAD
