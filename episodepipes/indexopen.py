@@ -19,7 +19,7 @@ import numpy as np
 from episodepipes import indexv2
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, VERSIONS
-from episodepipes.shardio import ByteSource, ShardMissingError, open_source
+from episodepipes.shardio import ByteSource, ShardMissingError, ShardTooLargeError, open_regular, open_source
 
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
@@ -45,11 +45,8 @@ def read_regular(path: Path, fix: str, *, limit: int | None = None,
     """The bytes of the regular file ``path``, read to the size it had when opened. A FIFO, a device or a folder
     in its place, or a file of more than ``limit`` bytes (a sparse file costs no disk), is refused by ``error``
     naming it and ``fix``; a missing file raises FileNotFoundError."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))  # FIFO: no wait
+    fd, st = open_regular(path, fix, error)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise error(f"{path} is not a regular file (a folder, FIFO or device in its place); {fix}")
         if limit is not None and st.st_size > limit:
             raise error(f"{path} holds {st.st_size} bytes, more than the {limit} expected; {fix}")
         size, chunks, n = st.st_size, [], 0
@@ -81,10 +78,12 @@ def read_remote(url: str, options: RemoteOptions | None) -> tuple[ByteSource, st
     source = open_source(url, options=options)  # refuses a root with credentials without echoing it
     file = f"{source.root}/{INDEX_NAME}"
     try:
-        raw = source.read_file(INDEX_NAME)
+        raw = source.read_file(INDEX_NAME, limit=MAX_INDEX_BYTES)  # refused by its size before the download
     except ShardMissingError:
         raise FileNotFoundError(f"no {INDEX_NAME} at {source.root}: an unfinished upload or write, or the "
                                 "wrong prefix; check the URL") from None
+    except ShardTooLargeError as e:
+        raise IndexFormatError(str(e)) from None
     return source, file, raw
 
 

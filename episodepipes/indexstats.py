@@ -15,6 +15,7 @@ from episodepipes._indexcheck import IndexFormatError
 from episodepipes.indexopen import read_regular
 from episodepipes.indexv2 import LENGTH, SCHEMA, SPLIT
 from episodepipes.normstats import StatsTable
+from episodepipes.shardio import ShardTooLargeError
 from episodepipes.statsfields import check_counts, no_stats_hint
 from episodepipes.statsfields import load as load_stats
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 def load(ix: EpisodeIndex) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
     """(the statistics or None when the index has none, the reason for each (split, key) it lacks), checked."""
     side = ix.location(statsfile.NAME)
-    read = (lambda: ix.source.read_file(statsfile.NAME)) if ix.remote else (lambda: _read_local(ix))
+    read = (lambda: _read_remote(ix)) if ix.remote else (lambda: _read_local(ix))
     try:
         table, missing = load_stats(ix.meta, where=str(ix.file), read_side=read, side=side)
         if table is not None:
@@ -45,6 +46,17 @@ def _read_local(ix: EpisodeIndex) -> bytes:
     if type(desc.get("bytes")) is int and size > desc["bytes"]:  # `statsfile.read` checked the descriptor
         raise statsfile.mismatch(str(path), size, str(ix.file))
     return read_regular(path, "restore it", error=ValueError)
+
+
+def _read_remote(ix: EpisodeIndex) -> bytes:
+    """The remote side file's bytes: one larger than the index says is refused by its size (a HEAD) before any of
+    it is downloaded, as `_read_local` refuses a local one."""
+    desc = ix.meta.get(statsfile.FIELD)
+    limit = desc["bytes"] if type(desc.get("bytes")) is int else None  # `statsfile.read` checked the descriptor
+    try:
+        return ix.source.read_file(statsfile.NAME, limit=limit)
+    except ShardTooLargeError as e:
+        raise statsfile.mismatch(ix.location(statsfile.NAME), e.size, str(ix.file)) from None
 
 
 def summary(ix: EpisodeIndex, key: str, split: str) -> dict[str, Any]:

@@ -62,13 +62,14 @@ from episodepipes._indexcheck import (
 )
 from episodepipes.episode_attrs import BUILTIN, problem
 from episodepipes.format import BLOCK, COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, MAX_BACK, PACKED_COLUMNS, npy_bytes
-from episodepipes.shardio import ByteSource, ShardMissingError
+from episodepipes.shardio import ByteSource, ShardMissingError, ShardTooLargeError
 
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
 SHARD, ROW, COUNT = range(3)  # columns of the segments table
 EPISODE_KEYS = BUILTIN  # v1 entry fields; no episode attribute takes their names
 V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "columns")
 _MAX_FRAMES = 2**40
+_NPY_HEADER = 1 << 16  # above any .npy header numpy writes for a column's dtype and shape (a version 1.0 header)
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
 
 
@@ -300,10 +301,13 @@ def read_columns(source: ByteSource, data: dict, file: str) -> dict[str, np.ndar
     for name, c in data["columns"].items():
         col = COLUMNS[name][0]
         where, shape = f"{source.root}/{col}", tuple(c["shape"])
+        limit = _NPY_HEADER + int(np.prod(shape, dtype=object)) * np.dtype(c["dtype"]).itemsize
         try:
-            raw = source.read_file(col)
+            raw = source.read_file(col, limit=limit)  # a larger object is refused by its size, not downloaded
         except ShardMissingError:
             raise IndexFormatError(f"{where} is missing, and {file} needs it; upload it or re-shard") from None
+        except ShardTooLargeError as e:
+            raise IndexFormatError(str(e)) from None
         buf = io.BytesIO(raw)
         try:
             arr = np.load(buf, allow_pickle=False)
@@ -357,10 +361,10 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
     for i in np.flatnonzero(held != np.asarray(samples, np.float64)):
         raise w.fail(f"shard {i}", f"samples={samples[i]} but the segments put {int(held[i])} frames in it")
     if data["layout"] == "packed":
-        check_packed(w, cols, np.asarray(sizes, np.int64))
+        check_packed(w, cols, np.asarray(sizes, np.int64), data["ids"])
 
 
-def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray) -> None:
+def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray, ids: list[str]) -> None:
     """The packed layout's per-frame columns, vectorised over every frame: each chunk's records lie back to back
     after its tar header and pack table, inside its shard, chunks go forward, and each frame's decode starts within
     its chunk (`episodepipes.codec.chunk`)."""
@@ -375,25 +379,32 @@ def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray)
     new_seg[seg[:, ROW].astype(np.int64)] = True
     starts = new_seg.copy()
     starts[1:] |= member[1:] != member[:-1]
-    limit = shard_bytes[seg[seg_of, SHARD].astype(np.int64)]
-    inside = (size >= 1) & (member >= 0) & (member + BLOCK <= off) & (end <= limit)
-    same = ~starts[1:]
-    inside[1:] &= np.where(same, off[1:] == end[:-1], new_seg[1:] | (member[1:] >= end[:-1]))
+    sh = seg[seg_of, SHARD].astype(np.int64)
+    record = (size >= 1) & (off + size <= shard_bytes[sh])
+    record[1:] &= starts[1:] | (off[1:] == end[:-1])  # back to back within a chunk
+    chunk = (member >= 0) & (member + BLOCK <= off)
+    # Shards are written one after another, so a chunk is in a later shard than the previous row's or after its
+    # record in the same one, at an episode's start too (tar headers are 512-byte aligned: only this stops an
+    # episode's member pointing back at the previous episode's last chunk).
+    chunk[1:] &= ~starts[1:] | (sh[1:] > sh[:-1]) | ((sh[1:] == sh[:-1]) & (member[1:] >= end[:-1]))
     first = np.flatnonzero(starts)
     count = np.diff(np.append(first, len(off)))
     table = off[first] - 8 - 4 * count - member[first]  # the chunk's tar header(s): whole blocks, at least one
-    ok_chunk = (table >= BLOCK) & (table % BLOCK == 0)
-    inside[first[~ok_chunk]] = False
+    chunk[first[(table < BLOCK) | (table % BLOCK != 0)]] = False
     rows = np.arange(len(off))
     chunk_first = first[np.searchsorted(first, rows, side="right") - 1]
-    inside &= (key >= chunk_first.astype(np.uint64)) & (key <= rows.astype(np.uint64)) \
+    keyed = (key >= chunk_first.astype(np.uint64)) & (key <= rows.astype(np.uint64)) \
         & (rows - key.astype(np.int64) < MAX_BACK)
-    if not inside.all():
-        r = int(np.argmax(~inside))
+    bad = ~(record & chunk & keyed)
+    if bad.any():
+        r = int(np.argmax(bad))
         n = int(np.searchsorted(ep[:, FIRST], r, side="right")) - 1
-        raise w.fail(f"frame row {r} (episode {n})", "its record, chunk member or key frame is not where the "
-                     "packed layout puts them (records back to back in a chunk inside the shard, the key frame "
-                     "in the same chunk, at or before it)")
+        why = ("offset/size: its record is not inside its shard, back to back after the one before in its chunk"
+               if not record[r] else "member: its chunk's tar header is not before its record, after the previous "
+               "chunk's records in the same shard, with room for the pack table" if not chunk[r]
+               else "key: its key frame is not in its chunk at or before it")
+        raise w.fail(f"frame row {r} (episode {ids[n]!r}, frame {r - int(ep[n, FIRST])})",
+                     f"its {why}, as the packed layout puts them")
 
 
 def frame_problem(cols: dict[str, np.ndarray], j: int, shard_bytes: int) -> str | None:

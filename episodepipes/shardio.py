@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,11 +34,34 @@ class ShardTruncatedError(ShardIOError, ValueError):
     """The file ends before a range the index points at (also a `ValueError`: the data disagrees with its index)."""
 
 
+class ShardTooLargeError(ShardIOError, ValueError):
+    """A file read whole holds more bytes than its reader allows (``size``: what it holds); refused before reading."""
+
+    def __init__(self, where: str, size: int, limit: int, fix: str) -> None:
+        super().__init__(f"{where} holds {size} bytes, more than the {limit} expected; {fix}")
+        self.size = size
+
+
 def check_name(name: str) -> str:
     """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise ValueError(f"file name {name!r} is not a plain base name inside the dataset folder")
     return name
+
+
+def open_regular(path: str | os.PathLike, fix: str, error: type[Exception]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its stat, if it is a regular file (through links); otherwise ``error``
+    naming it and ``fix``. Opened with O_NONBLOCK where the platform has it: opening a FIFO would otherwise wait for
+    a writer forever, and a device such as /dev/zero never ends. A missing file raises FileNotFoundError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path} is not a regular file (a folder, FIFO or device in its place); {fix}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 class ByteSource(Protocol):
@@ -61,8 +85,9 @@ class ByteSource(Protocol):
         """`read_ranges` of each ``(name, ranges)``; a remote source has every object's GETs in flight together."""
         ...
 
-    def read_file(self, name: str) -> bytes:
-        """The whole file (an index)."""
+    def read_file(self, name: str, *, limit: int | None = None) -> bytes:
+        """The whole file (an index); one of more than ``limit`` bytes is refused by its size before it is read
+        (`ShardTooLargeError`)."""
         ...
 
     def close(self) -> None:
@@ -71,7 +96,8 @@ class ByteSource(Protocol):
 
 
 class LocalSource:
-    """A local folder: one read-only descriptor per file, shared by threads through ``os.pread``."""
+    """A local folder: one read-only descriptor per file, shared by threads through ``os.pread``. A name that is not
+    a regular file (a FIFO, a device, a folder) is refused at its first use, naming it."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = str(root)
@@ -89,7 +115,7 @@ class LocalSource:
                 if fd is None:
                     path = self._path(name)
                     try:
-                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                        fd, _ = open_regular(path, f"restore it or re-shard {self.root}", ShardIOError)
                     except FileNotFoundError:
                         raise ShardMissingError(f"{path} is missing; restore it or re-shard {self.root}") from None
                     self._fds[name] = fd
@@ -97,6 +123,10 @@ class LocalSource:
 
     def size(self, name: str) -> int:
         return os.fstat(self._fd(name)).st_size
+
+    def fileno(self, name: str) -> int:
+        """The source's descriptor of the file (a regular file, checked at open; owned by the source)."""
+        return self._fd(name)
 
     def read(self, name: str, offset: int, size: int) -> bytes:
         fd = self._fds.get(name)  # the common case, without a call: readers ask for every header of a frame
@@ -112,8 +142,11 @@ class LocalSource:
     def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
         return [self.read_ranges(name, ranges) for name, ranges in calls]
 
-    def read_file(self, name: str) -> bytes:
-        return self.read(name, 0, self.size(name))
+    def read_file(self, name: str, *, limit: int | None = None) -> bytes:
+        size = self.size(name)
+        if limit is not None and size > limit:
+            raise ShardTooLargeError(self._path(name), size, limit, f"restore it or re-shard {self.root}")
+        return self.read(name, 0, size)
 
     def close(self) -> None:
         with self._lock:

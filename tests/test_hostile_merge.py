@@ -104,8 +104,8 @@ def test_untouched_jobs_merge(out, tmp_path):
 
 
 def test_a_packed_job_whose_chunk_member_points_into_the_episode_before_is_refused_naming_the_job(tmp_path):
-    """ep0001's chunk member set to ep0000's last chunk: the tar headers are 512-byte aligned, so the column check
-    at open lets it through (see the report); the merge, which copies the spans the member column gives, refuses."""
+    """ep0001's chunk member set to ep0000's last chunk (the tar headers are 512-byte aligned): the column check at
+    the job index's open refuses it, naming the job, the episode and the column."""
     import hashlib
 
     import numpy as np
@@ -126,7 +126,7 @@ def test_a_packed_job_whose_chunk_member_points_into_the_episode_before_is_refus
     member[first] = member[ix.episode("ep0000").rows][-1]
     np.save(col, member, allow_pickle=False)
     _edit_index(job, lambda data: data["columns"]["member"].update(sha256=hashlib.sha256(col.read_bytes()).hexdigest()))
-    with pytest.raises(ValueError, match=r"^job job-0000: .*job-0000/index.json: episode 'ep0001': its frame sizes do "
-                                         "not match its packed chunks; re-run that job with --overwrite$"):
+    with pytest.raises(ValueError, match=r"^job job-0000: .*job-0000/index.json is damaged: frame row 20 \(episode "
+                                         r"'ep0001', frame 0\): its member: .*; re-run that job with --overwrite$"):
         merge_jobs(out)
     assert (out / "_jobs").is_dir() and not (out / "index.json").exists()

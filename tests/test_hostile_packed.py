@@ -170,3 +170,33 @@ def test_the_untouched_packed_index_verifies_and_records_parse(good):
     path, a, b = _record_at(good, "ep0002", 5)
     rec = parse_record(path.read_bytes()[a:b], 2, len(ix.episode("ep0002").arrays))
     assert rec.backs == (1, 1) and [len(p) for p in rec.cameras] == [1, 1]
+
+
+def _episode_chunks(ix, eid):
+    rows = ix.episode(eid).rows
+    member = ix._cols["member"][rows]
+    return rows, member
+
+
+def test_an_episode_whose_chunk_points_back_at_the_previous_episodes_is_refused_at_open(copy):
+    ix = EpisodeIndex.open(copy)
+    rows0, member0 = _episode_chunks(ix, "ep0000")
+    rows1, member1 = _episode_chunks(ix, "ep0001")
+    first1 = rows1.start + int(np.sum(member1 == member1[0]))  # ep0001's first chunk: rows1.start .. first1
+    _column(copy, "member", _set(slice(rows1.start, first1), int(member0[-1])))  # a 512-aligned header, but ep0000's
+    with pytest.raises(IndexFormatError) as e:
+        EpisodeIndex.open(copy)
+    msg = str(e.value)
+    assert f"frame row {rows1.start} (episode 'ep0001', frame 0)" in msg and "member" in msg and "\n" not in msg
+
+
+def test_episodes_that_start_a_new_shard_restart_their_members_and_open(tmp_path):
+    out = tmp_path / "s"
+    reader = SyntheticReader(num_episodes=3, height=32, width=48, lengths=(20, 9, 12))
+    with ShardWriter(out, shard_size=4096, options={}) as w:
+        for eid in reader.episode_ids():
+            w.add(encode_episode(reader.read(eid), EncodeOptions(codec="h264", gop=4)))
+    ix = EpisodeIndex.open(out, verify=True)
+    starts = [ix._cols["member"][ix.episode(e).rows.start] for e in ("ep0001", "ep0002")]
+    assert len(ix.shards) >= 3 and 0 in starts  # an episode began a shard: its member is below the one before's end
+    assert ix.problems(members=True) == []

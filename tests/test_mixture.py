@@ -146,7 +146,23 @@ def test_one_source_is_the_identity_and_the_schedule_pickles():
     ({"a": -0.5}, {"a": 1}, "cycle", "'a'=-0.5 should be positive"),
     ({"a": "1"}, {"a": 1}, "cycle", "'a'='1' should be a positive number"),
     ({"a": 1}, {"a": 0}, "cycle", "size of 'a'=0"),
-    ({"a": 1}, {"a": 1}, "all", "stop='all'")])
+    ({"a": 1}, {"a": 1}, "all", "stop='all'"),
+    ({"a": float("nan"), "b": 1}, {"a": 1, "b": 1}, "cycle", "'a'=nan should be a finite positive number"),
+    ({"a": float("inf"), "b": 1}, {"a": 1, "b": 1}, "cycle", "'a'=inf should be a finite positive number"),
+    ({"a": 1, "b": np.float32("-inf")}, {"a": 1, "b": 1}, "cycle", r"'b'=np.float32\(-inf\) should be a finite"),
+    ({"a": 1, "b": np.bool_(True)}, {"a": 1, "b": 1}, "cycle", "'b'=np.True_ should be a positive number"),
+    ({"a": 1e308, "b": 1}, {"a": 1, "b": 1}, "cycle",
+     "'a'=1e[+]308 is more than 1000000000 times that of 'b'=1; keep the weights within a ratio of 1000000000"),
+    ({"a": 1, "b": 1e-12}, {"a": 1, "b": 1}, "cycle", "'a'=1 is more than 1000000000 times that of 'b'=1e-12"),
+    ({"a": 10**9, "b": 1}, {"a": 1, "b": 2**40}, "cycle", rf"makes an epoch of \d{{22}} samples, more "
+     rf"than {2**62}; bring the weights closer")])
 def test_bad_mixtures_are_refused_by_name(weights, sizes, stop, match):
     with pytest.raises(ValueError, match=match):
         Mixture.of(weights, sizes, stop=stop)
+
+
+def test_weights_a_billion_apart_still_mix_exactly():
+    m = Mixture.of({"a": 10**9, "b": 1}, {"a": 10, "b": 10})
+    q = 10**9 + 1  # b's share is 1/q: one in every q samples, exactly
+    assert m.counts(10 * q) == [10 * 10**9, 10]
+    assert 9 * q < len(m) <= 10 * q and m.locate(len(m) - 1) == (1, 9)  # the epoch ends at b's tenth sample

@@ -54,10 +54,11 @@ def test_the_index_opens_from_s3_as_it_does_locally(shards, proxy):
     local, remote = EpisodeIndex.open(shards), EpisodeIndex.open(URL + "/")
     assert remote.remote and not local.remote and remote.root == URL
     assert remote.data == local.data and remote.fingerprint == local.fingerprint
-    assert remote.version == 2  # the index.json, then each of its columns: one GET each, nothing else
-    assert [r[1] for r in proxy.gets()] == [f"/{BUCKET}/v1/{n}" for n in
-                                            ["index.json", *(COLUMNS[c][0] for c in remote.meta["columns"])]]
-    assert all(rng is None for _, _, rng in proxy.gets())
+    assert remote.version == 2  # the index.json, then each of its columns: its size (HEAD), then one GET of those bytes
+    files = ["index.json", *(COLUMNS[c][0] for c in remote.meta["columns"])]
+    assert [r[1] for r in proxy.gets()] == [f"/{BUCKET}/v1/{n}" for n in files]
+    assert [r[1] for r in proxy.requests if r[0] == "HEAD"] == [f"/{BUCKET}/v1/{n}" for n in files]
+    assert [rng for _, _, rng in proxy.gets()] == [f"bytes=0-{(shards / n).stat().st_size - 1}" for n in files]
     assert remote.source is remote.source and remote.source.root == URL
     with pytest.raises(KeyError, match=rf"not in {URL}/index.json"):
         remote.episode("nope")

@@ -125,6 +125,10 @@ def test_other_forms_of_a_mixture_are_refused_by_name(roots):
         train_pipe(roots["a"], batch_size=2, seed=0, stop="cycle")
     with pytest.raises(ValueError, match=r"weight of 'b'=0 should be positive"):
         train_pipe(_mix(roots, wb=0), batch_size=2, seed=0)
+    with pytest.raises(ValueError, match=r"^weight of 'b'=nan should be a finite positive number$"):
+        train_pipe(_mix(roots, wb=float("nan")), batch_size=2, seed=0)
+    with pytest.raises(ValueError, match=r"^weight of 'a'=1e\+308 is more than 1000000000 times that of 'b'=1;"):
+        train_pipe(_mix(roots, wa=1e308, wb=1), batch_size=2, seed=0)
 
 
 def test_episodes_and_where_choose_per_source(roots):

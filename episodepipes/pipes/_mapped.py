@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from episodepipes.format import BLOCK
-from episodepipes.shardio import LocalSource, check_name
+from episodepipes.shardio import LocalSource, ShardIOError, open_regular
 
 _USTAR = struct.Struct("100s24x12s20xc100x5s")  # name, size, type, magic of a tar header, read in place
 MAX_MAPS = 64  # shards a decode process keeps mapped (`resolve`)
@@ -67,8 +67,8 @@ class MappedShards:
         if size == 0:
             view = memoryview(b"")
         else:
-            with open(os.path.join(self.source.root, check_name(name)), "rb") as f:
-                view = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
+            # the source's own descriptor, checked to be a regular file: a FIFO opened again by name would block
+            view = memoryview(mmap.mmap(self.source.fileno(name), size, access=mmap.ACCESS_READ))
         self._maps[name] = view
         return view
 
@@ -120,9 +120,12 @@ def resolve(s: ShardSlice) -> memoryview:
     """In a decode process: the bytes ``s`` names, a slice of this process's mapping of its shard."""
     view = _MAPS.get(s.path)
     if view is None:
-        with open(s.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            view = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
+        fd, st = open_regular(s.path, "put the shard back (it was replaced while the pass ran)", ShardIOError)
+        try:
+            size = st.st_size
+            view = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
+        finally:
+            os.close(fd)
         _MAPS[s.path] = view
         while len(_MAPS) > MAX_MAPS:
             _MAPS.popitem(last=False)

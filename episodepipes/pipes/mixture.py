@@ -48,13 +48,27 @@ class _Node:
         return -(-((j + 1) * self.q - h) // p) - 1
 
 
+MAX_RATIO = 10**9  # the largest weight over the smallest: far past any useful mixture, and epochs stay countable
+MAX_EPOCH = 2**62  # samples per epoch: positions stay int64 (and len() a Python index) with room for a batch
+
+
 def _weight(name: str, w: Any) -> Fraction:
     if isinstance(w, bool) or not isinstance(w, int | float | Fraction | np.integer | np.floating):
         raise ValueError(f"weight of {name!r}={w!r} should be a positive number")
+    if isinstance(w, float | np.floating) and not np.isfinite(w):  # Fraction("nan") names no source
+        raise ValueError(f"weight of {name!r}={w!r} should be a finite positive number")
     f = Fraction(str(w)) if isinstance(w, float | np.floating) else Fraction(w)  # 0.6 means 3/5
     if not f > 0:
         raise ValueError(f"weight of {name!r}={w!r} should be positive; leave the source out instead")
     return f
+
+
+def _check_ratio(names: tuple[str, ...], raw: list[Fraction], given: Mapping[str, Any]) -> None:
+    hi, lo = max(range(len(raw)), key=raw.__getitem__), min(range(len(raw)), key=raw.__getitem__)
+    if raw[hi] > MAX_RATIO * raw[lo]:
+        raise ValueError(f"weight of {names[hi]!r}={given[names[hi]]!r} is more than {MAX_RATIO} times that of "
+                         f"{names[lo]!r}={given[names[lo]]!r}; keep the weights within a ratio of {MAX_RATIO}, or "
+                         "leave the light source out")
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class Mixture:
             if isinstance(sizes[s], bool) or not isinstance(sizes[s], int | np.integer) or sizes[s] < 1:
                 raise ValueError(f"size of {s!r}={sizes[s]!r} should be a positive int (samples per epoch)")
         raw = [_weight(s, weights[s]) for s in names]
+        _check_ratio(names, raw, weights)
         total = sum(raw)
         ws = tuple(w / total for w in raw)
         heap: list[tuple[Fraction, int, _Node | int]] = [(w, i, i) for i, w in enumerate(ws)]
@@ -119,7 +134,13 @@ class Mixture:
                 paths[node] = path
             else:
                 todo += [(node.left, (*path, (node, True))), (node.right, (*path, (node, False)))]
-        return cls(names, ws, tuple(int(sizes[s]) for s in names), stop, root, tuple(paths))
+        out = cls(names, ws, tuple(int(sizes[s]) for s in names), stop, root, tuple(paths))
+        n = out._length()
+        if n > MAX_EPOCH:
+            raise ValueError(f"the mixture of {dict(zip(names, out.sizes))} samples with weights "
+                             f"{ {s: weights[s] for s in names} } makes an epoch of {n} samples, more than "
+                             f"{MAX_EPOCH}; bring the weights closer to the sources' sizes")
+        return out
 
     def locate(self, g: int) -> tuple[int, int]:
         """``(source id, k)``: global sample ``g`` is the ``k``-th sample drawn from that source."""
@@ -188,7 +209,10 @@ class Mixture:
         return total if self._paths[source] else Fraction(1)
 
     def __len__(self) -> int:
-        """Global samples per epoch under the stop rule."""
+        """Global samples per epoch under the stop rule (at most `MAX_EPOCH`, checked by `of`)."""
+        return self._length()
+
+    def _length(self) -> int:
         if self.stop == "cycle":  # the last source to finish its first pass ends the epoch
             return max(self.position(s, n - 1) + 1 for s, n in enumerate(self.sizes))
         return min(self.position(s, n) for s, n in enumerate(self.sizes))  # just before the first repeat

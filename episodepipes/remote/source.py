@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from ..shardio import ShardIOError, ShardMissingError, check_name
+from ..shardio import ShardIOError, ShardMissingError, ShardTooLargeError, check_name
 from . import retry
 from .cache import RangeCache
 from .ranges import Request, check_ranges, coalesce
@@ -236,12 +236,26 @@ class RemoteSource:
                 raise self._short(name, off, off + n) from None
         return out
 
-    def read_file(self, name: str) -> bytes:
-        """The whole object (an index), never cached: it is the file that says what the shards are."""
+    def read_file(self, name: str, *, limit: int | None = None) -> bytes:
+        """The whole object (an index), never cached: it is the file that says what the shards are.
+
+        With ``limit``, the object's size is asked first (a HEAD) and one of more bytes is refused by it
+        (`ShardTooLargeError`) before any is downloaded; then one ranged GET fetches exactly that many, so an object
+        replaced in between cannot bring more.
+        """
         import obstore
 
         name = check_name(name)
-        res = self._call(name, None, lambda: bytes(obstore.get(self._client(), name).bytes()))
+        if limit is None:
+            res = self._call(name, None, lambda: bytes(obstore.get(self._client(), name).bytes()))
+        else:
+            self._sizes.pop(name, None)  # a fresh HEAD: the object may have changed since a size was cached
+            size = self.size(name)
+            if size > limit:
+                raise ShardTooLargeError(f"{self.root}/{name}", size, limit, f"re-upload it or re-shard {self.root}")
+            res = b"" if size == 0 else bytes(self._get(name, Request(0, size, ())))
+            if len(res) != size:
+                raise self._short(name, 0, size)
         self._sizes[name] = len(res)
         return res
 
