@@ -18,7 +18,7 @@ from pathlib import Path
 
 from episodepipes.format import INDEX_NAME
 from episodepipes.index import EpisodeIndex
-from episodepipes.indexopen import read_regular
+from episodepipes.indexopen import MAX_INDEX_BYTES, read_regular
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.recompute import recompute
@@ -210,7 +210,7 @@ def _side_file(d: _Job):  # noqa: ANN202 - a reader of the job's statistics side
     if isinstance(d.root, str):
         def read() -> bytes:
             with open_source(d.root) as src:
-                return src.read_file(STATS_NAME)
+                return src.read_file(STATS_NAME, limit=MAX_INDEX_BYTES)
         return read
     return lambda: read_regular(d.root / STATS_NAME, "re-run that job with --overwrite", error=ValueError)
 

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from episodepipes.format import INDEX_NAME
+from episodepipes.indexopen import MAX_INDEX_BYTES
 from episodepipes.remote.source import parse_root
 from episodepipes.remote.store import RemoteStore
 from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, STATS_LOG, clear
@@ -88,7 +89,7 @@ class RemoteOut:
                 top.delete(written(top.names(), jobs=False))
             names = []
         if PROGRESS_NAME in names:
-            raw = store.read_file(PROGRESS_NAME)
+            raw = store.read_file(PROGRESS_NAME, limit=MAX_INDEX_BYTES)  # refused by size first
             try:
                 options = json.loads(raw)["options"]
             except (ValueError, KeyError, TypeError) as e:
@@ -101,7 +102,7 @@ class RemoteOut:
                                  f"{', '.join(changed)}); re-run with the same options to resume, or pass "
                                  "--overwrite to start over")
             if STATS_LOG in names:  # the finished episodes' statistics, which the progress lists by sha256
-                atomic_write_bytes(target / STATS_LOG, store.read_file(STATS_LOG))
+                atomic_write_bytes(target / STATS_LOG, store.read_file(STATS_LOG, limit=MAX_INDEX_BYTES))
             atomic_write_bytes(target / PROGRESS_NAME, raw)
             return True
         if any(_SHARD.fullmatch(n) for n in names):
