@@ -14,8 +14,9 @@ from episodepipes.codec.chunk import parse_record
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import video_pipe
 from episodepipes.sharding.cli import main
+from episodepipes.sharding.readers import FORMATS
 from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions
+from episodepipes.sharding.write import WriteOptions, write_shards
 
 READER = SyntheticReader(num_episodes=3, length=8, height=48, width=64)
 
@@ -85,12 +86,46 @@ def test_write_options_refuse_fast_decode_for_other_codecs_by_name():
     assert WriteOptions(format="raw", codec="h264", fast_decode=True).to_dict()["fast_decode"] is True
 
 
-@pytest.mark.parametrize(("first", "again"), [(("--fast-decode",), ()), ((), ("--fast-decode",))])
-def test_a_resume_with_another_fast_decode_is_refused_naming_it(src, tmp_path, capsys, first, again):
-    out = _write(src, tmp_path / "out", *first)
-    (out / "index.json").unlink()  # an unfinished write: its progress file is still there
-    capsys.readouterr()
+class _Crash(RuntimeError):
+    pass
+
+
+class _CrashingRaw:
+    """The raw reader of ``src``, failing on the first episode read: the write stops unfinished."""
+
+    def __init__(self, src):
+        self.inner = FORMATS["raw"].factory(src)
+
+    def episode_ids(self):
+        return self.inner.episode_ids()
+
+    def read(self, episode_id):
+        raise _Crash
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_resume_with_another_fast_decode_is_refused_naming_it(src, tmp_path, capsys, first):
+    out = tmp_path / "out"
+    opts = WriteOptions(format="raw", codec="h264", gop=2, crf=20, fast_decode=first)
+    with pytest.raises(_Crash):
+        write_shards(_CrashingRaw(src), out, opts, workers=1)
+    again = () if first else ("--fast-decode",)
     assert main(["write", str(src), str(out), "--workers", "1", "--codec", "h264", "--gop", "2", "--crf", "20",
                  *again]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "differ: fast_decode)" in err
+    assert "\n" not in err and "other options (differ: fast_decode, source)" in err
+    same = ("--fast-decode",) if first else ()
+    assert main(["write", str(src), str(out), "--workers", "1", "--codec", "h264", "--gop", "2", "--crf", "20",
+                 *same]) == 0  # the same setting resumes
+    assert EpisodeIndex.open(out).options.get("fast_decode", False) is first
+
+
+def test_merging_jobs_written_with_and_without_fast_decode_is_refused(src, tmp_path, capsys):
+    out = tmp_path / "out"
+    for index, extra in ((0, ("--fast-decode",)), (1, ())):
+        _write(src, out, "--num-jobs", "2", "--job-index", str(index), *extra)
+    capsys.readouterr()
+    assert main(["merge", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "was written with other options than" in err
+    assert not (out / "index.json").exists()

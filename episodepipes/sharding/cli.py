@@ -142,7 +142,8 @@ def _check_write_args(a: argparse.Namespace) -> None:
         from episodepipes.codec import CodecOptions
 
         gop = 2 if a.gop is None else a.gop
-        CodecOptions(codec=a.codec, gop=gop, crf=a.crf, fast_decode=a.fast_decode)  # its ValueError names the option and its range
+        # its ValueError names the option and its range
+        CodecOptions(codec=a.codec, gop=gop, crf=a.crf, fast_decode=a.fast_decode)
     most = 4 * (os.cpu_count() or 1)
     if not 1 <= a.workers <= most:  # encoding is CPU-bound: more processes only cost memory
         raise ValueError(f"--workers {a.workers} must be within 1..{most} (4 per core)")
