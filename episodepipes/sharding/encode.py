@@ -35,6 +35,8 @@ class EncodeOptions:
             The index records codec and GOP per video camera.
         gop: h264/av1: frames per keyframe (a frame decodes from its GOP's keyframe on).
         crf: h264/av1: quality, lower is better (`episodepipes.codec.CodecOptions`); None for the codec's default.
+        fast_decode: h264 only: x264's fastdecode tune (`episodepipes.codec.CodecOptions.fast_decode`), cheaper
+            to decode for a few more bytes.
         resize: ``(H, W)`` every frame is resized to before encoding, or None to keep the source size. The
             size before resizing is kept in the index (``source_height``/``source_width``), so pixel labels
             can be rescaled.
@@ -45,6 +47,7 @@ class EncodeOptions:
     codec: str = "jpeg"
     gop: int = 2
     crf: int | None = None
+    fast_decode: bool = False
 
 
 @dataclass
@@ -82,7 +85,8 @@ def _sized(frame: np.ndarray, opts: EncodeOptions, where: str, *, bgr: bool) -> 
 def _packets(frames: list[np.ndarray], opts: EncodeOptions, where: str) -> Packets:
     """One camera's frames as one packet per frame, a keyframe every ``opts.gop`` frames exactly."""
     try:
-        p = encode_frames(frames, CodecOptions(codec=opts.codec, gop=opts.gop, crf=opts.crf))
+        p = encode_frames(frames, CodecOptions(codec=opts.codec, gop=opts.gop, crf=opts.crf,
+                                                  fast_decode=opts.fast_decode))
     except ValueError as e:
         raise EpisodeError(f"{where}: {e}") from None
     if p.extradata or len(p.data) != len(frames) or np.any(p.key != np.arange(len(frames)) // opts.gop * opts.gop):

@@ -72,6 +72,9 @@ class WriteOptions:
             source codec and GOP, and leaves ``gop``/``crf`` out (they do not apply), and ``resize`` must be None.
         gop: h264/av1: frames per keyframe.
         crf: h264/av1: quality, lower is better; None for the codec's default.
+        fast_decode: h264 only: x264's fastdecode tune (CAVLC, no deblocking), cheaper to decode for a few more
+            bytes; what sparse reads and training windows want. Recorded in the options only when True, so
+            indexes written without it stay as they were.
     """
 
     format: str
@@ -85,11 +88,19 @@ class WriteOptions:
     codec: str = "jpeg"
     gop: int = 2
     crf: int | None = None
+    fast_decode: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fast_decode and self.codec != "h264":
+            raise ValueError(f"fast_decode=True applies to codec='h264' only, not codec={self.codec!r}; "
+                             "drop it, or use codec='h264'")
 
     def to_dict(self) -> dict:
         """The options as the index's ``options`` record them (JSON lists, ``skip_bad`` left out)."""
         d = asdict(self)
         del d["skip_bad"]
+        if not self.fast_decode:  # indexes written without it stay byte-identical to before the option
+            del d["fast_decode"]
         if self.codec == "jpeg":  # JPEG indexes stay as they were before video codecs
             del d["codec"], d["gop"], d["crf"]
         elif self.codec == "copy":  # the source decides each camera's GOP, and nothing is encoded
@@ -269,7 +280,7 @@ class _Run:
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
         enc_opts = EncodeOptions(jpeg_quality=opts.jpeg_quality, resize=opts.resize, codec=opts.codec, gop=opts.gop,
-                                 crf=opts.crf)
+                                 crf=opts.crf, fast_decode=opts.fast_decode)
         spool = target / "_spool"
         shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
         if workers > 1:
