@@ -1,3 +1,5 @@
+import threading
+
 import av
 import numpy as np
 import pytest
@@ -144,3 +146,41 @@ def test_a_pass_reuses_the_decoder_of_a_finished_gop_and_decodes_each_packet_onc
     for t in [0, 4, 1, 5]:  # an unfinished GOP's decoder is not taken for another GOP while there is room
         assert np.array_equal(pool.frame(*_gop(stream, t), out=out), seq[t])
     assert len(pool._all) == 2 and pool.decoded == 4
+
+
+class _Held(list):
+    """Packets whose first read blocks until ``go`` is set (``entered`` says it is there): holds a decode midway."""
+
+    def __init__(self, packets):
+        super().__init__(packets)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def __getitem__(self, i):
+        self.entered.set()
+        assert self.go.wait(10)
+        return super().__getitem__(i)
+
+
+def test_a_frame_of_a_gop_whose_decoder_moved_on_waits_for_it_and_decodes_nothing_again(stream):
+    """Two threads: one's frame 3 of GOP 0 (its last) frees the decoder, which it takes for GOP 1 while the
+    other thread still wants frame 2 of GOP 0: that frame comes from the decoder's kept GOP, not a new decode."""
+    from episodepipes.codec.pool import DecoderPool
+
+    seq = _sequential(stream)
+    pool = DecoderPool(stream.codec, stream.extradata, size=(64, 96))
+    for t in (0, 1, 3):
+        k, packets, i = _gop(stream, t)
+        pool.frame(k, packets, i, last=i == 3)
+    k, packets, i = _gop(stream, 4)
+    held, got = _Held(packets), {}
+    a = threading.Thread(target=lambda: got.update(a=pool.frame(k, held, i)))
+    a.start()
+    assert held.entered.wait(10)  # thread a decodes GOP 1 on GOP 0's decoder
+    b = threading.Thread(target=lambda: got.update(b=pool.frame(*_gop(stream, 2))))
+    b.start()
+    b.join(0.3)
+    held.go.set()
+    a.join(10)
+    b.join(10)
+    assert np.array_equal(got["a"], seq[4]) and np.array_equal(got["b"], seq[2])
+    assert pool.decoded == 5 and len(pool._all) == 1

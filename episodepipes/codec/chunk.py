@@ -46,14 +46,16 @@ def parse_record(data: bytes | memoryview, cameras: int, arrays: int, *, where: 
     blobs = unpack(data, where=where)
     if not blobs or len(blobs[0]) != 4 * cameras:
         raise ValueError(f"{where}: its head does not describe {cameras} cameras; the shard is damaged")
-    head = np.frombuffer(blobs[0], "<u2").reshape(cameras, 2).astype(np.int64)
-    counts = head[:, 1]
-    if (counts < 1).any() or 1 + int(counts.sum()) + arrays != len(blobs):
+    head = struct.unpack_from(f"<{2 * cameras}H", blobs[0])  # per record, so plain struct, not numpy's per-call cost
+    backs, counts = head[::2], head[1::2]
+    if min(counts, default=1) < 1 or 1 + sum(counts) + arrays != len(blobs):
         raise ValueError(f"{where}: its head's packet counts do not match its {len(blobs)} entries; the shard "
                          "is damaged")
-    ends = 1 + np.cumsum(counts)
-    cams = tuple(tuple(blobs[int(a):int(b)]) for a, b in zip(ends - counts, ends))
-    return Record(tuple(head[:, 0].tolist()), cams, tuple(blobs[int(ends[-1]) if cameras else 1:]))
+    cams, at = [], 1
+    for k in counts:
+        cams.append(tuple(blobs[at:at + k]))
+        at += k
+    return Record(backs, tuple(cams), tuple(blobs[at:]))
 
 
 def cuts(backs: np.ndarray, sizes: Sequence[int], *, frames: int = CHUNK_FRAMES,

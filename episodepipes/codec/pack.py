@@ -52,11 +52,16 @@ def unpack(data: bytes, *, where: str = "pack") -> list[memoryview]:
     head = _header_size(n)
     if n > MAX_ENTRIES or head > len(view):
         raise ValueError(f"{where}: its table claims {n} entries, more than its {len(view)} bytes hold; re-shard it")
-    ends = np.frombuffer(view[8:head], "<u4").astype(np.int64)
-    if np.any(np.diff(ends) < 0) or (n and ends[-1] != len(view) - head) or (not n and len(view) != head):
+    out, prev = [], head  # a loop over the table: a record holds a few blobs, where numpy's per-call cost rules
+    for end in struct.unpack_from(f"<{n}I", view, 8):
+        end += head
+        if end < prev:
+            break
+        out.append(view[prev:end])
+        prev = end
+    if len(out) != n or prev != len(view):
         raise ValueError(f"{where}: its offset table does not match its {len(view)} bytes; the shard is damaged")
-    starts = np.concatenate([[0], ends[:-1]]) + head
-    return [view[s:e] for s, e in zip(starts, ends + head)]
+    return out
 
 
 def pack_arrays(arrays: Mapping[str, np.ndarray]) -> bytes:

@@ -66,7 +66,10 @@ class DecoderPool:
     def _take(self, gop: Hashable) -> PacketDecoder:
         with self._cond:
             while True:
-                if gop not in self._busy.values():
+                # a busy decoder may hold the GOP while it decodes another (it took a done GOP's decoder, and a
+                # thread still wants an earlier frame of that GOP): wait for it rather than decode the GOP again
+                held = any(id(d) in self._busy and d.holds(gop) for d in self._all)
+                if gop not in self._busy.values() and not held:
                     dec = next((d for d in reversed(self._idle) if d.holds(gop)), None)
                     if dec is None:
                         dec = next((d for d in reversed(self._idle) if id(d) in self._done), None)

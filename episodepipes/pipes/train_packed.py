@@ -26,6 +26,7 @@ from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.train import TrainReader
 from episodepipes.pipes.videoframes import (
+    Gop,
     VideoFrames,
     array_members,
     key_frame,
@@ -158,7 +159,7 @@ class TrainFrames:
 
     def decode(self, camera: str, data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
                out: np.ndarray | None = None) -> np.ndarray | None:
-        if camera not in self.cameras or bytes(data[:len(MAGIC)]) != MAGIC:
+        if camera not in self.cameras or not isinstance(data, Gop) and bytes(data[:len(MAGIC)]) != MAGIC:
             return decode_jpeg(data, src=src, size=size, out=out)
         return VideoFrames(self.cameras).decode(camera, data, src=src, size=size, out=out)
 

@@ -93,17 +93,17 @@ def parse_packed(index: EpisodeIndex, episode: str, frame: int, data: bytes | me
 
 
 def packed_members(index: EpisodeIndex, episode: str, frame: int,
-                   record: Callable[[int], Record | None]) -> tuple[dict[str, bytes], str | None]:
+                   record: Callable[[int], Record | None]) -> tuple[dict[str, bytes | Gop], str | None]:
     """(members, why damaged) of a packed frame, from ``record(f)`` of it and the earlier frames its GOPs need.
 
-    The members are what the members layout holds (``<camera>.jpg``, the packed GOP as ``<camera>.<codec>``,
-    ``<array>.npy``, ``json``), so the decode stage reads both layouts alike.
+    The members are what the members layout holds (``<camera>.jpg``, the GOP as ``<camera>.<codec>``, a `Gop`
+    rather than its packed bytes, ``<array>.npy``, ``json``), so the decode stage reads both layouts alike.
     """
     rec = record(frame)
     if rec is None:
         return {}, "crc32 mismatch or not a packed record"
     ep = index.episode(episode)
-    out: dict[str, bytes] = {}
+    out: dict[str, bytes | Gop] = {}
     for c, name in enumerate(sorted(ep.cameras)):
         cam = ep.cameras[name]
         if cam.codec == "jpeg":
@@ -119,13 +119,31 @@ def packed_members(index: EpisodeIndex, episode: str, frame: int,
             packets += got.cameras[c]
         shard, start, _ = ep.frame_range(key)  # the GOP by content: its keyframe's shard (sha256) and offset
         gid = f"{index.shards[shard].sha256}:{start}".encode()
-        out[f"{name}.{cam.codec}"] = pack([gid, cam.extradata, *packets, *rec.cameras[c]])
+        out[f"{name}.{cam.codec}"] = Gop(gid, cam.extradata, (*packets, *rec.cameras[c]))
     arrays, why = array_members(index, episode, rec)
     if why is not None:
         return {}, why
     out.update(arrays)
     out["json"] = frame_json(episode, frame, ep.fps)
     return out, None
+
+
+class Gop:
+    """A video camera's member as `packed_members` hands it on: the GOP's id, its stream's extradata and the
+    packets from its keyframe to the frame, as views of the records read, not packed into new bytes (frame t
+    of a GOP would copy the t packets before it, every frame); it pickles as bytes, for decode processes."""
+
+    __slots__ = ("gid", "extradata", "packets")
+
+    def __init__(self, gid: bytes, extradata: bytes, packets: tuple[bytes | memoryview, ...]) -> None:
+        self.gid, self.extradata, self.packets = gid, extradata, packets
+
+    def __reduce__(self) -> tuple:
+        return Gop, (bytes(self.gid), bytes(self.extradata), tuple(bytes(p) for p in self.packets))
+
+    def __bytes__(self) -> bytes:
+        """The member the members layout's `attach_gop` makes of the same packets."""
+        return pack([self.gid, self.extradata, *self.packets])
 
 
 def array_members(index: EpisodeIndex, episode: str, rec: Record) -> tuple[dict[str, bytes], str | None]:
@@ -159,15 +177,18 @@ class VideoFrames:
         v = self.cameras.get(camera)
         return f"{camera}.jpg" if v is None else f"{camera}.{v[0]}"
 
-    def decode(self, camera: str, data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
+    def decode(self, camera: str, data: bytes | Gop, *, src: tuple[int, int], size: tuple[int, int] | None = None,
                out: np.ndarray | None = None) -> np.ndarray | None:
         v = self.cameras.get(camera)
         if v is None:
             return decode_jpeg(data, src=src, size=size, out=out)
-        try:
-            gid, extradata, *packets = unpack(data, where=f"camera {camera!r}")
-        except ValueError:
-            return None
+        if isinstance(data, Gop):
+            gid, extradata, packets = data.gid, data.extradata, data.packets
+        else:
+            try:
+                gid, extradata, *packets = unpack(data, where=f"camera {camera!r}")
+            except ValueError:
+                return None
         if not packets or len(packets) > v[1]:
             return None
         want = tuple(size or src)
