@@ -23,12 +23,16 @@ Bytes are the response bodies that crossed the proxy, against the frames' own by
 moto and the proxies run in a child process, so their CPU is not the client's (on a 2-core machine they
 still compete for it). ``server GETs/s`` is what that server sustains for single-frame GETs (64 in flight):
 a train pass needs one GET per frame, so its remote frames/s cannot exceed it, whatever the client does.
+The CPU columns split the cost: this process's CPU per frame on each side (what the pipe itself spends), and
+the server's CPU per s3 pass, which on this 2-core machine is taken from the pipe's cores, as a real object
+store's is not.
 Run: ``python scripts/bench.py remote [--quick]``.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import sys
 import threading
@@ -47,24 +51,38 @@ def _count(pipe: object) -> int:
     return sum(len(b["episode"]) for b in pipe)  # type: ignore[attr-defined]
 
 
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of process ``pid`` so far, from /proc (Linux; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _paired(local: Callable[[], int], remote: Callable[[], int], repeat: int,
-            stats: Callable[[], tuple[int, int]]) -> dict:
-    """``repeat`` (local, remote) pairs: frames/s of each, the ratio per pair, GETs and bytes of one remote run."""
-    pairs, gets, body = [], 0, 0
+            stats: Callable[[], tuple[int, int]], server: Callable[[], float]) -> dict:
+    """``repeat`` (local, remote) pairs: frames/s of each, the ratio per pair, GETs and bytes of one remote run,
+    and CPU: this process's per frame on each side, and the S3 server's (moto and the proxies) per remote pass."""
+    pairs, gets, body, cpu = [], 0, 0, []
     for _ in range(repeat):
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         n = local()
-        t_local = time.perf_counter() - t
+        t_local, c_local = time.perf_counter() - t, time.process_time() - c
         stats()  # reset the proxy's counters
-        t = time.perf_counter()
+        srv, c, t = server(), time.process_time(), time.perf_counter()
         m = remote()
-        t_remote = time.perf_counter() - t
+        t_remote, c_remote, srv = time.perf_counter() - t, time.process_time() - c, server() - srv
         gets, body = stats()
         pairs.append((n / t_local, m / t_remote))
+        cpu.append((c_local / n, c_remote / m, srv))
     ratios = [r / lo for lo, r in pairs]
     return {"local_fps": statistics.median(p[0] for p in pairs), "remote_fps": statistics.median(p[1] for p in pairs),
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "gets": gets, "body": body, "frames": m}
+            "gets": gets, "body": body, "frames": m,
+            "cpu_local": statistics.median(x[0] for x in cpu), "cpu_remote": statistics.median(x[1] for x in cpu),
+            "server_cpu": statistics.median(x[2] for x in cpu)}
 
 
 def _own_bytes(index: object, items: list[tuple[str, int]]) -> int:
@@ -205,23 +223,28 @@ def run(workdir: Path, quick: bool) -> dict:
                 lo, re = make(local), make(remote)
                 re()  # warm: connections, the first GETs
                 pairs = min(repeat, 3) if name == "train" else repeat
-                res = _paired(lo, re, pairs, stats)
+                res = _paired(lo, re, pairs, stats, lambda: _cpu_of(servers.pid))
                 ms = round(latency * 1000)
                 bytes_ratio = res["body"] / own[name]
                 table.append([f"{ms} ms", name, res["frames"], f"{res['local_fps']:,.0f}", f"{res['remote_fps']:,.0f}",
                               f"{res['ratio']:.2f} ({res['ratio_min']:.2f}-{res['ratio_max']:.2f})",
                               f"{bytes_ratio:.3f}x", res["gets"],
-                              f"{mix[name]:.1f}" if name in mix else ""])
+                              f"{mix[name]:.1f}" if name in mix else "",
+                              f"{res['cpu_local'] * 1e3:.2f} / {res['cpu_remote'] * 1e3:.2f}",
+                              f"{res['server_cpu']:.2f}"])
                 rows.append({"metric": f"{name} frames/s at {ms} ms per request, s3 vs local",
                              "ours": res["remote_fps"], "baseline": res["local_fps"], "ceiling": None,
                              "unit": "frames/s", "note": f"ratio per pair {res['ratio_min']:.2f}-{res['ratio_max']:.2f}"
-                             f" over {pairs} pairs; bytes {bytes_ratio:.3f}x the frames' own; {res['gets']} GETs"})
+                             f" over {pairs} pairs; bytes {bytes_ratio:.3f}x the frames' own; {res['gets']} GETs; "
+                             f"client CPU {res['cpu_local'] * 1e3:.2f} ms/frame local, "
+                             f"{res['cpu_remote'] * 1e3:.2f} s3; the S3 server (moto + proxies, same 2 cores) "
+                             f"{res['server_cpu']:.2f} CPU s per s3 pass"})
             if i == 0:
                 ms = round(latency * 1000)
                 for label, cache in (("block shuffle, rank 0 of 2", None),
                                      ("block shuffle, 2 ranks, one cache_dir", Path(workdir) / "cache-ranks")):
                     ratio = _rank_bytes("s3://bench/ds", stats, own["train"], cache)
-                    table.append([f"{ms} ms", label, "", "", "", "", f"{ratio:.3f}x", "", ""])
+                    table.append([f"{ms} ms", label, "", "", "", "", f"{ratio:.3f}x", "", "", "", ""])
                     rows.append({"metric": f"{label}: bytes per rank against its own frames' at {ms} ms",
                                  "ours": ratio, "baseline": 1.0, "ceiling": None, "unit": "x",
                                  "note": "every rank reads whole blocks of the same windows"})
@@ -235,7 +258,9 @@ def run(workdir: Path, quick: bool) -> dict:
                                  f"{repeat} paired runs (3 for train, bounded by the server's GETs/s; the block "
                                  "shuffle with whole shards at the first latency only)",
                         "columns": ["latency", "pipe", "frames", "local frames/s", "s3 frames/s", "ratio",
-                                    "bytes / own", "GETs", "episodes / batch"], "rows": table}]}
+                                    "bytes / own", "GETs", "episodes / batch",
+                                    "client CPU ms/frame (local / s3)", "server CPU s per s3 pass"],
+                        "rows": table}]}
 
 
 if __name__ == "__main__":

@@ -338,6 +338,11 @@ class ServerProcess:
     def reset(self, i: int) -> None:
         self._ask("reset", i)
 
+    @property
+    def pid(self) -> int:
+        """The server process's id: the remote benchmark reads its CPU time."""
+        return self._proc.pid  # type: ignore[return-value]
+
     def stats(self, i: int) -> tuple[int, int]:
         """(GET requests, body bytes) through proxy ``i`` since its last reset."""
         return self._ask("stats", i)  # type: ignore[return-value]
