@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 from episodepipes.sharding.encode import EncodeOptions, encode_episode
@@ -161,3 +162,20 @@ def write_mp4(path: Path, frames: list, encoder: str, options: dict) -> None:
             f.pts = i
             out.mux(s.encode(f))
         out.mux(s.encode())
+
+
+# --- what an attacker puts in place of a regular file (hostile-input tests) ------------------------------------
+
+def put_fifo(p):
+    """A FIFO at ``p``: opening it for reading would wait for a writer forever."""
+    os.mkfifo(p)
+
+
+def put_dev_zero(p):
+    """A link to /dev/zero at ``p``: a file that never ends."""
+    p.symlink_to("/dev/zero")
+
+
+def put_folder(p):
+    """A folder at ``p``."""
+    p.mkdir()

@@ -8,7 +8,7 @@ import shutil
 import threading
 
 import pytest
-from helpers import make_shards
+from helpers import make_shards, put_dev_zero, put_fifo, put_folder
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, train_pipe, video_pipe
@@ -28,16 +28,7 @@ def copy(good, tmp_path):
     return shutil.copytree(good, tmp_path / "s")
 
 
-def _fifo(p):
-    os.mkfifo(p)
-
-
-def _dev_zero(p):
-    p.symlink_to("/dev/zero")
-
-
-def _folder(p):
-    p.mkdir()
+_fifo, _dev_zero, _folder = put_fifo, put_dev_zero, put_folder
 
 
 def _within(fn, fifo):

@@ -5,11 +5,11 @@ refused in one line naming the file and the fix (the CLI: exit 2), never a hang,
 and never a finished write with silently wrong episodes or statistics."""
 
 import json
-import os
 import shutil
 
 import numpy as np
 import pytest
+from helpers import put_dev_zero, put_fifo, put_folder
 
 from episodepipes import statsfile
 from episodepipes.format import npy_bytes
@@ -55,16 +55,7 @@ def _cli_fails(args, capsys, *needles):
 
 # --- the side file: what stands in its place -------------------------------------------------------------------
 
-def _fifo(p):
-    os.mkfifo(p)
-
-
-def _dev_zero(p):
-    p.symlink_to("/dev/zero")
-
-
-def _folder(p):
-    p.mkdir()
+_fifo, _dev_zero, _folder = put_fifo, put_dev_zero, put_folder
 
 
 def _sparse(p):
