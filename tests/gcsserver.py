@@ -18,7 +18,6 @@ import os
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +25,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import quote
 
-from s3server import _Server
+from s3server import Served
 
 START_TIMEOUT = 15.0  # seconds for the emulator to answer after starting
 REQUEST_TIMEOUT = 10.0
@@ -122,7 +121,7 @@ class FakeGCS:
         self._log.close()
 
 
-class SignedPutShim:
+class SignedPutShim(Served):
     """Forwards to fake-gcs-server, turning an XML-API PUT into the signed-URL upload the emulator has.
 
     The emulator stores the body of ``PUT /bucket/object?X-Goog-Algorithm=...`` as that object (its
@@ -138,15 +137,8 @@ class SignedPutShim:
             up = (host, int(port))
             seen = self.authorization
 
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self._serve(Handler)
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(10)
 
 
 class _Shim(BaseHTTPRequestHandler):

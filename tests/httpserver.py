@@ -15,12 +15,12 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from s3server import _Server
+from s3server import Served
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
-class RangeServer:
+class RangeServer(Served):
     """Serves the folder tree ``root`` over HTTP/1.1 on 127.0.0.1, a free port, in a thread.
 
     ``requests`` lists ``(method, path, Range header)`` of every request; ``body_bytes`` sums the bodies sent.
@@ -36,10 +36,7 @@ class RangeServer:
         class Handler(_Handler):
             server_of = owner
 
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self._serve(Handler)
 
     def reset(self) -> None:
         with self._lock:
@@ -56,10 +53,6 @@ class RangeServer:
         with self._lock:
             self.body_bytes += n
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(10)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -78,11 +78,26 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # the default 5 drops SYNs when a client opens dozens of connections at once
 
+
+class Served:
+    """A `_Server` on a free 127.0.0.1 port, answering in a thread: the test servers' and proxies' shared start/stop."""
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._httpd = _Server(("127.0.0.1", 0), handler)
+        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(10)
+
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # a client that timed out and hung up is part of the tests, not a server fault
 
 
-class FaultProxy:
+class FaultProxy(Served):
     """A forwarding HTTP/1.1 proxy in front of ``upstream`` that injects `Faults` and counts traffic.
 
     ``requests`` lists ``(method, path, Range header)`` of every request received; ``body_bytes`` sums the
@@ -105,10 +120,7 @@ class FaultProxy:
             up_host, up_port = m.group(1), int(m.group(2))
             owner = proxy
 
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self._serve(Handler)
 
     def reset(self, faults: Faults | None = None) -> None:
         """Clear the counters and set new faults (none by default)."""
@@ -145,10 +157,6 @@ class FaultProxy:
         with self._lock:
             self.body_bytes += n
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
 
 
 class _Forward(BaseHTTPRequestHandler):
@@ -234,7 +242,7 @@ class _Forward(BaseHTTPRequestHandler):
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
 
 
-class RangeHTTPServer:
+class RangeHTTPServer(Served):
     """Serves the files of one folder over plain HTTP with ``Range: bytes=a-b`` support (GET and HEAD)."""
 
     def __init__(self, root: Path) -> None:
@@ -245,15 +253,8 @@ class RangeHTTPServer:
 
         self.requests: list[str] = []
         Handler.log = self.requests
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self._serve(Handler)
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
 
 
 class _Ranged(BaseHTTPRequestHandler):
