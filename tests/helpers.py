@@ -164,6 +164,29 @@ def write_mp4(path: Path, frames: list, encoder: str, options: dict) -> None:
         out.mux(s.encode())
 
 
+def decode_rgb(path: Path) -> list:
+    """Every frame of ``path``'s first video stream as PyAV decodes it (rgb24): what a copy must give back."""
+    import av
+
+    with av.open(str(path)) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+def raw_mp4_source(src: Path, synth: SyntheticReader) -> tuple[Path, dict]:
+    """A raw source whose cameras ``front`` and ``wrist`` are one h264 and one AV1 mp4 per episode (GOP 4, no
+    B-frames), and each frame as PyAV decodes it, keyed ``(episode, step, camera)``."""
+    write_raw(src, synth)  # PNG folders, replaced below by the mp4s
+    want = {}
+    for eid in synth.episode_ids():
+        for cam, encoder, options in (("front", "libx264", {"g": "4", "bf": "0"}), ("wrist", "libsvtav1", {"g": "4"})):
+            for png in (src / eid / cam).iterdir():
+                png.unlink()
+            (src / eid / cam).rmdir()
+            write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
+            want.update({(eid, t, cam): f for t, f in enumerate(decode_rgb(src / eid / f"{cam}.mp4"))})
+    return src, want
+
+
 # --- what an attacker puts in place of a regular file (hostile-input tests) ------------------------------------
 
 def put_fifo(p):

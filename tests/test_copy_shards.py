@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 
-import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import write_mp4, write_raw
+from helpers import decode_rgb, raw_mp4_source
 
 from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, make_lerobot
 from episodepipes.index import EpisodeIndex
@@ -18,11 +17,6 @@ from episodepipes.sharding.cli import main
 from episodepipes.sharding.synthetic import SyntheticReader
 
 LENGTHS = (9, 7, 11)  # at GOP 4 in one shared mp4, episodes 1 and 2 start mid-GOP (frames 9 and 16)
-
-
-def _direct(path):
-    with av.open(str(path)) as c:
-        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
 
 
 def _write(src, out, *args):
@@ -63,7 +57,7 @@ def test_lerobot_v3_with_episodes_sharing_an_mp4_copies_frame_exact(tmp_path, en
     meta = pq.read_table(tmp_path / "lr/meta/episodes/chunk-000/file-000.parquet").to_pylist()
     want = {}
     for key, cam in zip(VIDEO_KEYS, cams):
-        frames = _direct(next((tmp_path / "lr/videos" / key).rglob("*.mp4")))
+        frames = decode_rgb(next((tmp_path / "lr/videos" / key).rglob("*.mp4")))
         assert len(frames) == sum(LENGTHS)
         for m, ep in zip(meta, index.episodes, strict=True):
             first = round(m[f"videos/{key}/from_timestamp"] * 10)  # the episode's range in the shared file
@@ -79,15 +73,7 @@ def test_lerobot_v3_with_episodes_sharing_an_mp4_copies_frame_exact(tmp_path, en
 
 def test_raw_mp4_episodes_copy_frame_exact(tmp_path):
     synth = SyntheticReader(num_episodes=3, length=10, height=48, width=64, cameras=("front", "wrist"))
-    src = write_raw(tmp_path / "src", synth)  # PNG folders, replaced below by one h264 and one AV1 mp4
-    want = {}
-    for eid in synth.episode_ids():
-        for cam, encoder, options in (("front", "libx264", {"g": "4", "bf": "0"}), ("wrist", "libsvtav1", {"g": "4"})):
-            for png in (src / eid / cam).iterdir():
-                png.unlink()
-            (src / eid / cam).rmdir()
-            write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
-            want.update({(eid, t, cam): f for t, f in enumerate(_direct(src / eid / f"{cam}.mp4"))})
+    src, want = raw_mp4_source(tmp_path / "src", synth)
     out = _write(src, tmp_path / "out")
     ep = EpisodeIndex.open(out).episode("ep0001")
     assert {c: (ep.cameras[c].codec, ep.cameras[c].gop) for c in ("front", "wrist")} == {"front": ("h264", 4),

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 
-import av
 import numpy as np
 import pytest
-from helpers import write_mp4, write_raw
+from helpers import raw_mp4_source, write_raw
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import Source, train_pipe, video_pipe, videoframes
@@ -207,16 +206,7 @@ def test_video_cameras_in_the_older_members_layout_are_refused_by_name(shards, t
 
 def test_copied_shards_give_pyav_s_own_decode_of_the_source_in_windows(tmp_path):
     synth = SyntheticReader(num_episodes=3, length=10, height=48, width=64, cameras=("front", "wrist"))
-    src = write_raw(tmp_path / "src", synth)  # PNG folders, replaced by one h264 and one AV1 mp4 per episode
-    want = {}
-    for eid in synth.episode_ids():
-        for cam, encoder, options in (("front", "libx264", {"g": "4", "bf": "0"}), ("wrist", "libsvtav1", {"g": "4"})):
-            for png in (src / eid / cam).iterdir():
-                png.unlink()
-            (src / eid / cam).rmdir()
-            write_mp4(src / eid / f"{cam}.mp4", list(synth.read(eid).cameras[cam]), encoder, options)
-            with av.open(str(src / eid / f"{cam}.mp4")) as c:
-                want.update({(eid, t, cam): f.to_ndarray(format="rgb24") for t, f in enumerate(c.decode(video=0))})
+    src, want = raw_mp4_source(tmp_path / "src", synth)
     out = tmp_path / "out"
     assert main(["write", str(src), str(out), "--codec", "copy", "--workers", "1", "--shard-size", "8kB"]) == 0
     pipe = train_pipe(out, batch_size=2, seed=0, num_workers=2, history={"front": 3})
