@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from episodepipes.codec.pack import MAGIC, pack, unpack
+from episodepipes.codec.pack import MAGIC, MAX_ENTRIES, pack, unpack
 from episodepipes.format import MAX_BACK, tar_header
 
 EXT = "epk"  # the member name's field
@@ -92,13 +92,18 @@ class Spans:
 
 
 def spans(data: bytes | memoryview, *, where: str) -> Spans:
-    """Walk the chunk members of one episode's packed bytes (from its frame 0) and locate every record."""
+    """Walk the chunk members of one episode's packed bytes (from its frame 0) and locate every record.
+
+    Every chunk's tar header and pack table, and every record's own pack table and head, are checked; the records'
+    checks run over all of them at once (numpy), since a Python loop per record cost the single writer more than
+    hashing and writing the episode.
+    """
     view = memoryview(data)
+    arr = np.frombuffer(view, np.uint8)
+    starts: list[np.ndarray] = []  # per chunk: its records' first bytes within ``data``, and one past the last
     heads: list[int] = []
-    sizes: list[int] = []
     spans_: list[int] = []
     ends: list[bool] = []
-    keys: list[int] = []
     pos = 0
     while pos < len(view):
         start = pos
@@ -111,24 +116,83 @@ def spans(data: bytes | memoryview, *, where: str) -> Spans:
         member = view[pos:pos + info.size]
         if len(member) != info.size or bytes(member[:4]) != MAGIC:
             raise ValueError(f"{where}: byte {start} starts no packed chunk; re-shard it")
-        recs = unpack(member, where=f"{where} chunk at byte {start}")
-        if not recs:
+        table = _table(member, f"{where} chunk at byte {start}")
+        if len(table) < 2:
             raise ValueError(f"{where}: the chunk at byte {start} holds no frames; re-shard it")
-        head = pos - start + 8 + 4 * len(recs)
-        for k, r in enumerate(recs):
-            t = len(sizes)
-            cams = unpack(r, where=f"{where} frame {t}")[0]
-            back = max(np.frombuffer(cams, "<u2")[::2].tolist(), default=0) if len(cams) % 4 == 0 else MAX_BACK
-            if back > k:
-                raise ValueError(f"{where} frame {t}: its decode starts before its chunk; re-shard it")
-            heads.append(head if k == 0 else 0)
-            sizes.append(len(r))
-            spans_.append(heads[-1] + len(r))
-            ends.append(k == len(recs) - 1)
-            keys.append(t - back)
+        starts.append(pos + table)
+        n, head = len(table) - 1, pos - start + 8 + 4 * (len(table) - 1)
+        sizes = np.diff(table)
         pos += -(-info.size // 512) * 512
-        spans_[-1] += (pos - start) - sum(spans_[-len(recs):])
-    return Spans(heads, sizes, spans_, ends, keys)
+        share = sizes.tolist()
+        share[0] += head
+        share[-1] += (pos - start) - head - int(table[-1] - table[0])
+        heads += [head] + [0] * (n - 1)
+        spans_ += share
+        ends += [False] * (n - 1) + [True]
+    if not starts:
+        return Spans([], [], [], [], [])
+    a = np.concatenate([s[:-1] for s in starts])
+    b = np.concatenate([s[1:] for s in starts])
+    k = np.concatenate([np.arange(len(s) - 1) for s in starts])  # each record's place in its chunk
+    back = _record_backs(arr, a, b, where)
+    t = np.arange(len(a))
+    late = np.flatnonzero(back > k)
+    if len(late):
+        raise ValueError(f"{where} frame {int(late[0])}: its decode starts before its chunk; re-shard it")
+    return Spans(heads, (b - a).tolist(), spans_, ends, (t - back).tolist())
+
+
+def _u4(arr: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian uint32 at each offset ``at`` of ``arr`` (every one in bounds), as int64."""
+    return arr[at[:, None] + np.arange(4)].copy().view("<u4").reshape(-1).astype(np.int64)
+
+
+def _table(member: memoryview, where: str) -> np.ndarray:
+    """A pack's blob bounds, relative to the member: its first blob's start, then each blob's end; as `unpack`
+    checks it (a table that claims more than the member holds, or ends that go back or miss its end, is refused)."""
+    (n,) = struct.unpack_from("<I", member, 4) if len(member) >= 8 else (-1,)
+    head = 8 + 4 * n
+    if n < 0 or n > MAX_ENTRIES or head > len(member):
+        raise ValueError(f"{where}: its table claims {n} entries, more than its {len(member)} bytes hold; re-shard it")
+    bounds = np.concatenate([[0], np.frombuffer(member, "<u4", n, 8).astype(np.int64)]) + head
+    if np.any(np.diff(bounds) < 0) or bounds[-1] != len(member):
+        raise ValueError(f"{where}: its offset table does not match its {len(member)} bytes; the shard is damaged")
+    return bounds
+
+
+def _record_backs(arr: np.ndarray, a: np.ndarray, b: np.ndarray, where: str) -> np.ndarray:
+    """Per record ``arr[a[i]:b[i]]``: checked as `parse_record`'s pack (magic, table), the most frames any camera's
+    decode starts before it (`MAX_BACK` if its head is not whole (back, count) pairs)."""
+    size = b - a
+
+    def refuse(bad: np.ndarray, what: str) -> None:
+        if bad.any():
+            t = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{where} frame {t}: {what.format(size=int(size[t]))}; the shard is damaged, re-shard it")
+
+    refuse(size < 8, f"not a packed member (no {MAGIC!r} header)")
+    refuse((arr[a[:, None] + np.arange(4)] != np.frombuffer(MAGIC, np.uint8)).any(axis=1),
+           f"not a packed member (no {MAGIC!r} header)")
+    n = _u4(arr, a + 4)
+    head = 8 + 4 * n
+    refuse((n < 1) | (n > MAX_ENTRIES) | (head > size), "its table claims more entries than its {size} bytes hold")
+    first = np.cumsum(n) - n  # each record's first entry in the flat tables
+    rec = np.repeat(np.arange(len(a)), n)
+    end = _u4(arr, a[rec] + 8 + 4 * (np.arange(len(rec)) - first[rec])) + head[rec]  # relative to the record
+    back_step = np.diff(end) < 0
+    back_step &= rec[1:] == rec[:-1]
+    refuse(np.bincount(rec[1:][back_step], minlength=len(a)) > 0, "its offset table does not match its {size} bytes")
+    refuse(end[first + n - 1] != size, "its offset table does not match its {size} bytes")
+    width = end[first] - head  # the head blob: (back, count) <u2 pairs, one per camera
+    whole = width % 4 == 0
+    cams = np.where(whole, width // 4, 0)
+    owner = np.repeat(np.arange(len(a)), cams)
+    at = (a + head)[owner] + 4 * (np.arange(len(owner)) - (np.cumsum(cams) - cams)[owner])
+    backs = (arr[at].astype(np.int64) | (arr[at + 1].astype(np.int64) << 8))
+    out = np.zeros(len(a), np.int64)
+    np.maximum.at(out, owner, backs)
+    out[~whole] = MAX_BACK
+    return out
 
 
 def _header(block: memoryview, where: str, pos: int) -> tarfile.TarInfo:

@@ -9,6 +9,7 @@ once its offset is known (`entry_ranges` gives the index those ranges at write t
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,11 +31,11 @@ def _header_size(n: int) -> int:
 
 def pack(blobs: Sequence[bytes]) -> bytes:
     """One member holding ``blobs`` in order."""
-    ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)
-    if len(blobs) > MAX_ENTRIES or (len(ends) and ends[-1] >= 1 << 32):
-        raise ValueError(f"{len(blobs)} blobs of {int(ends[-1]) if len(ends) else 0} bytes do not fit one pack "
+    ends = list(itertools.accumulate(len(b) for b in blobs))  # plain ints: a record packs a few blobs, where
+    if len(blobs) > MAX_ENTRIES or (ends and ends[-1] >= 1 << 32):  # numpy's per-call cost would rule
+        raise ValueError(f"{len(blobs)} blobs of {ends[-1] if ends else 0} bytes do not fit one pack "
                          f"(at most {MAX_ENTRIES} blobs and 4 GiB); use smaller chunks")
-    return b"".join([MAGIC, struct.pack("<I", len(blobs)), ends.astype("<u4").tobytes(), *blobs])
+    return b"".join([MAGIC, struct.pack(f"<I{len(ends)}I", len(ends), *ends), *blobs])
 
 
 def entry_ranges(sizes: Sequence[int]) -> list[tuple[int, int]]:
