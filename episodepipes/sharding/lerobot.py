@@ -23,13 +23,15 @@ import itertools
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from episodepipes.codec.copy import copy_timed
+from episodepipes.codec.copy import VideoSource
 from episodepipes.codec.stream import Packets
 from episodepipes.sharding import lerobot_meta as meta
 from episodepipes.sharding.encoders import decode_threads
@@ -56,6 +58,10 @@ class LeRobotReader:
     is ever opened, and ``tolerance_s`` must be a finite number of seconds > 0. ``copy``: give each video
     camera as `EpisodeData.packets` copied from its mp4, never decoded (``write --codec copy``); image features stay
     frames.
+
+    Copying keeps each camera's mp4 open (`VideoSource`) from one episode to the next and closes it after the last
+    episode that uses it, so reading the episodes of a v3 file in order opens and demuxes it once; ``video_counts``
+    tallies the files "opened" and packets "demuxed". `close` closes what is still open.
     """
 
     def __init__(self, root: str | Path, *, tolerance_s: float = DEFAULT_TOLERANCE_S, copy: bool = False) -> None:
@@ -89,6 +95,13 @@ class LeRobotReader:
         if skipped:
             log.info("%s: skipping non-numeric features %s", self.root, skipped)
         self.episodes = self._load_episodes()
+        self._last_use: dict[str, int] = {}  # video file -> the last episode (by index) that shows it
+        for i, ep in sorted(self.episodes.items()):
+            for rel, _, _ in ep.videos.values():
+                self._last_use[rel] = i
+        self._videos: dict[str, VideoSource] = {}  # camera -> the file its last copied episode came from, open
+        self._lock = threading.Lock()  # over `_videos`: a source is one demux position
+        self.video_counts: Counter = Counter()
 
     def __getstate__(self) -> dict:
         """Only the root travels to encoder processes, not the metadata of every episode."""
@@ -96,6 +109,12 @@ class LeRobotReader:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["root"], tolerance_s=state["tolerance_s"], copy=state["copy"])
+
+    def close(self) -> None:
+        """Close the video files copying keeps open (a later read opens them again)."""
+        with self._lock:
+            for key in list(self._videos):
+                self._videos.pop(key).close()
 
     def episode_ids(self) -> list[str]:
         return [f"episode_{i:06d}" for i in sorted(self.episodes)]
@@ -126,7 +145,14 @@ class LeRobotReader:
                                    "to_timestamp or the rows")
             path = self._file(rel, f"episode {episode_id!r} camera {key!r} video_path", EpisodeError)
             if self.copy:
-                packets[self.names[key]] = _copied(path, start, end, times, self.fps, self.tolerance_s, where)
+                _demuxer(path, where)
+                with self._lock:
+                    try:
+                        packets[self.names[key]] = _copied(lambda k=key, p=path: self._video(k, p), start, end,
+                                                           times, self.fps, self.tolerance_s, where)
+                    finally:  # after the file's last episode, or an error (the demux position is unknown then)
+                        if key in self._videos and (self._last_use[rel] <= ep.index or self.names[key] not in packets):
+                            self._videos.pop(key).close()
             else:
                 cameras[self.names[key]] = _video_frames(path, start, end, times, self.fps, self.tolerance_s, where)
             files[self.names[key]] = str(self.root / rel)
@@ -140,6 +166,15 @@ class LeRobotReader:
         return EpisodeData(id=episode_id, cameras=cameras, arrays=arrays, fps=self.fps, prompt="; ".join(tasks),
                            sources={v: k for k, v in self.names.items()}, files=files, extra=dict(self.extra),
                            packets=packets)
+
+    def _video(self, key: str, path: Path) -> VideoSource:
+        """Camera ``key``'s open file if it is ``path``, else ``path`` opened in its place."""
+        src = self._videos.get(key)
+        if src is None or src.path != path:
+            if src is not None:
+                self._videos.pop(key).close()
+            src = self._videos[key] = VideoSource(path, counts=self.video_counts)
+        return src
 
     def _file(self, rel: str, what: str, error: type[ValueError]) -> Path:
         """The resolved path of ``rel`` under the root; refused unless it is inside it (symlinks too)."""
@@ -389,23 +424,22 @@ def _demuxer(path: Path, where: str) -> str:
     return demuxer
 
 
-def _copied(path: Path, start: float, end: float | None, times: np.ndarray, fps: float, tol: float,
-            where: str) -> Packets:
+def _copied(source: Callable[[], VideoSource], start: float, end: float | None, times: np.ndarray, fps: float,
+            tol: float, where: str) -> Packets:
     """The packets of the frames the rows take (LeRobot's closest-frame rule, on demuxed timestamps), copied.
 
     Copying keeps whole frames only, so the rows must take consecutive frames, one each: a row that skips a
     frame or shares one with its neighbour (a dropped or doubled frame in the source) is refused. The times come
-    from the copy's own demux, so the file is opened once.
+    from the copy's own demux, so the file is read once. ``source`` gives the camera's open file.
     """
     import av
 
-    _demuxer(path, where)
     half = 0.5 / fps
     if not len(times):
         raise EpisodeError(f"{where}: the episode has no rows, so no frames to copy; remove it or pass --skip-bad")
     lo, hi = start + float(times.min()), start + float(times.max())
     try:
-        p, shown = copy_timed(path, start=lo, end=hi + 2 * half)  # its own half-frame slack keeps the frame at hi
+        p, shown = source().take(lo, hi + 2 * half)  # its own half-frame slack keeps the frame at hi
     except (av.FFmpegError, OSError, IndexError) as e:
         raise EpisodeError(f"{where}: cannot read the video ({type(e).__name__}: {e}); re-download it") from e
     except ValueError as e:  # copy_packets' refusals name the file and the fix
