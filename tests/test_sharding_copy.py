@@ -225,7 +225,7 @@ def _packet_count(path):
         return sum(1 for p in c.demux(c.streams.video[0]) if p.size)
 
 
-def test_lerobot_copy_opens_and_demuxes_each_shared_mp4_once(tmp_path):
+def test_lerobot_copy_opens_and_demuxes_each_shared_mp4_once_and_reads_each_parquet_once(tmp_path):
     lengths = (9, 7, 11, 8, 6, 10)  # at GOP 4, three episodes per file: most start mid-GOP
     make_lerobot(tmp_path, lengths=lengths, num_episodes=6, episodes_per_file=3, gop=4, image_feature=False)
     files = sorted(tmp_path.glob("videos/**/*.mp4"))
@@ -235,7 +235,8 @@ def test_lerobot_copy_opens_and_demuxes_each_shared_mp4_once(tmp_path):
     assert [len(p) for p in eps[ids[1]].values()] == [7, 7] and len(files) == 4  # 2 files x 2 cameras
     # every file opened once and each of its packets demuxed once, over the episodes it holds; closed after the last
     assert reader.video_counts == {"opened": 4, "demuxed": sum(map(_packet_count, files))}
-    assert reader._videos == {}
+    assert reader._videos == {} and reader._data is None
+    assert reader.data_reads == len(list(tmp_path.glob("data/**/*.parquet"))) == 2  # a parquet read per file too
     # out of order (backwards, and an episode again): each read seeks, and copies the very same packets
     again = LeRobotReader(tmp_path, copy=True)
     for eid in [*reversed(ids), ids[1], ids[1], ids[4]]:

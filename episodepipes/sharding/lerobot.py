@@ -99,6 +99,9 @@ class LeRobotReader:
         for i, ep in sorted(self.episodes.items()):
             for rel, _, _ in ep.videos.values():
                 self._last_use[rel] = i
+        self._last_data = {ep.data_file: i for i, ep in sorted(self.episodes.items())}
+        self._data = None  # (path, table) of the parquet file the last episode read came from, all its rows
+        self.data_reads = 0
         self._videos: dict[str, VideoSource] = {}  # camera -> the file its last copied episode came from, open
         self._lock = threading.Lock()  # over `_videos`: a source is one demux position
         self.video_counts: Counter = Counter()
@@ -181,19 +184,36 @@ class LeRobotReader:
         return meta.regular_file(meta.inside(self._real, rel, what, error), what, error)
 
     def _rows(self, episode_id: str, ep: Episode):  # noqa: ANN202 (pyarrow.Table, imported lazily)
+        """The episode's rows, sorted by frame_index. Its parquet file is read once for all the episodes it holds
+        (kept until its last one), not once per episode (``data_reads`` counts the reads)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         shown = self.root / ep.data_file
         path = self._file(ep.data_file, f"episode {episode_id!r} data_path", EpisodeError)
         if not path.is_file():
             raise EpisodeError(f"episode {episode_id!r}: parquet {shown} is missing; re-download the dataset's data/")
         where = f"episode {episode_id!r}: {shown}"
-        cols = ["timestamp", "frame_index", "episode_index", "task_index", *self.image_keys, *self.array_keys]
-        have = set(_parquet(path, where, EpisodeError, schema=True).names)
-        missing = [c for c in cols if c not in have and c != "task_index"]
-        if missing:
-            raise EpisodeError(f"{where} has no columns {missing}, which meta/info.json lists as features; the "
-                               "dataset is inconsistent, re-convert it")
-        table = _parquet(path, where, EpisodeError, columns=[c for c in cols if c in have],
-                         filters=[("episode_index", "=", ep.index)])
+        with self._lock:
+            held = self._data
+            if held is None or held[0] != path:
+                cols = ["timestamp", "frame_index", "episode_index", "task_index", *self.image_keys,
+                        *self.array_keys]
+                have = set(_parquet(path, where, EpisodeError, schema=True).names)
+                missing = [c for c in cols if c not in have and c != "task_index"]
+                if missing:
+                    raise EpisodeError(f"{where} has no columns {missing}, which meta/info.json lists as features; "
+                                       "the dataset is inconsistent, re-convert it")
+                held = self._data = (path, _parquet(path, where, EpisodeError, columns=[c for c in cols if c in have]))
+                self.data_reads += 1
+            if self._last_data[ep.data_file] <= ep.index:
+                self._data = None
+        table = held[1]
+        try:
+            table = table.filter(pc.equal(table.column("episode_index"), pa.scalar(ep.index, pa.int64())))
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise EpisodeError(f"{where}: cannot select the episode's rows by episode_index ({type(e).__name__}: "
+                               f"{e}); re-convert the dataset") from None
         return table.sort_by("frame_index")
 
     def _meta_files(self) -> list[Path]:
