@@ -15,7 +15,7 @@ from episodepipes.pipes import EpisodeIndex
 from episodepipes.sharding import cli
 from episodepipes.sharding.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
-from episodepipes.sharding.lerobot import LeRobotReader, _match
+from episodepipes.sharding.lerobot import LeRobotReader, _closest, _match
 from episodepipes.sharding.writer import ShardWriter
 
 ENCODERS = available_encoders()
@@ -123,6 +123,25 @@ def test_match_takes_the_closest_frame_within_tolerance():
     with pytest.raises(EpisodeError, match=r"w: row 1 \(timestamp 0.150000s"):
         list(_match(stream, np.array([0.0, 0.15]), 0.0, 1e-4, "w"))
 
+
+
+def _either(fn, *args):
+    try:
+        return [int(j) for j in fn(*args)]
+    except EpisodeError as e:
+        return str(e)
+
+
+def test_closest_takes_what_match_takes_for_every_query_at_once():
+    # the copy path's vectorised rule against the streaming one, on random times, ties, unsorted rows and misses
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        times = np.sort(np.round(rng.uniform(0, 1, rng.integers(0, 8)), int(rng.choice([1, 3]))))
+        rows = np.round(rng.uniform(-0.1, 1.1, rng.integers(1, 8)), int(rng.choice([1, 3])))
+        tol = float(rng.choice([1e-4, 0.05, 0.2, 2.0]))
+        items = [(float(t), j) for j, t in enumerate(times)]
+        want = _either(_match, items, rows, 0.3, tol, "w")
+        assert _either(_closest, times, rows, 0.3, tol, "w") == want, (times, rows, tol)
 
 # --- bad input: each error names the file or episode and the fix ----------------------------------------
 

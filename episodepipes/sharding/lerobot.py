@@ -465,8 +465,8 @@ def _copied(source: Callable[[], VideoSource], start: float, end: float | None, 
     except ValueError as e:  # copy_packets' refusals name the file and the fix
         raise EpisodeError(f"{where}: {e}") from None
     # candidates: the copied frames inside the episode's span (a leading packet may belong to the episode before)
-    span = [(float(t), j) for j, t in enumerate(shown) if t >= start - half and (end is None or t < end - half)]
-    taken = np.array(list(_match(span, start + times, start, tol, where)), np.int64)
+    span = np.flatnonzero((shown >= start - half) & (shown < (np.inf if end is None else end - half)))
+    taken = span[_closest(shown[span], start + times, start, tol, where)]
     if np.any(np.diff(taken) != 1) or len(p) != len(times) or taken[0] != p.lead:
         j = int(np.flatnonzero(np.diff(taken) != 1)[0]) + 1 if np.any(np.diff(taken) != 1) else 0
         raise EpisodeError(f"{where}: the rows do not take one frame each in order (row {j} takes the frame at "
@@ -533,9 +533,32 @@ def _match(frames: Iterable[tuple[float, object]], queries: np.ndarray, start: f
             prev, cur = cur, next(it, None)
         best = min((c for c in (prev, cur) if c is not None), key=lambda c: abs(c[0] - q), default=None)
         if best is None or abs(best[0] - q) >= tol:
-            near = "no frame at all" if best is None else f"the closest frame is at {best[0]:.6f}s"
-            raise EpisodeError(
-                f"{where}: row {i} (timestamp {q - start:.6f}s, {q:.6f}s in the file) has no frame within "
-                f"tolerance_s={tol}; {near}. The video is shorter than the episode or out of sync: re-encode it, "
-                f"{TOLERANCE_HINT}")
+            raise _no_frame(i, q, None if best is None else best[0], start, tol, where)
         yield best[1]
+
+
+def _closest(times: np.ndarray, queries: np.ndarray, start: float, tol: float, where: str) -> np.ndarray:
+    """`_match` over increasing item ``times`` for all queries at once: each query's item index (for copied
+    packets, whose times are known up front; `_match` streams decoded frames)."""
+    # `_match` only moves forward: its last item at or before a query is the one at or before the largest so far
+    after = np.searchsorted(times, np.maximum.accumulate(queries), side="right")
+    prev, cur = np.maximum(after - 1, 0), np.minimum(after, len(times) - 1)
+    if not len(times):
+        raise _no_frame(0, float(queries[0]), None, start, tol, where)
+    dp, dc = np.abs(times[prev] - queries), np.abs(times[cur] - queries)
+    dp[after == 0], dc[after == len(times)] = np.inf, np.inf
+    take_prev = dp <= dc  # a tie goes to the earlier frame, as min() over (prev, cur) gives it
+    best, dist = np.where(take_prev, prev, cur), np.where(take_prev, dp, dc)
+    far = np.flatnonzero(~(dist < tol))
+    if len(far):
+        i = int(far[0])
+        raise _no_frame(i, float(queries[i]), float(times[best[i]]), start, tol, where)
+    return best
+
+
+def _no_frame(i: int, q: float, best: float | None, start: float, tol: float, where: str) -> EpisodeError:
+    near = "no frame at all" if best is None else f"the closest frame is at {best:.6f}s"
+    return EpisodeError(
+        f"{where}: row {i} (timestamp {q - start:.6f}s, {q:.6f}s in the file) has no frame within "
+        f"tolerance_s={tol}; {near}. The video is shorter than the episode or out of sync: re-encode it, "
+        f"{TOLERANCE_HINT}")
