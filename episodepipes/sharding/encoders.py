@@ -11,10 +11,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ctypes
 import itertools
 import mmap
 import multiprocessing as mp
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from episodepipes.sharding.encode import EncodedEpisode, encode_episode
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.statsfields import episode_part
 
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 _IOV_MAX = 1024  # POSIX's minimum IOV_MAX is 16, but Linux, macOS and the BSDs take 1024
 _decode_threads = 0  # 0: the decoder's own choice (a thread per core); a worker gets its share of the cores
 
@@ -115,8 +119,23 @@ def samples(payload: tuple) -> Iterator[tuple]:
     os.unlink(data)
 
 
-def _init(threads: int, spawned: bool) -> None:
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this worker when its parent dies (Linux): a writer killed by a timeout or a scheduler
+    would otherwise leave its encoders running, or blocked on their task queue, holding the output pipes open."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl in this libc: the worker lives on, as on other systems
+        return
+    if os.getppid() != parent:  # the parent died before the call: no signal will come
+        os._exit(1)
+
+
+def _init(threads: int, spawned: bool, parent: int | None = None) -> None:
     global _decode_threads
+    if parent is not None:
+        _die_with(parent)
     _decode_threads = threads
     if spawned:
         cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool
@@ -176,7 +195,8 @@ def _pooled(tasks: list[tuple], workers: int) -> Iterator[tuple]:
     cv2.setNumThreads(1)
     try:
         pool = ctx.Pool(workers, initializer=_init,
-                        initargs=(max(1, (os.cpu_count() or 1) // workers), ctx.get_start_method() != "fork"))
+                        initargs=(max(1, (os.cpu_count() or 1) // workers), ctx.get_start_method() != "fork",
+                                  os.getpid()))
     finally:
         cv2.setNumThreads(threads)
     with pool:

@@ -1,0 +1,62 @@
+"""A writer killed mid-write (a test's timeout, a scheduler's SIGKILL) takes its encoder processes with it: they
+must not live on as orphans, stuck or spinning, holding the CPU and the output pipes of whoever started the write."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = """
+import os, sys, time
+from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.write import WriteOptions, write_shards
+
+class Stuck(SyntheticReader):
+    def read(self, episode_id):
+        with open(sys.argv[1], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        while True:  # an encoder that never finishes
+            time.sleep(0.05)
+
+write_shards(Stuck(num_episodes=4, length=3, height=16, width=16), sys.argv[2], WriteOptions(format="synthetic"),
+             workers=2)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, only not reaped yet
+    except FileNotFoundError:
+        return False
+
+
+def test_encoder_processes_die_with_a_killed_writer(tmp_path):
+    log = tmp_path / "workers.log"
+    parent = subprocess.Popen([sys.executable, "-c", SCRIPT, str(log), str(tmp_path / "out")], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.1)
+            workers = sorted({int(x) for x in log.read_text().split()}) if log.exists() else []
+        assert len(workers) == 2 and parent.poll() is None, (workers, parent.poll())
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in workers if _alive(p)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=30)
+        for pid in workers:  # only the processes this test started
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
