@@ -112,7 +112,7 @@ class InOrder(Generic[T]):
         n = len(self._pools)
         if n == 1:
             return 0
-        busy = [sum(k for f, k in sent if not f.done()) for sent in self._sent]
+        busy = [sum(k for f, k in self._running(i)) for i in range(n)]
         return min(range(n), key=lambda i: (busy[i], (i - self._last - 1) % n))
 
     def flush(self) -> None:
@@ -128,10 +128,14 @@ class InOrder(Generic[T]):
         else:
             fut = pool.submit(run_chunk, [(fn, args) for _, fn, args, _ in calls])
             self._tasks.extend(_Task(tag, fut, i, key, lane) for i, (tag, _, _, key) in enumerate(calls))
+        self._running(lane).append((fut, len(calls)))
+
+    def _running(self, lane: int) -> deque[tuple[Future, int]]:
+        """The lane's tasks not yet run (its one worker runs them in order: the done ones lead)."""
         sent = self._sent[lane]
         while sent and sent[0][0].done():
             sent.popleft()
-        sent.append((fut, len(calls)))
+        return sent
 
     def get(self) -> tuple[T, Any]:
         """The oldest call's (tag, result), waiting for it; flushes a partial chunk it would wait on."""
@@ -152,7 +156,7 @@ class InOrder(Generic[T]):
         never come (on one shared pool: no task is in flight at all)."""
         if len(self._pools) == 1:
             return not self._tasks
-        return all(f.done() for f, _ in self._sent[self._lane])
+        return not self._running(self._lane)
 
     def close(self) -> None:
         """Drop the calls in flight and stop the workers (threads joined, processes ended)."""
