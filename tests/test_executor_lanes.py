@@ -60,3 +60,22 @@ def test_reads_reach_past_the_limit_for_a_gop_per_lane_and_the_next_ones_first_c
         assert _fill(shared, calls, 8, 100) == 8
     finally:
         shared.close()
+
+
+def test_a_samples_gop_key_is_its_first_video_cameras_gop_id_in_either_layout():
+    from episodepipes.codec.pack import pack
+    from episodepipes.pipes.frames import JPEG
+    from episodepipes.pipes.plan import Item
+    from episodepipes.pipes.sample import RawSample, StepWindow
+    from episodepipes.pipes.videoframes import Gop, GopKeys, VideoFrames
+
+    keys = GopKeys.of(VideoFrames({"wrist": ("av1", 4), "front": ("h264", 16)}))
+    assert GopKeys.of(JPEG) is None and keys.longest == 16
+    item = Item("ep0", 5)
+    packed = RawSample(item, "s", {"front.h264": Gop(b"sha:100", b"", (b"k", b"p")), "wrist.av1": Gop(b"w", b"", ())})
+    members = RawSample(item, "s", {"front.h264": pack([b"sha:200", b"", b"k"]), "state.npy": b"\x93NUMPY"})
+    window = RawSample(item, "s", {}, windows={"front": StepWindow((2, 3), (False, False), {
+        2: Gop(b"sha:1", b"", (b"k",)), 3: Gop(b"sha:2", b"", (b"k", b"p"))})})
+    assert [keys(r) for r in (packed, members, window)] == [b"sha:100", b"sha:200", b"sha:2"]
+    assert keys(RawSample(item, "s", {}, damaged="crc32 mismatch")) is None
+    assert keys(RawSample(item, "s", {"front.h264": b"EPK1\xff"})) is None  # a damaged pack: the decode says so
