@@ -51,16 +51,17 @@ class DecoderPool:
         return sum(d.decoded for d in self._all)
 
     def frame(self, gop: Hashable, packets: Sequence[bytes], t: int, *,
-              out: np.ndarray | None = None, last: bool = False) -> np.ndarray | None:
+              out: np.ndarray | None = None, last: bool = False, tail: int | None = None) -> np.ndarray | None:
         """`PacketDecoder.frame` on the decoder that holds ``gop`` (or a free one), written into ``out`` when it
         fits, else into a new array: never the decoder's own, which goes to the next thread that takes it.
 
         ``last``: frame ``t`` is its GOP's last, so no later frame of the pass needs the decoder's state.
+        ``tail``: the frames a forward reader keeps (`PacketDecoder.frame`).
         """
         dec = self._take(gop)
         me = (gop, threading.get_ident())
         try:
-            return dec.frame(gop, packets, t, out=out)
+            return dec.frame(gop, packets, t, out=out, tail=tail)
         finally:
             with self._cond:
                 was = self._by.get(id(dec), me)

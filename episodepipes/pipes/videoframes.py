@@ -170,9 +170,13 @@ class VideoFrames:
 
     A video member is the packed GOP `attach_gop` or `packed_members` made; frames come back as uint8 RGB
     ``[3, H, W]``, decoded by the process's `DecoderPool` of the stream.
+
+    ``tail``: for pipes whose frames of a GOP come in frame order (video_pipe, metric_pipe), the frames kept
+    behind the one decoded (`PacketDecoder.frame`); None keeps a GOP's frames for later asks (train windows).
     """
 
     cameras: dict[str, tuple[str, int]] = field(default_factory=dict)
+    tail: int | None = None
 
     def field(self, camera: str) -> str:
         v = self.cameras.get(camera)
@@ -198,8 +202,8 @@ class VideoFrames:
         if out is None or out.shape != (3, *want):
             out = np.empty((3, *want), np.uint8)
         if want == tuple(src):
-            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out, last=last)
-        img = pool.frame(bytes(gid), packets, len(packets) - 1, last=last)
+            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out, last=last, tail=self.tail)
+        img = pool.frame(bytes(gid), packets, len(packets) - 1, last=last, tail=self.tail)
         if img is None:
             return None
         hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
