@@ -57,6 +57,20 @@ def test_consecutive_frames_never_decode_a_packet_twice(stream):
     assert d.decoded == 12
 
 
+def test_a_forward_reader_keeps_only_its_tail_and_an_earlier_frame_decodes_its_gop_again(stream):
+    from episodepipes.codec.decode import _GONE
+
+    seq = _sequential(stream)
+    d = PacketDecoder(stream.codec, stream.extradata, size=(64, 96))
+    for t in range(8):  # whole GOPs of 4 in order, as video_pipe reads them
+        assert np.array_equal(d.frame(*_gop(stream, t), tail=1), seq[t])
+    assert d.decoded == 8 and not d._older and [f is _GONE for f in d._frames] == [True, True, False, False]
+    assert np.array_equal(d.frame(*_gop(stream, 6), tail=1), seq[6]) and d.decoded == 8  # in the tail
+    assert np.array_equal(d.frame(*_gop(stream, 5), tail=1), seq[5]) and d.decoded == 10  # dropped: 4 and 5 again
+    assert np.array_equal(d.frame(*_gop(stream, 1)), seq[1]) and d.decoded == 12  # GOP 0 was not kept
+    assert [np.array_equal(f, s) for f, s in zip(d.frames(*_gop(stream, 7)), seq[4:])] == [True] * 4
+
+
 def test_only_the_last_keep_gops_are_kept(stream):
     seq = _sequential(stream)
     d = PacketDecoder(stream.codec, stream.extradata, keep=2)

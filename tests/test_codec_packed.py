@@ -121,6 +121,50 @@ def test_threads_of_a_pass_decode_each_packet_once(tmp_path):
     assert pool.decoded == 73
 
 
+def _long_gop_shards(out, cameras=("front",)):
+    reader = SyntheticReader(num_episodes=2, height=32, width=48, lengths=(80, 45), cameras=cameras)
+    with ShardWriter(out, shard_size=1 << 20, options={}) as w:
+        for eid in reader.episode_ids():
+            w.add(encode_episode(reader.read(eid), EncodeOptions(codec="h264", gop=16)))
+    return EpisodeIndex.open(out)
+
+
+def _frames(pipe):
+    return [(e, int(f), b["front"][i].numpy().copy()) for b in pipe for i, (e, f) in
+            enumerate(zip(b["episode"], b["frame"]))]
+
+
+def test_two_threads_decode_different_gops_and_never_share_one(tmp_path):
+    """GOPs of 16 and 8 samples a task: on one shared queue a GOP's second task went to the other thread, which
+    waited for the GOP's decoder and went on from where the first stopped (every GOP changed threads)."""
+    from episodepipes.pipes import videoframes
+
+    ix = _long_gop_shards(tmp_path / "s")
+    assert ix.meta["layout"] == "packed"
+    videoframes._POOLS.clear()
+    one = _frames(video_pipe(ix.root, episodes=["ep0000", "ep0001"], batch_size=8, max_batches=100, num_workers=1))
+    videoframes._POOLS.clear()
+    pipe = video_pipe(ix.root, episodes=["ep0000", "ep0001"], batch_size=8, max_batches=100, num_workers=2)
+    two = _frames(pipe)
+    [pool] = videoframes._POOLS.values()
+    assert pool.handoffs == 0 and pool.decoded == 125 and pipe.stats["frames_corrupt"] == 0
+    assert [(e, f) for e, f, _ in two] == [(e, f) for e, f, _ in one] == [
+        *(("ep0000", f) for f in range(80)), *(("ep0001", f) for f in range(45))]
+    assert all(np.array_equal(a[2], b[2]) for a, b in zip(one, two))
+    for method in ("process", "thread"):  # resumed mid-GOP, mid-pass: the rest of the pass, frame-exact
+        pipe = video_pipe(ix.root, episodes=["ep0000", "ep0001"], batch_size=8, max_batches=100, num_workers=2,
+                          method=method)
+        it = iter(pipe)
+        head = [next(it) for _ in range(3)]
+        state = pipe.state_dict()
+        pipe.close()
+        del head
+        pipe.load_state_dict(state)
+        rest = _frames(pipe)
+        assert [(e, f) for e, f, _ in rest] == [(e, f) for e, f, _ in one[24:]], method
+        assert all(np.array_equal(a[2], b[2]) for a, b in zip(one[24:], rest)), method
+
+
 def test_a_long_episode_id_gets_a_longname_chunk_header_that_reads_and_verifies(tmp_path):
     ep = SyntheticReader(num_episodes=1, height=32, width=48, lengths=(70,), cameras=("front",)).read("ep0000")
     ep.id = "x" * 120  # a member name past tar's 100 bytes: a GNU longname header before each chunk's own

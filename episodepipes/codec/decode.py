@@ -27,6 +27,9 @@ from episodepipes.codec.stream import DECODERS
 log = logging.getLogger(__name__)
 
 
+_GONE = object()  # a frame `PacketDecoder.frame` dropped for a forward reader: asking again decodes its GOP again
+
+
 class PacketDecoder:
     """Decode GOPs of one camera stream (one codec and extradata) into uint8 RGB ``[3, H, W]`` frames.
 
@@ -69,22 +72,40 @@ class PacketDecoder:
         continues from where the last call stopped. None marks a frame that did not decode.
         """
         got = self._decoded(gop, packets, upto)
+        if any(f is _GONE for f in got[:upto + 1]):  # a forward reader dropped some (see `frame`)
+            self._restart(gop)
+            got = self._decoded(gop, packets, upto)
         return [_rgb(got, j) for j in range(upto + 1)]
 
     def frame(self, gop: Hashable, packets: Sequence[bytes], t: int, *,
-              out: np.ndarray | None = None) -> np.ndarray | None:
+              out: np.ndarray | None = None, tail: int | None = None) -> np.ndarray | None:
         """Frame ``t`` of the GOP (see `frames`), written into ``out`` when it is a C-contiguous uint8
-        ``[3, H, W]`` of the frame's size (else a new array); the frames before it are decoded, not converted."""
-        return _rgb(self._decoded(gop, packets, t), t, out)
+        ``[3, H, W]`` of the frame's size (else a new array); the frames before it are decoded, not converted.
+
+        ``tail``: a reader that goes forward (whole episodes, sorted sparse frames) keeps only the ``tail`` frames
+        before ``t`` and no earlier GOP: holding a GOP's frames costs a cold decoder a page fault per 4 KB it
+        first touches, and such a reader asks for none of them again (one that does decodes its GOP again).
+        None keeps them all (history windows ask for earlier frames).
+        """
+        got = self._decoded(gop, packets, t)
+        img = _rgb(got, t, out)
+        if tail is not None:
+            for j in range(t - tail - 1, -1, -1):  # back to the last one dropped: each frame is dropped once
+                if got[j] is _GONE:
+                    break
+                got[j] = _GONE
+            self._older.clear()
+        return img
 
     def _decoded(self, gop: Hashable, packets: Sequence[bytes], upto: int) -> list:
         """The GOP's frames so far, at least to ``upto``: VideoFrames until asked for, RGB once converted."""
         if not 0 <= upto < len(packets):
             raise ValueError(f"{upto=} should be within 0..{len(packets) - 1}, the packets given")
-        if gop != self._gop and upto < len(self._older.get(gop, ())):
+        if gop != self._gop and upto < len(self._older.get(gop, ())) and self._older[gop][upto] is not _GONE:
             self._older.move_to_end(gop)
             return self._older[gop]
-        if gop != self._gop or (self._drained and upto >= len(self._frames)):
+        if gop != self._gop or (self._drained and upto >= len(self._frames)) or (
+                upto < len(self._frames) and self._frames[upto] is _GONE):
             self._restart(gop)
         if upto >= len(self._frames):
             self._feed(packets, upto)

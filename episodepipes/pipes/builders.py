@@ -138,7 +138,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
     video = video_cameras(index)
-    frames = VideoFrames(video) if video else JPEG
+    frames = VideoFrames(video, tail=1) if video else JPEG  # video and metric pipes read a GOP's frames in order
 
     def build() -> BatchStacker:
         if read.verify and not verified:  # once, before the first byte of the first open pass

@@ -28,6 +28,7 @@ from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.sample import RawSample, crc_mismatch
 from episodepipes.pipes.sample_decode import Decoded, EpisodeSpec, SampleDecode
 from episodepipes.pipes.stats import Stats
+from episodepipes.pipes.videoframes import GopKeys
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +98,17 @@ class Decoder(BaseNode[dict]):
         self._resume: dict | None = None  # the state of a pass shut down with samples in flight
 
     def _plan(self) -> None:
-        """Samples in flight and per task, for the sink chosen."""
+        """Samples in flight and per task, for the sink chosen; with video cameras, how far beyond that the reads
+        may reach while few GOPs are in flight (`InOrder.room`): a GOP per worker and the next one's first task,
+        so no worker waits for the consumer to drain a long GOP before it has another to decode."""
         (prefetch, chunk), num_workers = self._asked, self.options.num_workers
         pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
         chunked = pickled or self._batched
         self.prefetch = prefetch or (2 * chunk if chunked else 4) * num_workers
         self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if chunked else 1
+        self._gops = GopKeys.of(self.fn.frames) if num_workers > 1 else None
+        longest = self._gops.longest if self._gops is not None and prefetch is None else 0
+        self.reach = max(self.prefetch, num_workers * longest + self.chunk)
 
     def batch_rows(self, size: int) -> None:
         """Decode frames into rows of ``size``-sample batch buffers, as the `BatchStacker` right after this
@@ -186,7 +192,7 @@ class Decoder(BaseNode[dict]):
     close = shutdown  # the name callers used before torchdata's `shutdown`
 
     def _fill(self) -> None:
-        while not self._done and (self._ex is None or len(self._ex) < self.prefetch):
+        while not self._done and (self._ex is None or self._ex.room(self.prefetch, self.reach)):
             before = self.source.state_dict()
             try:
                 raw = next(self.source)
@@ -196,13 +202,15 @@ class Decoder(BaseNode[dict]):
             spec = self._spec(raw.item.episode)
             shapes = self._shapes(spec, raw)
             if self._ex is None:  # first sample of the pass: workers start now, not at reset
-                self._sink.start(shapes, self.prefetch)
-                self._ex = InOrder(self.options.method, self.options.num_workers, self.stats, chunk=self.chunk)
+                self._sink.start(shapes, self.reach)
+                self._ex = InOrder(self.options.method, self.options.num_workers, self.stats, chunk=self.chunk,
+                                   lanes=self._gops is not None)
             claim = self._sink.claim(shapes)
             sent = raw if self._memo is None else self._memo.plan(raw, list(spec.cameras))
             work = portable(sent) if self.options.method == "process" else sent
             fn = decode_shared if claim.shared else decode_into
-            self._ex.put(_InFlight(before, sent, claim), fn, self.fn, work, spec, claim.ticket)
+            self._ex.put(_InFlight(before, sent, claim), fn, self.fn, work, spec, claim.ticket,
+                         key=None if self._gops is None else self._gops(sent))
         if self._ex is not None and (self._done or self._ex.idle):  # a partial chunk: nothing else is coming
             self._ex.flush()
 

@@ -17,18 +17,19 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
 
 from episodepipes.codec.chunk import Record, parse_record
-from episodepipes.codec.pack import pack, unpack
+from episodepipes.codec.pack import MAGIC, pack, unpack
 from episodepipes.codec.pool import DecoderPool
 from episodepipes.format import frame_json, npy_header
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes.frames import decode_jpeg
+from episodepipes.pipes.frames import FrameDecoder, decode_jpeg
+from episodepipes.pipes.sample import RawSample
 
 
 def video_cameras(index: EpisodeIndex) -> dict[str, tuple[str, int]]:
@@ -169,9 +170,13 @@ class VideoFrames:
 
     A video member is the packed GOP `attach_gop` or `packed_members` made; frames come back as uint8 RGB
     ``[3, H, W]``, decoded by the process's `DecoderPool` of the stream.
+
+    ``tail``: for pipes whose frames of a GOP come in frame order (video_pipe, metric_pipe), the frames kept
+    behind the one decoded (`PacketDecoder.frame`); None keeps a GOP's frames for later asks (train windows).
     """
 
     cameras: dict[str, tuple[str, int]] = field(default_factory=dict)
+    tail: int | None = None
 
     def field(self, camera: str) -> str:
         v = self.cameras.get(camera)
@@ -197,13 +202,53 @@ class VideoFrames:
         if out is None or out.shape != (3, *want):
             out = np.empty((3, *want), np.uint8)
         if want == tuple(src):
-            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out, last=last)
-        img = pool.frame(bytes(gid), packets, len(packets) - 1, last=last)
+            return pool.frame(bytes(gid), packets, len(packets) - 1, out=out, last=last, tail=self.tail)
+        img = pool.frame(bytes(gid), packets, len(packets) - 1, last=last, tail=self.tail)
         if img is None:
             return None
         hwc = cv2.resize(cv2.merge([img[0], img[1], img[2]]), (want[1], want[0]), interpolation=cv2.INTER_AREA)
         cv2.split(hwc, [out[0], out[1], out[2]])
         return out
+
+
+@dataclass(frozen=True)
+class GopKeys:
+    """The GOP a sample's frame decodes from, as its key for `episodepipes.pipes._executor.InOrder`'s lanes (one
+    worker per GOP in flight), and the longest GOP of the cameras, which sizes how far ahead the decode stage reads.
+
+    ``cameras``: (camera, its member name) of the video cameras; the first one the sample holds names the GOP
+    (cameras of one episode share their GOP structure when the writer encoded them; copied ones may not, and then
+    a GOP of another camera may still be shared by two workers, which its `DecoderPool` serialises).
+    """
+
+    cameras: tuple[tuple[str, str], ...]
+    longest: int
+
+    @classmethod
+    def of(cls, frames: FrameDecoder) -> GopKeys | None:
+        """Those of a `FrameDecoder` with video cameras (a ``cameras`` dict of name -> (codec, gop)), else None."""
+        video = getattr(frames, "cameras", None)
+        if not isinstance(video, dict) or not video:
+            return None
+        return cls(tuple((c, f"{c}.{codec}") for c, (codec, _) in sorted(video.items())),
+                   max(gop for _, gop in video.values()))
+
+    def __call__(self, raw: RawSample) -> Hashable | None:
+        """The GOP id of the sample's frame (a camera window: its latest step read), or None (a damaged sample, a
+        JPEG episode of a mixture, or frames a process worker reads from the shard itself)."""
+        for camera, name in self.cameras:
+            data = raw.members.get(name)
+            if data is None and camera in raw.windows and raw.windows[camera].data:
+                w = raw.windows[camera]
+                data = w.data[max(w.data)]
+            if isinstance(data, Gop):
+                return bytes(data.gid)
+            if isinstance(data, bytes | memoryview) and bytes(data[:len(MAGIC)]) == MAGIC:
+                try:
+                    return bytes(unpack(data)[0])
+                except ValueError:  # damaged: the decode says so
+                    return None
+        return None
 
 
 _POOLS: OrderedDict[tuple, DecoderPool] = OrderedDict()  # (camera, codec, size, extradata) -> its decoders
