@@ -118,3 +118,26 @@ def test_a_remote_frame_is_checked_in_the_decode_worker_and_a_damaged_one_is_cor
     assert _plain(batches) == _plain(train_pipe(out, **kw))
     bad = [(e, f) for b in batches for e, f, v in zip(b["episode"], b["frame"].tolist(), b["valid"].tolist()) if not v]
     assert bad == [(ep.id, 2)] and pipe.stats["frames_corrupt"] >= 1
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_a_window_hands_out_views_of_its_gets_bodies_where_they_are_mostly_this_ranks(shards, proxy, world_size):
+    from episodepipes.pipes.train import TrainReader
+
+    index, local = EpisodeIndex.open(URL), EpisodeIndex.open(shards)
+    reader = TrainReader(index, index.split("train"), windows={}, seed=5, rank=0, world_size=world_size,
+                         batch_size=2, epochs=1, blocks=(4, 2))
+    proxy.reset()
+    got = reader._fetch_window((0, 0))
+    frames = [(flat, v) for flat, steps in got.items() for v in steps.values()]
+    assert frames and len(proxy.gets()) <= 2  # the window's two blocks
+    for flat, v in frames:
+        e, t = reader.table.locate(flat)
+        shard, a, b = local.split("train")[e].frame_range(t)
+        assert isinstance(v, memoryview) and v == local.shard_path(shard).read_bytes()[a:b]
+    bodies = {id(v.obj) for _, v in frames}
+    if world_size == 1:  # every frame of the blocks is this rank's: slices of the (at most two) GET bodies
+        assert len(bodies) <= 2 < len(frames) and not any(isinstance(v.obj, bytes) for _, v in frames)
+    else:  # a quarter of each block: copies of this rank's frames, so the bodies are not kept
+        assert len(bodies) == len(frames) and all(len(v.obj) == len(v) for _, v in frames)
+    reader.close()
