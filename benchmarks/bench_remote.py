@@ -23,6 +23,8 @@ Bytes are the response bodies that crossed the proxy, against the frames' own by
 moto and the proxies run in a child process, so their CPU is not the client's (on a 2-core machine they
 still compete for it). ``server GETs/s`` is what that server sustains for single-frame GETs (64 in flight):
 a train pass needs one GET per frame, so its remote frames/s cannot exceed it, whatever the client does.
+``server MB/s`` is what it sustains for the block shuffle's GETs (64 frames of one shard each, 8 in flight, one
+epoch's bytes), as frames/s too, with the server CPU those bytes cost: the bandwidth a block-order pass can draw.
 The CPU columns split the cost: this process's CPU per frame on each side (what the pipe itself spends), and
 the server's CPU per s3 pass, which on this 2-core machine is taken from the pipe's cores, as a real object
 store's is not.
@@ -150,6 +152,27 @@ def _server_ceiling(url: str, index: object, n: int = 400) -> float:
         return len(calls) / (time.perf_counter() - t)
 
 
+def _server_bandwidth(url: str, index: object, server: Callable[[], float], *, frames: int = 64,
+                      in_flight: int = 8) -> tuple[float, float, int]:
+    """(MB/s, the server's CPU seconds, GETs) for every frame of the dataset read as the block shuffle reads it:
+    one ranged GET per ``frames`` consecutive frames of one shard, ``in_flight`` (a window's blocks) at once."""
+    from episodepipes.remote import RemoteOptions, RemoteSource
+
+    calls = []
+    for ep in index.episodes:  # type: ignore[attr-defined]
+        spans = [ep.frame_range(f) for f in range(ep.length)]
+        for k in range(0, len(spans), frames):
+            for shard, run in itertools.groupby(spans[k:k + frames], key=lambda x: x[0]):  # an episode may span two
+                run = list(run)
+                calls.append((index.shards[shard].name, [(run[0][1], run[-1][2] - run[0][1])]))  # type: ignore
+    with RemoteSource(url, RemoteOptions(max_in_flight=in_flight, gap=0, max_request=1 << 30)) as src:
+        src.read_many(calls[:in_flight])
+        cpu, t = server(), time.perf_counter()
+        got = src.read_many(calls)
+        dt, cpu = time.perf_counter() - t, server() - cpu
+    return sum(len(g[0]) for g in got) / dt / 1e6, cpu, len(calls)
+
+
 def run(workdir: Path, quick: bool) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from s3server import ServerProcess, s3_env, set_env
@@ -179,8 +202,19 @@ def run(workdir: Path, quick: bool) -> dict:
         for i, latency in enumerate(LATENCIES):
             set_env(s3_env(servers.endpoints[i]))
             remote = EpisodeIndex.open("s3://bench/ds")  # one source (its connections) for every pipe and pass
+            ms = round(latency * 1000)
             ceiling = _server_ceiling("s3://bench/ds", local)
-            table.append([f"{round(latency * 1000)} ms", "server GETs/s", "", "", f"{ceiling:,.0f}", "", "", "", ""])
+            table.append([f"{ms} ms", "server GETs/s", "", "", f"{ceiling:,.0f}", "", "", "", "", "", ""])
+            mbs, srv_cpu, n_gets = _server_bandwidth("s3://bench/ds", local, lambda: _cpu_of(servers.pid))
+            frame_bytes = own["train"] / sum(e.length for e in local.episodes)
+            table.append([f"{ms} ms", "server MB/s (64-frame GETs, 8 in flight)", "", "",
+                          f"{mbs:,.0f} MB/s = {mbs * 1e6 / frame_bytes:,.0f} frames/s", "", "", n_gets, "", "",
+                          f"{srv_cpu:.2f}"])
+            rows.append({"metric": f"server MB/s at {ms} ms per request, the block shuffle's GETs", "ours": mbs,
+                         "baseline": None, "ceiling": None, "unit": "MB/s",
+                         "note": f"{n_gets} GETs of 64 frames, 8 in flight, through the latency proxy: "
+                                 f"{mbs * 1e6 / frame_bytes:,.0f} frames/s; the server (moto + proxies) spent "
+                                 f"{srv_cpu:.2f} CPU s on the epoch's bytes"})
 
             def stats(i: int = i) -> tuple[int, int]:
                 got = servers.stats(i)

@@ -82,3 +82,62 @@ def test_a_remote_block_pipe_resumes_mid_window_as_locally(shards, proxy):
     rest = train_pipe(URL, **kw)
     rest.load_state_dict(state)
     assert got + _plain(rest) == local
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_remote_frame_is_checked_in_the_decode_worker_and_a_damaged_one_is_corrupt(moto, proxy, tmp_path, method):
+    from episodepipes.pipes.decode import portable
+    from episodepipes.pipes.train import TrainReader
+    from episodepipes.tarmembers import frame_fields
+
+    out = make_shards(tmp_path / "s", **SHAPE)
+    idx = EpisodeIndex.open(out)
+    ep = idx.episodes[1]
+    shard, start, end = ep.frame_range(2)
+    path = idx.shard_path(shard)
+    data = bytearray(path.read_bytes())
+    member = frame_fields(lambda n, o: bytes(data[o:o + n]), start, end, ep.id, 2)[0]["front.jpg"]
+    data[data.index(member, start) + len(member) // 2] ^= 0x5A  # the JPEG still decodes: only the crc32 tells
+    path.write_bytes(bytes(data))
+    moto.upload_dir(out, BUCKET, "damaged")
+    url = f"s3://{BUCKET}/damaged"
+    remote = EpisodeIndex.open(url)
+    reader = TrainReader(remote, remote.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=3,
+                         epochs=1, blocks=(4, 2))
+    reader.reset(None)
+    raw = reader.next()
+    (step, whole, crc), = raw.checks  # the reading thread leaves the check to the worker, as for a local shard
+    e = remote.episode(raw.item.episode)
+    assert step == raw.item.frame and crc == e.frame_crc(step) and len(whole) == e.frame_range(step)[2] - \
+        e.frame_range(step)[1]
+    assert portable(raw).checks == ()  # a process worker gets the check made before the bytes are sent
+    reader.close()
+    kw = dict(batch_size=3, seed=0, rank=0, world_size=1, num_workers=2, method=method, **BLOCK)
+    pipe = train_pipe(url, **kw)
+    batches = list(pipe)
+    assert _plain(batches) == _plain(train_pipe(out, **kw))
+    bad = [(e, f) for b in batches for e, f, v in zip(b["episode"], b["frame"].tolist(), b["valid"].tolist()) if not v]
+    assert bad == [(ep.id, 2)] and pipe.stats["frames_corrupt"] >= 1
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_a_window_hands_out_views_of_its_gets_bodies_where_they_are_mostly_this_ranks(shards, proxy, world_size):
+    from episodepipes.pipes.train import TrainReader
+
+    index, local = EpisodeIndex.open(URL), EpisodeIndex.open(shards)
+    reader = TrainReader(index, index.split("train"), windows={}, seed=5, rank=0, world_size=world_size,
+                         batch_size=2, epochs=1, blocks=(4, 2))
+    proxy.reset()
+    got = reader._fetch_window((0, 0))
+    frames = [(flat, v) for flat, steps in got.items() for v in steps.values()]
+    assert frames and len(proxy.gets()) <= 2  # the window's two blocks
+    for flat, v in frames:
+        e, t = reader.table.locate(flat)
+        shard, a, b = local.split("train")[e].frame_range(t)
+        assert isinstance(v, memoryview) and v == local.shard_path(shard).read_bytes()[a:b]
+    bodies = {id(v.obj) for _, v in frames}
+    if world_size == 1:  # every frame of the blocks is this rank's: slices of the (at most two) GET bodies
+        assert len(bodies) <= 2 < len(frames) and not any(isinstance(v.obj, bytes) for _, v in frames)
+    else:  # a quarter of each block: copies of this rank's frames, so the bodies are not kept
+        assert len(bodies) == len(frames) and all(len(v.obj) == len(v) for _, v in frames)
+    reader.close()

@@ -3,8 +3,10 @@
 `TrainReader` keys its read-ahead by ``(epoch, window)`` in the block order: `read_window` fetches every
 block of the window that this rank's positions touch (adjacent frames coalesce into one ranged GET, so a
 block costs one request), plus the window steps (history/horizon) of this rank's frames, and keeps only
-this rank's frames' bytes. The other ranks' frames of those blocks are transferred and dropped: the
-blocks are shared by every rank of a window, so each rank reads all of them (see `train_pipe`).
+this rank's frames' bytes: views of a GET's body where they are most of it (one rank: no copy), copies
+where they are not (several ranks), so that the body goes. The other ranks' frames of those blocks are
+transferred and dropped: the blocks are shared by every rank of a window, so each rank reads all of them
+(see `train_pipe`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def following(key: Key, orders: Callable[[int], BlockOrder], *, rank: int, world
 
 
 def read_window(source: object, names: Sequence[str], table: FrameTable, episodes: Sequence[Episode],
-                windows: Mapping[str, Window], bounds: np.ndarray, flats: np.ndarray) -> dict[int, dict[int, bytes]]:
+                windows: Mapping[str, Window], bounds: np.ndarray,
+                flats: np.ndarray) -> dict[int, dict[int, memoryview]]:
     """flat -> step -> bytes of ``flats`` (one rank's frames of a window), read with the blocks they lie in.
 
     Args:
@@ -86,14 +89,16 @@ def read_window(source: object, names: Sequence[str], table: FrameTable, episode
     runs = {shard: coalesce([(a, z - a) for _, a, z in frames], gap=o.gap, max_request=o.max_request, waste=o.waste)
             for shard, frames in by_shard.items()}
     datas = source.read_many([(names[shard], [(r.start, r.end - r.start) for r in rs])  # type: ignore[attr-defined]
-                              for shard, rs in runs.items()])
+                              for shard, rs in runs.items()], views=True)
+    used = {k for _, e, steps in mine for k in ((e, s) for s in steps)}
     views: dict[tuple[int, int], memoryview] = {}
     for (shard, rs), ds in zip(runs.items(), datas):
         frames = by_shard[shard]
         for r, data in zip(rs, ds):
-            view = memoryview(data)
-            for j in r.members:
-                k, a, z = frames[j]
-                views[k] = view[a - r.start:z - r.start]
-    got: dict[tuple[int, int], bytes] = {}  # copies of this rank's frames only: the runs' buffers go
-    return {flat: {s: got.setdefault((e, s), bytes(views[e, s])) for s in steps} for flat, e, steps in mine}
+            body = memoryview(data)
+            mine_of = [frames[j] for j in r.members if frames[j][0] in used]
+            # mostly this rank's frames: views of the GET's body, no copy; else copies, and the body goes
+            keep = 2 * sum(z - a for _, a, z in mine_of) >= len(body)
+            for k, a, z in mine_of:
+                views[k] = body[a - r.start:z - r.start] if keep else memoryview(bytes(body[a - r.start:z - r.start]))
+    return {flat: {s: views[e, s] for s in steps} for flat, e, steps in mine}

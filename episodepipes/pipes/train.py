@@ -288,7 +288,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         the index; a step read only for arrays is not (checking it would mean reading the JPEGs beside them).
         ``fetched`` is the frame's bytes when `_fetch` read them already (a remote root), ``at`` its
         ``[shard, start, end, crc32]`` when `_located` looked them up already. With ``checks``, a
-        frame of a local shard is not checked here but appended to it, for the decode worker to check
+        frame (of a local shard, or fetched) is not checked here but appended to it, for the decode worker to check
         (`RawSample.checks`): zlib releases the GIL, and this thread then waits behind the decode threads.
         """
         whole = want is None or any(f.endswith(".jpg") for f in want)
@@ -328,7 +328,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             fields, n = {}, len(reads[0])
         self.stats.add("bytes_read", n)
         into[step] = fields
-        if crc is not None and checks is not None and fetched is None and not self.index.remote and fields:
+        if crc is not None and checks is not None and fields:
             checks.append((step, reads[0], crc))
         elif crc is not None and zlib.crc32(reads[0]) != crc:
             return f"frame {step} does not match its crc32 in the index"

@@ -132,17 +132,20 @@ class RemoteSource:
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return self.read_many([(name, ranges)])[0]
 
-    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]], *,
+                  views: bool = False) -> list[list[bytes]]:
         """`read_ranges` of several objects at once: every object's coalesced GETs are in flight together.
 
         A training batch's frames lie in many shards; one call per shard would pay the latency once per
         shard, this pays it about once per batch (``max_in_flight`` bounds the GETs at a time). With a range
         cache, a range another process is fetching is waited for, not fetched again (`RangeCache.claim`).
+        With ``views``, a range fetched here comes as a read-only memoryview of its GET's body instead of a
+        copy, for a caller that slices it further (the view keeps the whole body alive while it lives).
         """
-        return self._read_many(calls, share=True)
+        return self._read_many(calls, share=True, views=views)
 
     def _read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]], *,
-                   share: bool) -> list[list[bytes]]:
+                   share: bool, views: bool = False) -> list[list[bytes]]:
         jobs: list[tuple[str, list[tuple[int, int]], list[bytes | None], list[int], RangeCache | None]] = []
         reqs: list[tuple[int, Request]] = []
         claims: list[tuple[str, tuple[int, int]]] = []  # entries this call fills for the processes sharing the cache
@@ -180,7 +183,7 @@ class RemoteSource:
                                                       waste=o.waste)]
             jobs.append((name, ranges, out, todo, cache))
         try:
-            self._fetch_into(jobs, reqs)
+            self._fetch_into(jobs, reqs, views)
         finally:
             for name, (off, n) in claims:
                 self._cache.release(self.root, name, off, n)  # type: ignore[union-attr]
@@ -196,19 +199,21 @@ class RemoteSource:
                 jobs[k][2][i] = piece
         return [job[2] for job in jobs]  # type: ignore[misc]
 
-    def _fetch_into(self, jobs: list, reqs: list[tuple[int, Request]]) -> None:
-        """Run the coalesced GETs ``reqs`` and put each range's bytes into its job's output (and cache)."""
+    def _fetch_into(self, jobs: list, reqs: list[tuple[int, Request]], views: bool = False) -> None:
+        """Run the coalesced GETs ``reqs`` and put each range's bytes (with ``views``, a view of the GET's body)
+        into its job's output (and cache)."""
         if len(reqs) > 1:
             parts = list(self._executor().map(lambda jr: self._get(jobs[jr[0]][0], jr[1]), reqs))
         else:
             parts = [self._get(jobs[k][0], r) for k, r in reqs]  # one GET: no thread hop
         for (k, req), data in zip(reqs, parts):
             name, ranges, out, todo, cache = jobs[k]
-            view = memoryview(data)  # slices of the GET's buffer, copied once into each range's bytes
+            view = memoryview(data)  # slices of the GET's buffer, copied once into each range's bytes (or not)
             for j in req.members:
                 i = todo[j]
                 off, n = ranges[i]
-                piece = bytes(view[off - req.start: off - req.start + n])
+                piece = view[off - req.start: off - req.start + n]
+                piece = piece if views else bytes(piece)
                 if len(piece) != n:
                     raise self._short(name, off, off + n) from None
                 out[i] = piece
