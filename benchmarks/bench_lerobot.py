@@ -175,7 +175,7 @@ def run(workdir: Path, quick: bool) -> dict:
     rows.append({"metric": f"shard bytes: --codec copy vs JPEG q90 ({4 * eps} episodes)", "ours": size["copy"],
                  "baseline": size["jpeg"], "ceiling": None, "unit": "bytes",
                  "note": f"the source mp4s hold {source:,} bytes"})
-    rows.append(lerobot_parity.row(workdir))
+    rows += lerobot_parity.rows(workdir)
     return {"section": "lerobot", "intro": __doc__.split("\n\n", 1)[1].strip(), "rows": rows}
 
 

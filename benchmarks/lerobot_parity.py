@@ -16,13 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.bench_peers import PEERS_DIR, make_frames
+from benchmarks.lerobot_data import make_lerobot
 from benchmarks.peers import venvs
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import video_pipe
 from episodepipes.sharding.lerobot import LeRobotReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
-EPISODES, LENGTH, SIZE = 8, 45, 128  # an odd length: every other episode starts on an odd frame of the file
+EPISODES, LENGTH, SIZE = 8, 45, 128
+FIXTURE_LENGTHS = (9, 7, 11, 10, 13, 6, 8, 12)  # 4 per mp4 at GOP 4: 5 of 8 start mid-GOP
 
 
 def _stage(py: Path, stage: str, data: Path, root: Path, log: Path) -> dict:
@@ -69,28 +71,50 @@ def _lerobot_frames(npz: Path) -> dict[tuple[int, int, str], np.ndarray]:
             for i, (e, f) in enumerate(zip(z["episode_index"], z["frame_index"], strict=True))}
 
 
-def row(workdir: Path) -> dict:
-    """The parity row; "not run: <why>" only when the lerobot virtualenv cannot be built."""
-    metric = 'copy import frames vs LeRobotDataset(video_backend="pyav")[i], same dataset'
+def _parity(py: Path, data: Path, root: Path, out: Path, log: Path) -> dict:
+    """LeRobot's frames of the dataset in ``root`` (into ``data``) against the copy import's, into ``out``."""
+    data.mkdir(parents=True, exist_ok=True)
+    ref = _stage(py, "frames", data, root, log)
+    write_shards(LeRobotReader(root, copy=True), out, WriteOptions(format="lerobot", codec="copy"), workers=2)
+    return {**compare(_lerobot_frames(data / "lerobot_frames.npz"), ours(out)), "lerobot": ref["lerobot"],
+            "mp4s": len(list((root / "videos").rglob("*.mp4")))}
+
+
+def _note(c: dict, what: str) -> str:
+    return (f"frames equal: {c['equal']} of {c['of']}, max abs diff {c['max_diff']} ({c['missing']} missing, "
+            f"{c['extra']} extra); {what}")
+
+
+def rows(workdir: Path) -> list[dict]:
+    """The parity rows; one "not run: <why>" row only when the lerobot virtualenv cannot be built."""
+    metric = 'copy import frames vs LeRobotDataset(video_backend="pyav")[i], {}'
     log = workdir / "lerobot-parity.log"
     try:
         py = venvs.ensure("lerobot", log=log)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
-        return {"metric": metric, "ours": None, "baseline": None, "ceiling": None, "unit": "frames",
-                "note": f"not run: the lerobot virtualenv could not be built ({e})"}
-    data, root, out = workdir / "parity-data", workdir / "parity-lerobot", workdir / "parity-copy"
-    make_frames(data, episodes=EPISODES, length=LENGTH, size=SIZE)
-    conv = _stage(py, "convert", data, root, log)
-    ref = _stage(py, "frames", data, root, log)
-    write_shards(LeRobotReader(root, copy=True), out, WriteOptions(format="lerobot", codec="copy"), workers=2)
-    c = compare(_lerobot_frames(data / "lerobot_frames.npz"), ours(out))
-    mp4s = sorted((root / "videos").rglob("*.mp4"))
-    built = venvs.build_seconds("lerobot")
+        return [{"metric": metric.format("not run"), "ours": None, "baseline": None, "ceiling": None,
+                 "unit": "frames", "note": f"not run: the lerobot virtualenv could not be built ({e})"}]
     import av
 
-    return {"metric": metric, "ours": c["equal"], "baseline": c["of"], "ceiling": None, "unit": "frames",
-            "note": f"frames equal: {c['equal']} of {c['of']}, max abs diff {c['max_diff']} ({c['missing']} missing, "
-                    f"{c['extra']} extra); {EPISODES} episodes x {LENGTH} frames x 2 cameras, {SIZE}x{SIZE}, written "
-                    f"by lerobot {ref['lerobot']}'s own writer ({len(mp4s)} mp4s, one per camera); its decode: PyAV "
-                    f"{conv['versions']['av']}, ours PyAV {av.__version__}; the lerobot venv "
-                    + (f"took {built:.0f} s to build (once, cached)" if built else "was built earlier")}
+    data, root = workdir / "parity-data", workdir / "parity-lerobot"
+    make_frames(data, episodes=EPISODES, length=LENGTH, size=SIZE)
+    conv = _stage(py, "convert", data, root, log)
+    own = _parity(py, data, root, workdir / "parity-copy", log)
+    built = venvs.build_seconds("lerobot")
+    fixture = workdir / "parity-fixture"
+    make_lerobot(fixture, lengths=FIXTURE_LENGTHS, num_episodes=len(FIXTURE_LENGTHS), height=96, width=128,
+                 fps=30, encoder="libsvtav1", episodes_per_file=4, image_feature=False, gop=4)
+    fix = _parity(py, workdir / "parity-fixture-data", fixture, workdir / "parity-fixture-copy", log)
+    versions = (f"LeRobot {own['lerobot']} decodes with PyAV {conv['versions']['av']}, video_pipe with PyAV "
+                f"{av.__version__}")
+    return [{"metric": metric.format("a dataset LeRobot's own writer made"), "ours": own["equal"],
+             "baseline": own["of"], "ceiling": None, "unit": "frames",
+             "note": _note(own, f"{EPISODES} episodes x {LENGTH} frames x 2 cameras, {SIZE}x{SIZE}, by "
+                                f"LeRobotDataset.create + save_episode ({own['mp4s']} mp4s, one per camera; every "
+                                f"episode starts on a keyframe); {versions}; the lerobot venv "
+                                + (f"took {built:.0f} s to build (once, cached)" if built else "was built earlier"))},
+            {"metric": metric.format("episodes starting mid-GOP"), "ours": fix["equal"], "baseline": fix["of"],
+             "ceiling": None, "unit": "frames",
+             "note": _note(fix, f"the project's fixture (benchmarks/lerobot_data.py): episodes of "
+                                f"{'/'.join(map(str, FIXTURE_LENGTHS))} frames, 4 per mp4, AV1 at GOP 4, so 5 of 8 "
+                                "start mid-GOP (the copy keeps the leading packets and skips them at decode)")}]
