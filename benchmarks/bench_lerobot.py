@@ -10,7 +10,8 @@ which import goes first (so a busy moment hits both alike); a copy import, 15-20
 three times per round and its median counts. The ratio is the median of the per-round ratios, with their range;
 the CPU-time ratio (frames per CPU second of the process and its children) beside it is the figure load disturbs
 least. The CLI row times ``shard.py write`` itself on the larger dataset, in a fresh interpreter from its start to
-its index, as a user waits for it.
+its index, as a user waits for it. The parity row (`benchmarks.lerobot_parity`) compares the copy import's
+frames with what LeRobot's own loader returns for a dataset its own writer made.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import av
 from av.video.reformatter import VideoReformatter
 
+from benchmarks import lerobot_parity
 from benchmarks.lerobot_data import available_encoders, make_lerobot
 from episodepipes.sharding.lerobot import LeRobotReader
 from episodepipes.sharding.write import WriteOptions, write_shards
@@ -173,6 +175,7 @@ def run(workdir: Path, quick: bool) -> dict:
     rows.append({"metric": f"shard bytes: --codec copy vs JPEG q90 ({4 * eps} episodes)", "ours": size["copy"],
                  "baseline": size["jpeg"], "ceiling": None, "unit": "bytes",
                  "note": f"the source mp4s hold {source:,} bytes"})
+    rows += lerobot_parity.rows(workdir)
     return {"section": "lerobot", "intro": __doc__.split("\n\n", 1)[1].strip(), "rows": rows}
 
 

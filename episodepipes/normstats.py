@@ -74,20 +74,33 @@ def _exact_sums(x: np.ndarray) -> tuple[list[int], list[int]]:
     m, e = np.frexp(x)
     mi = (m * 2.0**53).astype(np.int64)  # x == mi * 2**(e - 53), exactly
     a, b, c = mi >> 36, (mi >> 18) & 0x3FFFF, mi & 0x3FFFF  # mi == a*2**36 + b*2**18 + c
-    bins = ((e.astype(np.int64) - _EMIN) + np.arange(d, dtype=np.int64) * _NE).ravel()
+    # only the (column, exponent) bins that occur: a few per column, where every exponent would be 2098
+    used, bins = np.unique(((e.astype(np.int64) - _EMIN) + np.arange(d, dtype=np.int64) * _NE).ravel(),
+                           return_inverse=True)
+    bins = bins.ravel()
 
     def total(v: np.ndarray) -> np.ndarray:  # exact: |v| < 2**38 and at most 2**15 of them per bin
-        return np.bincount(bins, weights=v.ravel().astype(np.float64), minlength=d * _NE)
+        return np.bincount(bins, weights=v.ravel().astype(np.float64), minlength=len(used))
 
-    limbs = [total(v) for v in (a, b, c, a * a, 2 * a * b, 2 * a * c + b * b, 2 * b * c, c * c)]
+    limbs = np.array([total(v) for v in (a, b, c, a * a, 2 * a * b, 2 * a * c + b * b, 2 * b * c, c * c)])
     sums, squares = [0] * d, [0] * d
-    for i in np.flatnonzero(np.bincount(bins, minlength=d * _NE)).tolist():
+    for i, sa, sb, sc, qaa, qab, qm, qbc, qcc in zip(used.tolist(), *limbs.astype(np.int64).tolist()):
         col, ex = divmod(i, _NE)
         ex += _EMIN
-        sa, sb, sc, qaa, qab, qm, qbc, qcc = (int(v[i]) for v in limbs)
         sums[col] += ((sa << 36) + (sb << 18) + sc) << (ex - 53 + _SHIFT)
         squares[col] += ((qaa << 72) + (qab << 54) + (qm << 36) + (qbc << 18) + qcc) << (2 * (ex - 53 + _SHIFT))
     return sums, squares
+
+
+def _fold(sketch: list[dict[int, int]], part: Packed) -> None:
+    """Add a packed sketch's counts into ``sketch``'s dicts, element by element."""
+    keys, counts, ends = (a.tolist() for a in part)
+    for sk, lo, hi in zip(sketch, [0, *ends], ends):
+        if sk:
+            for k, n in zip(keys[lo:hi], counts[lo:hi]):
+                sk[k] = sk.get(k, 0) + n
+        else:
+            sk.update(zip(keys[lo:hi], counts[lo:hi]))
 
 
 class ArrayStats:
@@ -106,7 +119,7 @@ class ArrayStats:
         self._min, self._max = np.full(d, np.inf), np.full(d, -np.inf)
         self._sketch_dicts: list[dict[int, int]] | None = [{} for _ in range(d)]
         self._sketch_lists: list | None = None  # checked [keys, counts] pairs from JSON, made dicts on first use
-        self._packed: Packed | None = None  # checked arrays from a stats file, made dicts only to update
+        self._packed: Packed | None = None  # from a stats file or one add to a fresh accumulator; dicts on demand
 
     @property
     def _sketch(self) -> list[dict[int, int]]:
@@ -169,6 +182,7 @@ class ArrayStats:
             raise ValueError(f"{where}: has NaN or infinite values; fix or drop them before writing")
         if not len(x):
             return
+        fresh = self.count == 0 and self._sketch_dicts is not None and not any(self._sketch_dicts)
         self.count += len(x)
         self._min, self._max = np.minimum(self._min, x.min(0)), np.maximum(self._max, x.max(0))
         for r in range(0, len(x), _ROWS):
@@ -177,11 +191,13 @@ class ArrayStats:
             self._sq = [a + b for a, b in zip(self._sq, squares)]
         d = x.shape[1]
         flat = (_keys(x) + _KMAX + np.arange(d, dtype=np.int64) * (2 * _KMAX + 1)).ravel()
-        uniq, counts = np.unique(flat, return_counts=True)
-        for u, n in zip(uniq.tolist(), counts.tolist()):
-            col, k = divmod(u, 2 * _KMAX + 1)
-            sk = self._sketch[col]
-            sk[k - _KMAX] = sk.get(k - _KMAX, 0) + n
+        uniq, counts = np.unique(flat, return_counts=True)  # sorted: by column, then by key
+        cols, keys = np.divmod(uniq, 2 * _KMAX + 1)
+        part = (keys - _KMAX, counts.astype(np.int64), np.searchsorted(cols, np.arange(1, d + 1)).astype(np.int64))
+        if fresh:  # one episode's accumulator: its sketch is these arrays, made dicts only if it is updated
+            self._sketch_dicts, self._packed = None, part
+        else:
+            _fold(self._sketch, part)
 
     def merge(self, other: ArrayStats) -> ArrayStats:
         """A new accumulator holding both; exact, so any merge order gives the same result."""
@@ -205,6 +221,9 @@ class ArrayStats:
         self._sum = [a + b for a, b in zip(self._sum, other._sum)]
         self._sq = [a + b for a, b in zip(self._sq, other._sq)]
         self._min, self._max = np.minimum(self._min, other._min), np.maximum(self._max, other._max)
+        if other._sketch_dicts is None and other._packed is not None:  # an episode's part: no dicts made for it
+            _fold(self._sketch, other._packed)
+            return
         for sk, part in zip(self._sketch, other._sketch):
             for k, n in part.items():
                 sk[k] = sk.get(k, 0) + n

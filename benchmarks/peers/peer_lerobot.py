@@ -1,5 +1,9 @@
 """LeRobotDataset v3: its own writer (``create`` + ``add_frame`` + ``save_episode`` + ``finalize``, AV1 video
-by PyAV) and its reader with the PyAV video backend, in a torch ``DataLoader``. No hub: a local root only."""
+by PyAV) and its reader with the PyAV video backend, in a torch ``DataLoader``. No hub: a local root only.
+
+``frames`` is no benchmark: it writes what ``LeRobotDataset(video_backend="pyav")[i]`` returns for every sample
+to DATA/lerobot_frames.npz (episode_index, frame_index, and each camera's frames back in uint8 HxWx3), for the
+lerobot section to compare with the frames of the copy import."""
 
 from __future__ import annotations
 
@@ -78,6 +82,30 @@ def pinned(a: argparse.Namespace) -> dict:
             "how": "LeRobotDataset(episodes=[e]), every frame decoded from the shared mp4 by PyAV"}
 
 
+def frames(a: argparse.Namespace) -> dict:
+    """Every sample's camera frames as LeRobot returns them (float32 in [0, 1], CHW), back in uint8 HWC.
+
+    LeRobot divides the decoded uint8 by 255 in float32, so ``round(x * 255)`` is the decoded byte again; a
+    value further than 1e-3 from a whole byte would mean it is not, and is refused rather than rounded."""
+    ds = _dataset(a)
+    n, keys = len(ds), list(CAMS.values())
+    out: dict[str, list] = {"episode_index": [], "frame_index": [], **{k: [] for k in keys}}
+    t0 = time.perf_counter()
+    for i in range(n):
+        item = ds[i]
+        out["episode_index"].append(int(item["episode_index"]))
+        out["frame_index"].append(int(item["frame_index"]))
+        for k in keys:
+            x = item[k].numpy().transpose(1, 2, 0) * 255
+            b = np.rint(x)
+            if np.abs(x - b).max() > 1e-3:
+                raise ValueError(f"sample {i} {k}: LeRobot returned a value that is not a byte / 255")
+            out[k].append(b.astype(np.uint8))
+    t = time.perf_counter() - t0
+    np.savez(a.data / "lerobot_frames.npz", **{k.replace(".", "_"): np.asarray(v) for k, v in out.items()})
+    return {"samples": n, "seconds": t, "lerobot": _version(), "video_backend": "pyav"}
+
+
 if __name__ == "__main__":
     np.seterr(all="ignore")
-    common.main({"convert": convert, "train": train, "pinned": pinned})
+    common.main({"convert": convert, "train": train, "pinned": pinned, "frames": frames})

@@ -38,6 +38,15 @@ def python(name: str) -> Path:
     return root() / name / "bin" / "python"
 
 
+def build_seconds(name: str) -> float | None:
+    """How long the venv's build took (from its creation to its stamp), or None where it is not built."""
+    venv = root() / name
+    try:
+        return (venv / ".epbench-installed").stat().st_mtime - (venv / "pyvenv.cfg").stat().st_mtime
+    except OSError:
+        return None
+
+
 def ensure(name: str, *, log: Path | None = None) -> Path:
     """The venv's python, creating the venv first if it is missing or stale; raises with pip's last lines."""
     steps = SPECS[name]
