@@ -7,7 +7,7 @@ makes no call and copies nothing; the decoder reads the JPEG straight from the p
 
 Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they
 resolve against mappings of their own (`resolve`): the frame's bytes never go through a pipe, and are
-never copied in the parent.
+never copied in the parent. A sample of such references travels as plain tuples (`to_wire`, `from_wire`).
 
 A mapping is dropped by `MappedShards.close` (the samples still holding slices keep theirs alive until
 they are gone). A range past the end of a file goes to the byte source, which raises its "truncated"
@@ -24,6 +24,8 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from episodepipes.format import BLOCK
+from episodepipes.pipes.plan import Item
+from episodepipes.pipes.sample import RawSample
 from episodepipes.shardio import LocalSource, ShardIOError, open_regular
 
 _USTAR = struct.Struct("100s24x12s20xc100x5s")  # name, size, type, magic of a tar header, read in place
@@ -135,3 +137,34 @@ def resolve(s: ShardSlice) -> memoryview:
         raise ValueError(f"{s.path} ends before byte {s.offset + s.size}, where its index puts a frame: truncated "
                          "while reading? re-shard it or check with verify=True")
     return view[s.offset:s.offset + s.size]
+
+
+Wire = tuple  # (episode, frame, valid, shard, path, fields, spans, checks): see `to_wire`
+
+
+def to_wire(raw: RawSample) -> Wire | None:
+    """A sample whose members and crc32 checks are all `ShardSlice` references into one shard file, as plain
+    tuples for a decode process: ``(episode, frame, valid, shard, path, fields, (offset, size) per field,
+    ((step, offset, size, crc32), ...))``; None for any other sample (windows, borrowed frames, damage, bytes).
+
+    A pickled `RawSample` reduces through copyreg (a dataclass, its `Item` and a named tuple per member):
+    tens of microseconds a sample, in the parent and again in the worker; tuples of str and int cost a few."""
+    if type(raw) is not RawSample or raw.windows or raw.borrowed or raw.damaged is not None or not raw.members:
+        return None
+    refs = list(raw.members.values())
+    path = refs[0].path if type(refs[0]) is ShardSlice else None
+    if path is None or not all(type(v) is ShardSlice and v.path == path for v in refs) \
+            or not all(type(c[1]) is ShardSlice and c[1].path == path for c in raw.checks):
+        return None
+    item = raw.item
+    return (item.episode, item.frame, item.valid, raw.shard, path, tuple(raw.members),
+            tuple(x for v in refs for x in (v.offset, v.size)),
+            tuple((s, d.offset, d.size, c) for s, d, c in raw.checks))
+
+
+def from_wire(wire: Wire) -> RawSample:
+    """In a decode process: the `RawSample` `to_wire` sent, its references resolved to this process's mappings."""
+    episode, frame, valid, shard, path, fields, spans, checks = wire
+    members = {f: resolve(ShardSlice(path, spans[2 * i], spans[2 * i + 1])) for i, f in enumerate(fields)}
+    return RawSample(Item(episode, frame, valid), shard, members,  # type: ignore[arg-type]
+                     checks=tuple((s, resolve(ShardSlice(path, a, n)), c) for s, a, n, c in checks))

@@ -20,7 +20,7 @@ from episodepipes.pipes import _pool
 from episodepipes.pipes._batchmemo import BatchMemo
 from episodepipes.pipes._executor import InOrder
 from episodepipes.pipes._lifecycle import shutdown_node
-from episodepipes.pipes._mapped import ShardSlice
+from episodepipes.pipes._mapped import ShardSlice, Wire, to_wire
 from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
 from episodepipes.pipes._slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
@@ -272,11 +272,15 @@ def unpack_shared(packed: Packed) -> Decoded:
     return Decoded(fields, corrupt, frames, damaged)
 
 
-def portable(raw: RawSample) -> RawSample:
+def portable(raw: RawSample) -> RawSample | Wire:
     """``raw`` with bytes where a reader handed out memoryviews (slices of mapped shards), which do not pickle
     to a worker process; ``raw`` itself when it holds none (bytes, or `ShardSlice` references the worker
-    resolves). Its crc32 checks of memoryviews are made here (the worker would need the whole frames sent
-    beside their members); checks of references go to the worker."""
+    resolves), or, when its members are references into one shard and nothing else, those as plain tuples
+    (`to_wire`; `SampleDecode` takes either). Its crc32 checks of memoryviews are made here (the worker would
+    need the whole frames sent beside their members); checks of references go to the worker."""
+    wire = to_wire(raw)
+    if wire is not None:
+        return wire
     if raw.checks and not isinstance(raw.checks[0][1], ShardSlice):
         raw = dataclasses.replace(raw, checks=(), damaged=raw.damaged or crc_mismatch(raw.checks))
     views = any(isinstance(v, memoryview) for v in raw.members.values()) or any(
