@@ -120,24 +120,32 @@ def frame_members(buf: memoryview, prefix: bytes,
 
 def resolve(s: ShardSlice) -> memoryview:
     """In a decode process: the bytes ``s`` names, a slice of this process's mapping of its shard."""
-    view = _MAPS.get(s.path)
+    return _slice(_mapping(s.path), s.path, s.offset, s.size)
+
+
+def _mapping(path: str) -> memoryview:
+    """This process's mapping of the shard file at ``path`` (the last `MAX_MAPS` kept)."""
+    view = _MAPS.get(path)
     if view is None:
-        fd, st = open_regular(s.path, "put the shard back (it was replaced while the pass ran)", ShardIOError)
+        fd, st = open_regular(path, "put the shard back (it was replaced while the pass ran)", ShardIOError)
         try:
             size = st.st_size
             view = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
         finally:
             os.close(fd)
-        _MAPS[s.path] = view
+        _MAPS[path] = view
         while len(_MAPS) > MAX_MAPS:
             _MAPS.popitem(last=False)
     else:
-        _MAPS.move_to_end(s.path)
-    if s.offset + s.size > len(view):
-        raise ValueError(f"{s.path} ends before byte {s.offset + s.size}, where its index puts a frame: truncated "
-                         "while reading? re-shard it or check with verify=True")
-    return view[s.offset:s.offset + s.size]
+        _MAPS.move_to_end(path)
+    return view
 
+
+def _slice(view: memoryview, path: str, offset: int, size: int) -> memoryview:
+    if offset + size > len(view):
+        raise ValueError(f"{path} ends before byte {offset + size}, where its index puts a frame: truncated "
+                         "while reading? re-shard it or check with verify=True")
+    return view[offset:offset + size]
 
 Wire = tuple  # (episode, frame, valid, shard, path, fields, spans, checks): see `to_wire`
 
@@ -165,6 +173,7 @@ def to_wire(raw: RawSample) -> Wire | None:
 def from_wire(wire: Wire) -> RawSample:
     """In a decode process: the `RawSample` `to_wire` sent, its references resolved to this process's mappings."""
     episode, frame, valid, shard, path, fields, spans, checks = wire
-    members = {f: resolve(ShardSlice(path, spans[2 * i], spans[2 * i + 1])) for i, f in enumerate(fields)}
+    view = _mapping(path)  # one shard: looked up once, not per member
+    members = {f: _slice(view, path, spans[2 * i], spans[2 * i + 1]) for i, f in enumerate(fields)}
     return RawSample(Item(episode, frame, valid), shard, members,  # type: ignore[arg-type]
-                     checks=tuple((s, resolve(ShardSlice(path, a, n)), c) for s, a, n, c in checks))
+                     checks=tuple((s, _slice(view, path, a, n), c) for s, a, n, c in checks))

@@ -97,6 +97,7 @@ class Decoder(BaseNode[dict]):
         self._plan()
         self._ex: InOrder[_InFlight] | None = None
         self._specs: dict[str, EpisodeSpec] = {}
+        self._plain_shapes: dict[str, Shapes] = {}  # episode -> its row shapes without windows (`_shapes`)
         self._done = False
         self._corrupt = 0  # this pass, for the end-of-pass summary
         self._resume: dict | None = None  # the state of a pass shut down with samples in flight
@@ -215,7 +216,16 @@ class Decoder(BaseNode[dict]):
             self._ex.flush()
 
     def _shapes(self, spec: EpisodeSpec, raw: RawSample) -> Shapes:
-        """Each camera's row shape: ``[3, H, W]``, or ``[steps, 3, H, W]`` for a camera window."""
+        """Each camera's row shape: ``[3, H, W]``, or ``[steps, 3, H, W]`` for a camera window; a sample without
+        windows gets its episode's one dict (kept with its spec), which the sink then recognises by identity."""
+        if not raw.windows:
+            got = self._plain_shapes.get(raw.item.episode)
+            if got is None:
+                got = self._plain_shapes[raw.item.episode] = self._row_shapes(spec, raw)
+            return got
+        return self._row_shapes(spec, raw)
+
+    def _row_shapes(self, spec: EpisodeSpec, raw: RawSample) -> Shapes:
         out = {}
         for c, src in spec.cameras.items():
             w, hw = raw.windows.get(c), self.options.resize or src
