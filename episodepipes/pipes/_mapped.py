@@ -159,15 +159,20 @@ def to_wire(raw: RawSample) -> Wire | None:
     tens of microseconds a sample, in the parent and again in the worker; tuples of str and int cost a few."""
     if type(raw) is not RawSample or raw.windows or raw.borrowed or raw.damaged is not None or not raw.members:
         return None
-    refs = list(raw.members.values())
-    path = refs[0].path if type(refs[0]) is ShardSlice else None
-    if path is None or not all(type(v) is ShardSlice and v.path == path for v in refs) \
-            or not all(type(c[1]) is ShardSlice and c[1].path == path for c in raw.checks):
-        return None
+    path = None
+    spans: list[int] = []
+    for v in raw.members.values():
+        if type(v) is not ShardSlice or (path is not None and v.path != path):
+            return None
+        path = v.path
+        spans += v.offset, v.size
+    checks = []
+    for step, d, crc in raw.checks:
+        if type(d) is not ShardSlice or d.path != path:
+            return None
+        checks.append((step, d.offset, d.size, crc))
     item = raw.item
-    return (item.episode, item.frame, item.valid, raw.shard, path, tuple(raw.members),
-            tuple(x for v in refs for x in (v.offset, v.size)),
-            tuple((s, d.offset, d.size, c) for s, d, c in raw.checks))
+    return item.episode, item.frame, item.valid, raw.shard, path, tuple(raw.members), tuple(spans), tuple(checks)
 
 
 def from_wire(wire: Wire) -> RawSample:
