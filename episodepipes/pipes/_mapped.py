@@ -31,6 +31,9 @@ from episodepipes.shardio import LocalSource, ShardIOError, open_regular
 _USTAR = struct.Struct("100s24x12s20xc100x5s")  # name, size, type, magic of a tar header, read in place
 MAX_MAPS = 64  # shards a decode process keeps mapped (`resolve`)
 _MAPS: OrderedDict[str, memoryview] = OrderedDict()
+_CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
+_SIZES: dict[bytes, int] = {}
+_FIELDS: dict[bytes, str] = {}
 
 
 class ShardSlice(NamedTuple):
@@ -97,11 +100,18 @@ def frame_members(buf: memoryview, prefix: bytes,
         name, size_field, kind, magic = _USTAR.unpack_from(buf, pos)
         if magic != b"ustar" or kind not in b"0\0" or size_field[0] == 0x80 or not name.startswith(prefix):
             return None
-        try:
-            size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
-            field = name[plen:].split(b"\0", 1)[0].decode("utf-8")
-        except ValueError:
-            return None
+        size = _SIZES.get(size_field)
+        field = _FIELDS.get(tail := name[plen:])
+        if size is None or field is None:  # parsed once per distinct header field, then looked up
+            try:
+                size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
+                field = tail.split(b"\0", 1)[0].decode("utf-8")
+            except ValueError:
+                return None
+            for cache, k, v in ((_SIZES, size_field, size), (_FIELDS, tail, field)):
+                if len(cache) >= _CACHED:
+                    cache.clear()
+                cache[k] = v  # type: ignore[index]
         data = pos + BLOCK
         pos = data + -(-size // BLOCK) * BLOCK
         if data + size > end or field in out:
