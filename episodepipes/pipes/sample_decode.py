@@ -208,8 +208,8 @@ def resolved(raw: RawSample | Wire) -> RawSample:
     def ref(v: Any) -> bool:
         return isinstance(v, ShardSlice)
 
-    if not (any(map(ref, raw.members.values())) or any(ref(v) for w in raw.windows.values() for v in w.data.values())
-            or any(ref(c[1]) for c in raw.checks)):
+    if not (any(map(ref, raw.members.values())) or any(ref(c[1]) for c in raw.checks)
+            or raw.windows and any(ref(v) for w in raw.windows.values() for v in w.data.values())):
         return raw
 
     def get(v: Any) -> Any:
