@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
@@ -78,24 +79,21 @@ def test_a_stacked_decoder_sends_samples_in_chunks_and_resumes_inside_one(tmp_pa
     assert head + rest == ref
 
 
-def test_process_tasks_carry_a_batchs_share_per_worker_unless_a_chunk_is_given(tmp_path):
-    idx = EpisodeIndex.open(make_shards(tmp_path / "s", **SHAPE))
+def test_train_pipe_process_tasks_carry_a_batchs_share_per_worker(tmp_path):
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=3, length=30, height=16, width=16))
 
-    def stacked(batch: int, workers: int, **kw: object) -> Decoder:
-        reader = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=4,
-                             epochs=1)
-        dec = Decoder(reader, idx, num_workers=workers, method="process", **kw)
-        BatchStacker(dec, batch_size=batch)
-        return dec
+    def decoder(batch: int, workers: int, method: str = "process") -> Decoder:
+        pipe = train_pipe(idx, batch_size=batch, seed=0, rank=0, world_size=1, num_workers=workers, method=method)
+        return pipe._root.source
 
     # each task costs messages and wake-ups on both sides: a worker's share of a batch goes as one task
-    assert [stacked(32, 2).chunk, stacked(33, 2).chunk, stacked(30, 3).chunk, stacked(8, 2).chunk] == [16, 17, 10, 8]
-    assert stacked(32, 2).prefetch == 64  # two tasks per worker in flight
-    assert stacked(32, 2, chunk=4).chunk == 4  # a chunk asked for is kept
-    dec = Decoder(TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=4,
-                              epochs=1), idx, num_workers=2, method="thread")
-    BatchStacker(dec, batch_size=32)
-    assert dec.chunk == 8  # threads: no messages to save
+    assert [decoder(32, 2).chunk, decoder(33, 2).chunk, decoder(30, 3).chunk, decoder(8, 2).chunk] == [16, 17, 10, 8]
+    assert decoder(32, 2).prefetch == 64  # two tasks per worker in flight
+    assert decoder(32, 2, "thread").chunk == 8  # threads: no messages to save
+    p = train_pipe(idx, batch_size=32, seed=0, rank=0, world_size=1, num_workers=2, method="process")
+    ref = train_pipe(idx, batch_size=32, seed=0, rank=0, world_size=1, num_workers=2, method="thread")
+    for x, y in zip(p, ref, strict=True):  # the same batches
+        assert x["episode"] == y["episode"] and torch.equal(x["front"], y["front"])
 
 
 @pytest.mark.parametrize("method", ["thread", "process"])

@@ -30,7 +30,6 @@ from episodepipes.pipes.sample_decode import Decoded, EpisodeSpec, SampleDecode
 from episodepipes.pipes.stats import Stats
 
 log = logging.getLogger(__name__)
-CHUNK = 8  # samples per task where tasks are chunked, unless `Decoder` is told otherwise
 
 
 class _InFlight(NamedTuple):
@@ -56,9 +55,7 @@ class Decoder(BaseNode[dict]):
             passes (a pipe gives one to every pass's decoder). Not used with a ``transform``.
         chunk: samples per task for processes whose frames come back pickled (a ``transform``, no
             ``slab``, or no fork), and for every method when a `BatchStacker` asked for batch rows
-            (`batch_rows`); every other case sends one sample per task. None: 8, and for processes
-            decoding into batch rows at least a batch's share per worker (``ceil(batch / num_workers)``):
-            each task costs the parent and a worker messages, semaphores and thread wake-ups.
+            (`batch_rows`); every other case sends one sample per task.
         share_frames: once a `BatchStacker` asked for batch rows (`batch_rows`), decode a camera frame that
             several samples of a batch show (overlapping windows) once, and copy it into the others
             (`episodepipes.pipes._batchmemo`); ``frames_decoded`` then counts distinct frames.
@@ -76,18 +73,16 @@ class Decoder(BaseNode[dict]):
 
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, options: DecodeOptions | None = None, *,
                  transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, frames: FrameDecoder = JPEG,
-                 prefetch: int | None = None, stats: Stats | None = None, slab: int | Slabs = 0,
-                 chunk: int | None = None,
+                 prefetch: int | None = None, stats: Stats | None = None, slab: int | Slabs = 0, chunk: int = 8,
                  share_frames: bool = False, **flat: Any) -> None:
         super().__init__()
         self.options = dataclasses.replace(options or DecodeOptions(), **flat)
-        if chunk is not None and chunk < 1:
+        if chunk < 1:
             raise ValueError(f"chunk={chunk} should be >= 1")
         self.source, self.index = source, index
         self.stats = stats if stats is not None else Stats()
         self.fn = SampleDecode(self.options.resize, frames, transform)
-        self._chunk_given = chunk is not None
-        self._asked = (prefetch, CHUNK if chunk is None else chunk)
+        self._asked = (prefetch, chunk)
         self._batched = False  # a BatchStacker takes every sample (batch_rows): chunk tasks for every method
         self._share = share_frames
         self._memo: BatchMemo | None = None  # with batch rows and share_frames: a frame shown twice is decoded once
@@ -126,9 +121,6 @@ class Decoder(BaseNode[dict]):
             self._sink = self._choose_sink(Slabs(size))
             self._batched = True
             self._memo = BatchMemo(size) if self._share else None
-            if self.options.method == "process" and not self._chunk_given:
-                prefetch, chunk = self._asked
-                self._asked = (prefetch, max(chunk, -(-size // self.options.num_workers)))
             self._plan()
 
     def _choose_sink(self, slab: int | Slabs) -> FrameSink:
