@@ -137,3 +137,39 @@ def test_a_sample_without_windows_borrows_nothing_and_is_sent_as_it_is(idx):
     assert memo.plan(raw, cams) is raw
     again = memo.plan(raw, cams)  # the same frame twice in a batch (a mixture's source starting over)
     assert again is raw and again.borrowed == frozenset()  # decoded again, not borrowed: nothing to copy in
+
+
+def test_a_sample_of_references_into_one_shard_travels_as_plain_tuples_and_decodes_the_same(idx):
+    r = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=2, epochs=1)
+    r.send_slices()
+    r.reset(None)
+    for raw in r:
+        sent = portable(raw)
+        wire = pickle.dumps(sent)
+        assert b"episodepipes" not in wire  # no class to reduce: str, int and tuples only
+        spec = EpisodeSpec.of(idx.episode(raw.item.episode))
+        got, want = SampleDecode()(pickle.loads(wire), spec), SampleDecode()(raw, spec)
+        assert got.damaged is want.damaged is None and got.corrupt == want.corrupt == [] and got.frames == 2
+        assert got.fields.keys() == want.fields.keys()
+        for k, v in want.fields.items():
+            assert np.array_equal(v, got.fields[k]) if isinstance(v, np.ndarray) else v == got.fields[k], k
+    (step, ref, crc), = raw.checks
+    bad = pickle.loads(pickle.dumps(portable(dataclasses.replace(raw, checks=((step, ref, crc ^ 1),)))))
+    out = SampleDecode()(bad, EpisodeSpec.of(idx.episode(raw.item.episode)))
+    assert out.damaged == f"frame {step} does not match its crc32 in the index"  # still checked in the worker
+    assert not out.fields["front"].any() and out.fields["episode"] == raw.item.episode
+
+
+def test_only_plain_samples_of_one_shards_references_go_as_tuples(idx):
+    from episodepipes.pipes._mapped import to_wire
+
+    r = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=2, epochs=1)
+    r.send_slices()
+    r.reset(None)
+    raw = next(r)
+    assert to_wire(raw) is not None
+    other = ShardSlice(raw.members["front.jpg"].path + "x", 0, 1)
+    assert to_wire(dataclasses.replace(raw, members={**raw.members, "front.jpg": other})) is None
+    assert to_wire(dataclasses.replace(raw, damaged="crc32 mismatch")) is None
+    assert to_wire(dataclasses.replace(raw, borrowed=frozenset({"front"}))) is None
+    assert to_wire(dataclasses.replace(raw, members={**raw.members, "front.jpg": b"bytes"})) is None

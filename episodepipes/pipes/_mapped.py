@@ -7,7 +7,7 @@ makes no call and copies nothing; the decoder reads the JPEG straight from the p
 
 Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they
 resolve against mappings of their own (`resolve`): the frame's bytes never go through a pipe, and are
-never copied in the parent.
+never copied in the parent. A sample of such references travels as plain tuples (`to_wire`, `from_wire`).
 
 A mapping is dropped by `MappedShards.close` (the samples still holding slices keep theirs alive until
 they are gone). A range past the end of a file goes to the byte source, which raises its "truncated"
@@ -24,11 +24,16 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from episodepipes.format import BLOCK
+from episodepipes.pipes.plan import Item
+from episodepipes.pipes.sample import RawSample
 from episodepipes.shardio import LocalSource, ShardIOError, open_regular
 
 _USTAR = struct.Struct("100s24x12s20xc100x5s")  # name, size, type, magic of a tar header, read in place
 MAX_MAPS = 64  # shards a decode process keeps mapped (`resolve`)
 _MAPS: OrderedDict[str, memoryview] = OrderedDict()
+_CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
+_SIZES: dict[bytes, int] = {}
+_FIELDS: dict[bytes, str] = {}
 
 
 class ShardSlice(NamedTuple):
@@ -95,11 +100,18 @@ def frame_members(buf: memoryview, prefix: bytes,
         name, size_field, kind, magic = _USTAR.unpack_from(buf, pos)
         if magic != b"ustar" or kind not in b"0\0" or size_field[0] == 0x80 or not name.startswith(prefix):
             return None
-        try:
-            size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
-            field = name[plen:].split(b"\0", 1)[0].decode("utf-8")
-        except ValueError:
-            return None
+        size = _SIZES.get(size_field)
+        field = _FIELDS.get(tail := name[plen:])
+        if size is None or field is None:  # parsed once per distinct header field, then looked up
+            try:
+                size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
+                field = tail.split(b"\0", 1)[0].decode("utf-8")
+            except ValueError:
+                return None
+            for cache, k, v in ((_SIZES, size_field, size), (_FIELDS, tail, field)):
+                if len(cache) >= _CACHED:
+                    cache.clear()
+                cache[k] = v  # type: ignore[index]
         data = pos + BLOCK
         pos = data + -(-size // BLOCK) * BLOCK
         if data + size > end or field in out:
@@ -118,20 +130,65 @@ def frame_members(buf: memoryview, prefix: bytes,
 
 def resolve(s: ShardSlice) -> memoryview:
     """In a decode process: the bytes ``s`` names, a slice of this process's mapping of its shard."""
-    view = _MAPS.get(s.path)
+    return _slice(_mapping(s.path), s.path, s.offset, s.size)
+
+
+def _mapping(path: str) -> memoryview:
+    """This process's mapping of the shard file at ``path`` (the last `MAX_MAPS` kept)."""
+    view = _MAPS.get(path)
     if view is None:
-        fd, st = open_regular(s.path, "put the shard back (it was replaced while the pass ran)", ShardIOError)
+        fd, st = open_regular(path, "put the shard back (it was replaced while the pass ran)", ShardIOError)
         try:
             size = st.st_size
             view = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
         finally:
             os.close(fd)
-        _MAPS[s.path] = view
+        _MAPS[path] = view
         while len(_MAPS) > MAX_MAPS:
             _MAPS.popitem(last=False)
     else:
-        _MAPS.move_to_end(s.path)
-    if s.offset + s.size > len(view):
-        raise ValueError(f"{s.path} ends before byte {s.offset + s.size}, where its index puts a frame: truncated "
+        _MAPS.move_to_end(path)
+    return view
+
+
+def _slice(view: memoryview, path: str, offset: int, size: int) -> memoryview:
+    if offset + size > len(view):
+        raise ValueError(f"{path} ends before byte {offset + size}, where its index puts a frame: truncated "
                          "while reading? re-shard it or check with verify=True")
-    return view[s.offset:s.offset + s.size]
+    return view[offset:offset + size]
+
+Wire = tuple  # (episode, frame, valid, shard, path, fields, spans, checks): see `to_wire`
+
+
+def to_wire(raw: RawSample) -> Wire | None:
+    """A sample whose members and crc32 checks are all `ShardSlice` references into one shard file, as plain
+    tuples for a decode process: ``(episode, frame, valid, shard, path, fields, (offset, size) per field,
+    ((step, offset, size, crc32), ...))``; None for any other sample (windows, borrowed frames, damage, bytes).
+
+    A pickled `RawSample` reduces through copyreg (a dataclass, its `Item` and a named tuple per member):
+    tens of microseconds a sample, in the parent and again in the worker; tuples of str and int cost a few."""
+    if type(raw) is not RawSample or raw.windows or raw.borrowed or raw.damaged is not None or not raw.members:
+        return None
+    path = None
+    spans: list[int] = []
+    for v in raw.members.values():
+        if type(v) is not ShardSlice or (path is not None and v.path != path):
+            return None
+        path = v.path
+        spans += v.offset, v.size
+    checks = []
+    for step, d, crc in raw.checks:
+        if type(d) is not ShardSlice or d.path != path:
+            return None
+        checks.append((step, d.offset, d.size, crc))
+    item = raw.item
+    return item.episode, item.frame, item.valid, raw.shard, path, tuple(raw.members), tuple(spans), tuple(checks)
+
+
+def from_wire(wire: Wire) -> RawSample:
+    """In a decode process: the `RawSample` `to_wire` sent, its references resolved to this process's mappings."""
+    episode, frame, valid, shard, path, fields, spans, checks = wire
+    view = _mapping(path)  # one shard: looked up once, not per member
+    members = {f: _slice(view, path, spans[2 * i], spans[2 * i + 1]) for i, f in enumerate(fields)}
+    return RawSample(Item(episode, frame, valid), shard, members,  # type: ignore[arg-type]
+                     checks=tuple((s, _slice(view, path, a, n), c) for s, a, n, c in checks))

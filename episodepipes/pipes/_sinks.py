@@ -11,18 +11,17 @@ A sink hands out a `Claim` per sample, in sample order, from the thread that rea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from episodepipes.pipes._slabs import Shapes, Slabs, worker_rows
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.sample_decode import Decoded, EpisodeSpec, Rows, SampleDecode
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     """Where one sample's frames go: ``rows`` (the parent's view; None: the worker allocates), and the
-    ``ticket`` the worker gets: those rows (threads) or their ``(ring, slab, row)`` address (processes)."""
+    ``ticket`` the worker gets: those rows (threads) or their ``(ring, slab, row)`` address (processes).
+    A named tuple: one is made per sample, and a frozen dataclass costs several attribute sets to make."""
 
     rows: Rows | None = None
     ticket: Rows | tuple[int, int, int] | None = None

@@ -41,6 +41,7 @@ class Slabs:
         self._sharing = False  # this pass's workers are processes writing into the ring
         self._token = -1
         self._slab = -1
+        self._shapes: Shapes | None = None  # what the current slab was made for
 
     def share(self, shapes: Shapes, count: int) -> None:
         """Have a ring of ``count`` shared slabs for ``shapes`` (kept from the last pass if it fits);
@@ -68,10 +69,12 @@ class Slabs:
         """(rows to decode into, what to send a process worker: ``(ring, slab, row)`` or None)."""
         # With no slab free (_cur empty), keep counting rows to the slab's end before trying again, so
         # slab boundaries stay on batch boundaries and later batches are views again, not copies.
-        if self._row >= self.size or (self._cur and {c: a.shape[1:] for c, a in self._cur.items()} != shapes):
+        if self._row >= self.size or (self._cur and shapes is not self._shapes
+                                      and {c: a.shape[1:] for c, a in self._cur.items()} != shapes):
             self._cur = {}  # drop ours first, so a slab only in-flight samples still use is not handed back
             self._cur = self._new_slab(shapes)
             self._row = 0
+            self._shapes = shapes  # the same dict again (a caller's cached shapes) needs no comparison
         self._row += 1
         if not self._cur:
             return None, None

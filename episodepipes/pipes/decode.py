@@ -20,7 +20,7 @@ from episodepipes.pipes import _pool
 from episodepipes.pipes._batchmemo import BatchMemo
 from episodepipes.pipes._executor import InOrder
 from episodepipes.pipes._lifecycle import shutdown_node
-from episodepipes.pipes._mapped import ShardSlice
+from episodepipes.pipes._mapped import ShardSlice, Wire, to_wire
 from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
 from episodepipes.pipes._slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
@@ -93,6 +93,7 @@ class Decoder(BaseNode[dict]):
         self._plan()
         self._ex: InOrder[_InFlight] | None = None
         self._specs: dict[str, EpisodeSpec] = {}
+        self._plain_shapes: dict[str, Shapes] = {}  # episode -> its row shapes without windows (`_shapes`)
         self._done = False
         self._corrupt = 0  # this pass, for the end-of-pass summary
         self._resume: dict | None = None  # the state of a pass shut down with samples in flight
@@ -215,7 +216,16 @@ class Decoder(BaseNode[dict]):
             self._ex.flush()
 
     def _shapes(self, spec: EpisodeSpec, raw: RawSample) -> Shapes:
-        """Each camera's row shape: ``[3, H, W]``, or ``[steps, 3, H, W]`` for a camera window."""
+        """Each camera's row shape: ``[3, H, W]``, or ``[steps, 3, H, W]`` for a camera window; a sample without
+        windows gets its episode's one dict (kept with its spec), which the sink then recognises by identity."""
+        if not raw.windows:
+            got = self._plain_shapes.get(raw.item.episode)
+            if got is None:
+                got = self._plain_shapes[raw.item.episode] = self._row_shapes(spec, raw)
+            return got
+        return self._row_shapes(spec, raw)
+
+    def _row_shapes(self, spec: EpisodeSpec, raw: RawSample) -> Shapes:
         out = {}
         for c, src in spec.cameras.items():
             w, hw = raw.windows.get(c), self.options.resize or src
@@ -272,11 +282,15 @@ def unpack_shared(packed: Packed) -> Decoded:
     return Decoded(fields, corrupt, frames, damaged)
 
 
-def portable(raw: RawSample) -> RawSample:
+def portable(raw: RawSample) -> RawSample | Wire:
     """``raw`` with bytes where a reader handed out memoryviews (slices of mapped shards), which do not pickle
     to a worker process; ``raw`` itself when it holds none (bytes, or `ShardSlice` references the worker
-    resolves). Its crc32 checks of memoryviews are made here (the worker would need the whole frames sent
-    beside their members); checks of references go to the worker."""
+    resolves), or, when its members are references into one shard and nothing else, those as plain tuples
+    (`to_wire`; `SampleDecode` takes either). Its crc32 checks of memoryviews are made here (the worker would
+    need the whole frames sent beside their members); checks of references go to the worker."""
+    wire = to_wire(raw)
+    if wire is not None:
+        return wire
     if raw.checks and not isinstance(raw.checks[0][1], ShardSlice):
         raw = dataclasses.replace(raw, checks=(), damaged=raw.damaged or crc_mismatch(raw.checks))
     views = any(isinstance(v, memoryview) for v in raw.members.values()) or any(

@@ -20,7 +20,7 @@ import numpy as np
 
 from episodepipes.format import npy_header, npy_load
 from episodepipes.index import Episode
-from episodepipes.pipes._mapped import ShardSlice, resolve
+from episodepipes.pipes._mapped import ShardSlice, Wire, from_wire, resolve
 from episodepipes.pipes.frames import JPEG, FrameDecoder
 from episodepipes.pipes.sample import RawSample, StepWindow, crc_mismatch
 
@@ -79,7 +79,7 @@ class SampleDecode:
     frames: FrameDecoder = JPEG
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
-    def __call__(self, raw: RawSample, spec: EpisodeSpec, rows: Rows | None = None) -> Decoded:
+    def __call__(self, raw: RawSample | Wire, spec: EpisodeSpec, rows: Rows | None = None) -> Decoded:
         raw = resolved(raw)
         damaged = raw.damaged if raw.damaged is not None else crc_mismatch(raw.checks)
         if damaged is not None:
@@ -200,14 +200,16 @@ class SampleDecode:
         return f
 
 
-def resolved(raw: RawSample) -> RawSample:
+def resolved(raw: RawSample | Wire) -> RawSample:
     """``raw`` with the bytes its `ShardSlice` references name (a decode process's own mappings), or ``raw``
-    itself when it holds none."""
+    itself when it holds none; a sample sent as tuples (`to_wire`) comes back a `RawSample`."""
+    if type(raw) is tuple:
+        return from_wire(raw)
     def ref(v: Any) -> bool:
         return isinstance(v, ShardSlice)
 
-    if not (any(map(ref, raw.members.values())) or any(ref(v) for w in raw.windows.values() for v in w.data.values())
-            or any(ref(c[1]) for c in raw.checks)):
+    if not (any(map(ref, raw.members.values())) or any(ref(c[1]) for c in raw.checks)
+            or raw.windows and any(ref(v) for w in raw.windows.values() for v in w.data.values())):
         return raw
 
     def get(v: Any) -> Any:

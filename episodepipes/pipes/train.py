@@ -46,6 +46,7 @@ from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
 READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
+CHUNK = 8  # samples per decode task (`Decoder`'s default), at least
 SHUFFLES = ("full", "block")
 
 
@@ -518,13 +519,22 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
                                             world_size=world_size, batch_size=batch_size, epochs=epochs, stats=stats,
                                             on_resize=on_resize, blocks=blocks)
     dec = Decoder(reader, idx, options, stats=stats, transform=checked, frames=train_packed.frames_of(idx),
-                  share_frames=True)
+                  share_frames=True, chunk=task_chunk(options, batch_size))
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
     return TrainPipe(BatchStacker(dec, batch_size=batch_size, stats=stats),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
                      rank_world=(rank, world_size) if inferred else None)
+
+
+def task_chunk(options: DecodeOptions, batch_size: int) -> int:
+    """Samples per decode task: for processes at least a batch's share per worker (``ceil(batch / workers)``),
+    since each task costs the parent and a worker messages, semaphores and thread wake-ups; else the
+    `Decoder`'s default. (Threads gain nothing from larger tasks, and their prefetch would double.)"""
+    if options.method != "process":
+        return CHUNK
+    return max(CHUNK, -(-batch_size // options.num_workers))
 
 
 def block_options(shuffle: str, block_frames: int | None, window_blocks: int | None) -> tuple[int, int] | None:

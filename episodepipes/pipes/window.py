@@ -96,6 +96,8 @@ def window_sample(item: Item, shard: str, length: int, windows: Mapping[str, Win
                   read: Mapping[int, Mapping[str, bytes]]) -> RawSample:
     """One training sample from ``read[step][field]`` (step ``item.frame`` read whole)."""
     t = item.frame
+    if not windows:  # the current step's members are the sample's, as they were read
+        return RawSample(item, shard, dict(read[t]))
     windowed = {w.field for w in windows.values()}
     members = {f: b for f, b in read[t].items() if f not in windowed}
     out = {}
