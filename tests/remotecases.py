@@ -1,5 +1,6 @@
 """The remote roots the pipe-equality tests run against (an S3 bucket, a GCS bucket, an HTTP site), each behind a
-counter of the requests it answered, with what a test needs to set up objects there."""
+counter of the requests it answered, with what a test needs to set up objects there; and the synthetic shards the
+remote source tests upload."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from s3server import CREDENTIALS
+
+from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.write import WriteOptions, write_shards
+
+
+def upload_synthetic(moto, out: Path, bucket: str, prefix: str) -> Path:  # noqa: ANN001
+    """Four 10-frame episodes in 60 kB shards at ``out``, uploaded to ``s3://bucket/prefix``."""
+    write_shards(SyntheticReader(num_episodes=4, length=10, height=48, width=64), out,
+                 WriteOptions(format="test", shard_size=60_000))
+    moto.upload_dir(out, bucket, prefix)
+    return out
 
 
 def plain(batches) -> list[dict]:
