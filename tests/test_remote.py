@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from s3server import CREDENTIALS, Faults, RangeHTTPServer
+from remotecases import s3_secrets_absent, upload_synthetic
+from s3server import Faults, RangeHTTPServer
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.remote import RangeCache, RemoteOptions, RemoteSource
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.shardio import ShardIOError, open_source
 
 BUCKET, PREFIX = "episodes", "runs/v1"
@@ -24,11 +23,7 @@ FAST = RemoteOptions(backoff=0.001, max_backoff=0.01, timeout=5.0)
 
 @pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("remote") / "shards"
-    write_shards(SyntheticReader(num_episodes=4, length=10, height=48, width=64), out,
-                 WriteOptions(format="test", shard_size=60_000))
-    moto.upload_dir(out, BUCKET, PREFIX)
-    return out
+    return upload_synthetic(moto, tmp_path_factory.mktemp("remote") / "shards", BUCKET, PREFIX)
 
 
 def _frames(index: EpisodeIndex) -> list[tuple[str, int, int]]:
@@ -38,12 +33,6 @@ def _frames(index: EpisodeIndex) -> list[tuple[str, int, int]]:
             shard, start, end = ep.frame_range(f)
             out.append((index.shards[shard].name, start, end - start))
     return out
-
-
-def _secrets_absent(*texts: str) -> None:
-    for t in texts:
-        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            assert CREDENTIALS[k] not in t
 
 
 def test_every_frame_range_reads_the_local_bytes(shards, proxy):
@@ -171,7 +160,7 @@ def test_exhausted_retries_name_the_object_and_range_without_secrets(shards, pro
     with pytest.raises(ShardIOError, match="missing") as e:
         RemoteSource(f"s3://no-such-bucket/{PREFIX}", FAST).size(name)
     errors.append(e.value)
-    _secrets_absent(repr(src), str(src), repr(src.options), caplog.text, *map(str, errors), *map(repr, errors))
+    s3_secrets_absent(repr(src), str(src), repr(src.options), caplog.text, *map(str, errors), *map(repr, errors))
     assert "retrying" in caplog.text
     assert all(x.__cause__ is None and x.__suppress_context__ for x in errors)
 

@@ -10,12 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from remotecases import upload_synthetic
 from s3server import Faults
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.remote import RangeCache, RemoteOptions, RemoteSource
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.shardio import open_source
 
 BUCKET, PREFIX = "share", "v1"
@@ -24,11 +23,7 @@ URL = f"s3://{BUCKET}/{PREFIX}"
 
 @pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("share") / "shards"
-    write_shards(SyntheticReader(num_episodes=4, length=10, height=48, width=64), out,
-                 WriteOptions(format="test", shard_size=60_000))
-    moto.upload_dir(out, BUCKET, PREFIX)
-    return out
+    return upload_synthetic(moto, tmp_path_factory.mktemp("share") / "shards", BUCKET, PREFIX)
 
 
 def _calls(shards: Path) -> list[tuple[str, list[tuple[int, int]]]]:

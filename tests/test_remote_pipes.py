@@ -6,9 +6,8 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import as_v1, make_shards, write_raw
-from s3server import CREDENTIALS
+from remotecases import plain, s3_secrets_absent
 
 from episodepipes.format import COLUMNS
 from episodepipes.index import EpisodeIndex, IndexFormatError
@@ -18,7 +17,6 @@ from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.shardio import ShardMissingError
 
 BUCKET = "pipes"
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)
@@ -33,21 +31,6 @@ def shards(moto, tmp_path_factory) -> Path:
 
 
 URL = f"s3://{BUCKET}/v1"
-
-
-def _plain(batches) -> list[dict]:
-    """Batches as comparable values: every tensor's dtype, shape and bytes, every list as it is."""
-    out = []
-    for b in batches:
-        out.append({k: (str(v.dtype), tuple(v.shape), v.numpy().tobytes()) if torch.is_tensor(v) else v
-                    for k, v in sorted(b.items())})
-    return out
-
-
-def _secrets_absent(*texts: str) -> None:
-    for t in texts:
-        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            assert CREDENTIALS[k] not in t
 
 
 def test_the_index_opens_from_s3_as_it_does_locally(shards, proxy):
@@ -94,7 +77,7 @@ def test_a_missing_or_hostile_remote_index_is_refused_by_name(moto, shards, prox
     with pytest.raises(IndexFormatError, match=rf"s3://{BUCKET}/nocol/index.offset.npy holds"):
         EpisodeIndex.open(f"s3://{BUCKET}/nocol")
     errors = (e1, e2, e3, e4, e5)
-    _secrets_absent(caplog.text, *(str(e.value) for e in errors), repr(EpisodeIndex.open(URL).source))
+    s3_secrets_absent(caplog.text, *(str(e.value) for e in errors), repr(EpisodeIndex.open(URL).source))
 
 
 def test_a_version_1_index_opens_from_s3_too(moto, shards, proxy, tmp_path):
@@ -103,17 +86,7 @@ def test_a_version_1_index_opens_from_s3_too(moto, shards, proxy, tmp_path):
     remote = EpisodeIndex.open(f"s3://{BUCKET}/old")
     assert remote.version == 1 and remote.data == EpisodeIndex.open(v1).data
     kw = dict(episodes=["ep0000", "ep0004"], batch_size=4, max_batches=10)
-    assert _plain(video_pipe(remote, **kw)) == _plain(video_pipe(v1, **kw))
-
-
-@pytest.mark.parametrize("method", ["thread", "process"])
-def test_metric_pipe_yields_what_it_yields_locally(shards, proxy, method):
-    kw = dict(frames_per_episode=5, batch_size=3, rank=0, world_size=1, num_workers=2, method=method)
-    local = _plain(metric_pipe(shards, split="train", **kw))
-    remote = metric_pipe(URL, split="train", **kw)
-    got = _plain(remote)
-    assert got == local and len(got) == len(remote)
-    assert remote.stats["bytes_read"] > 0 and len(proxy.gets()) > 1
+    assert plain(video_pipe(remote, **kw)) == plain(video_pipe(v1, **kw))
 
 
 def test_a_shards_runs_are_fetched_together_and_in_bounded_batches(shards, proxy, monkeypatch):
@@ -125,76 +98,11 @@ def test_a_shards_runs_are_fetched_together_and_in_bounded_batches(shards, proxy
     runs = read_runs(index, metric_items(index.split("train"), 4))  # the reader's plan: runs of adjacent frames
     assert len(runs) > len({r.shard for r in runs})  # some shard holds several runs
     proxy.reset()
-    got = _plain(pipe)
+    got = plain(pipe)
     assert len(proxy.gets()) == len({r.shard for r in runs})  # a shard's runs in one read: one coalesced GET
     proxy.reset()
     monkeypatch.setattr(ShardReader, "BATCH_BYTES", 1)  # a batch per run: the same frames, a GET per run
-    assert _plain(metric_pipe(index, **kw)) == got and len(proxy.gets()) == len(runs)
-
-
-def test_video_pipe_yields_what_it_yields_locally_and_a_pinned_episode_costs_its_own_bytes(shards, proxy):
-    index = EpisodeIndex.open(URL)
-    ep = index.episode("ep0000")
-    assert len({seg.shard for seg in ep.segments}) > 1  # it spans shards
-    kw = dict(episodes=["ep0000"], batch_size=4, max_batches=10)
-    proxy.reset()
-    got = _plain(video_pipe(index, **kw))
-    assert got == _plain(video_pipe(shards, **kw))
-    assert sum(b["frame"][1][0] for b in got) == ep.length  # every frame once
-    assert 0 < proxy.body_bytes <= 1.1 * ep.nbytes
-
-
-def test_a_closed_gate_sends_no_request(shards, proxy):
-    index = EpisodeIndex.open(URL)
-    proxy.reset()
-    pipe = video_pipe(index, episodes=["ep0001", "ep0003"], batch_size=2, max_batches=4, gate=lambda: False)
-    assert list(pipe) == [] and list(pipe) == [] and len(pipe) == 4
-    assert proxy.requests == []
-    assert len(list(video_pipe(index, episodes=["ep0001"], batch_size=2, max_batches=4))) == 4
-    assert proxy.gets()
-
-
-@pytest.mark.parametrize("method", ["thread", "process"])
-def test_train_pipe_yields_what_it_yields_locally(shards, proxy, method):
-    kw = dict(batch_size=4, seed=3, rank=0, world_size=1, epochs=2, num_workers=2, method=method, **WINDOWS)
-    local = _plain(train_pipe(shards, **kw))
-    remote = train_pipe(URL, **kw)
-    got = _plain(remote)
-    assert got == local and len(got) == len(remote) == len(local)
-
-
-def test_a_missing_shard_object_is_named(moto, shards, proxy):
-    moto.upload_dir(shards, BUCKET, "gone")
-    index = EpisodeIndex.open(f"s3://{BUCKET}/gone")
-    shard = index.shards[index.episode("ep0000").segments[0].shard].name
-    moto.client().delete_object(Bucket=BUCKET, Key=f"gone/{shard}")
-    with pytest.raises(ShardMissingError, match=rf"s3://{BUCKET}/gone/{shard} is missing"):
-        list(video_pipe(index, episodes=["ep0000"], batch_size=4, max_batches=10))
-    with pytest.raises(FileNotFoundError, match=rf"s3://{BUCKET}/gone/{shard} is missing"):
-        list(train_pipe(index, batch_size=4, seed=0, rank=0, world_size=1))
-    with pytest.raises(FileNotFoundError, match=rf"s3://{BUCKET}/gone: shard {shard} is missing"):
-        index.verify()
-
-
-def test_cli_info_and_verify_read_a_remote_root(moto, shards, proxy, capsys):
-    assert main(["info", URL]) == 0
-    out = capsys.readouterr().out
-    assert f"output    {URL}" in out and "episodes  6" in out
-    assert main(["verify", URL]) == 0
-    assert capsys.readouterr().out.strip() == f"{URL}: ok"
-    moto.upload_dir(shards, BUCKET, "cut")
-    index = EpisodeIndex.open(shards)
-    name = index.shards[1].name
-    moto.client().put_object(Bucket=BUCKET, Key=f"cut/{name}", Body=(shards / name).read_bytes()[:-700])
-    moto.client().delete_object(Bucket=BUCKET, Key=f"cut/{index.shards[0].name}")
-    assert main(["verify", f"s3://{BUCKET}/cut"]) == 1
-    cap = capsys.readouterr()
-    assert f"shard {index.shards[0].name} is missing" in cap.err and f"shard {name} has" in cap.err
-    assert "FAILED" in cap.out
-    assert main(["info", f"s3://{BUCKET}/nothing-here"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"no index.json at s3://{BUCKET}/nothing-here" in err
-    _secrets_absent(out, cap.err, err)
+    assert plain(metric_pipe(index, **kw)) == got and len(proxy.gets()) == len(runs)
 
 
 def test_h264_shards_read_from_s3_as_locally(moto, proxy, tmp_path):
@@ -206,9 +114,9 @@ def test_h264_shards_read_from_s3_as_locally(moto, proxy, tmp_path):
     moto.upload_dir(out, BUCKET, "h264")
     url = f"s3://{BUCKET}/h264"
     video = dict(episodes=["ep0001", "ep0004"], batch_size=4, max_batches=100)
-    assert _plain(video_pipe(url, **video)) == _plain(video_pipe(out, **video))
+    assert plain(video_pipe(url, **video)) == plain(video_pipe(out, **video))
     metric = dict(frames_per_episode=3, batch_size=2, split="train", rank=0, world_size=1)  # mid-GOP frames
-    assert _plain(metric_pipe(url, **metric)) == _plain(metric_pipe(out, **metric))
+    assert plain(metric_pipe(url, **metric)) == plain(metric_pipe(out, **metric))
 
 
 def test_a_sparse_metric_plan_costs_at_most_1_1x_its_bytes(moto, proxy, tmp_path):
@@ -218,11 +126,11 @@ def test_a_sparse_metric_plan_costs_at_most_1_1x_its_bytes(moto, proxy, tmp_path
     moto.upload_dir(big, BUCKET, "sparse")
     kw = dict(split="train", frames_per_episode=3, batch_size=4, rank=0, world_size=1)
     local = metric_pipe(big, **kw)
-    want = _plain(local)
+    want = plain(local)
     for options, most in ((RemoteOptions(waste=None), None), (RemoteOptions(), 1.1)):
         index = EpisodeIndex.open(f"s3://{BUCKET}/sparse", options=options)
         proxy.reset()
-        assert _plain(metric_pipe(index, **kw)) == want
+        assert plain(metric_pipe(index, **kw)) == want
         ratio = proxy.body_bytes / local.stats["bytes_read"]
         if most is None:
             assert ratio > 1.5  # the gap alone reads through the unplanned frames between the chosen ones
@@ -234,8 +142,8 @@ def test_train_pipe_fetches_each_batch_at_once_and_the_next_ones_ahead(shards, p
     from s3server import Faults
 
     kw = dict(batch_size=4, seed=5, rank=0, world_size=1, num_workers=2)
-    local = _plain(train_pipe(shards, **kw))
+    local = plain(train_pipe(shards, **kw))
     index = EpisodeIndex.open(URL)
     proxy.reset(Faults(latency=0.05))  # long enough for a batch's GETs, and the next batches', to overlap
-    assert _plain(train_pipe(index, **kw)) == local
+    assert plain(train_pipe(index, **kw)) == local
     assert proxy.peak > 4  # more than one batch's frames in flight: the read-ahead

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import write_raw
+from remotecases import plain, s3_secrets_absent
 from s3server import CREDENTIALS, Faults
 
 from episodepipes.index import EpisodeIndex
@@ -53,17 +53,6 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
-def _plain(batches) -> list[dict]:
-    return [{k: (str(v.dtype), tuple(v.shape), v.numpy().tobytes()) if torch.is_tensor(v) else v
-             for k, v in sorted(b.items())} for b in batches]
-
-
-def _secrets_absent(*texts: str) -> None:
-    for t in texts:
-        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            assert CREDENTIALS[k] not in t
-
-
 def test_a_write_to_s3_puts_the_local_objects_index_last_and_every_pipe_reads_them(bucket, local, proxy, tmp_path):
     url = f"s3://{BUCKET}/plain"
     res = write_shards(SyntheticReader(**READER), url, OPTS, staging=tmp_path / "stage")
@@ -76,11 +65,11 @@ def test_a_write_to_s3_puts_the_local_objects_index_last_and_every_pipe_reads_th
                                           n != "index.json")
     assert not list((tmp_path / "stage").rglob("shard-*")) and not list((tmp_path / "stage").rglob("index*"))
     kw = dict(split="train", frames_per_episode=3, batch_size=4, rank=0, world_size=1)
-    assert _plain(metric_pipe(url, **kw)) == _plain(metric_pipe(local, **kw))
+    assert plain(metric_pipe(url, **kw)) == plain(metric_pipe(local, **kw))
     kw = dict(episodes=["ep0000", "ep0003"], batch_size=4, max_batches=10)
-    assert _plain(video_pipe(url, **kw)) == _plain(video_pipe(local, **kw))
+    assert plain(video_pipe(url, **kw)) == plain(video_pipe(local, **kw))
     kw = dict(batch_size=4, seed=1, rank=0, world_size=1)
-    assert _plain(train_pipe(url, **kw)) == _plain(train_pipe(local, **kw))
+    assert plain(train_pipe(url, **kw)) == plain(train_pipe(local, **kw))
 
 
 class _Watching(SyntheticReader):
@@ -119,7 +108,7 @@ def test_puts_failing_mid_write_then_a_resume_on_another_machine_give_identical_
     assert _objects(bucket, "resumed") == _files(local)
     shards_put = [p for _, p, _ in proxy.puts() if "/shard-" in p]
     assert f"/{BUCKET}/resumed/shard-000000.tar" not in shards_put  # the finished shard was not sent again
-    _secrets_absent(str(e.value), caplog.text)
+    s3_secrets_absent(str(e.value), caplog.text)
 
 
 def test_503s_and_dropped_connections_on_puts_are_retried(bucket, local, proxy, tmp_path):

@@ -193,3 +193,40 @@ def main(stages: dict[str, Callable[[argparse.Namespace], dict]]) -> None:
     res["stage_s"] = time.perf_counter() - t0
     sys.stdout.write("EPBENCH " + json.dumps(res) + "\n")
     sys.stdout.flush()
+
+
+def tensors(s: dict) -> dict:
+    """A stored sample (idx, state, one JPEG per camera) as the torch tensors every streaming peer yields."""
+    import torch  # only the peers that yield tensors have it
+
+    return {"idx": int(s["idx"]), "state": torch.from_numpy(np.array(s["state"])),
+            **{c: torch.from_numpy(decode_rgb(s[c])).permute(2, 0, 1) for c in CAMERAS}}
+
+
+def idx_of(b: dict) -> list[int]:
+    """Sample numbers of a batch whose ``idx`` column is a tensor."""
+    return b["idx"].tolist()
+
+
+def resume_save(loader, ids_of: Callable[[object], list[int]], a: argparse.Namespace, name: str,  # noqa: ANN001
+                dumps: Callable[[object], bytes] = lambda s: json.dumps(s).encode()) -> dict:
+    """Take ``a.stop_after`` batches, save the loader's state as ``<name>.state``, then finish the epoch and keep
+    its whole order as ``<name>.reference``: what `resume_load` is compared with."""
+    seen: list[int] = []
+    it = iter(loader)
+    for _ in range(a.stop_after):
+        seen += ids_of(next(it))
+    (a.out.parent / f"{name}.state").write_bytes(dumps(loader.state_dict()))
+    for b in it:
+        seen += ids_of(b)
+    (a.out.parent / f"{name}.reference").write_text(",".join(map(str, seen)))
+    return {"saved_after": a.stop_after}
+
+
+def resume_load(loader, ids_of: Callable[[object], list[int]], a: argparse.Namespace, name: str,  # noqa: ANN001
+                loads: Callable[[bytes], object] = json.loads) -> dict:
+    """Restore the state `resume_save` wrote into a fresh loader; compare the rest of its epoch with the reference."""
+    loader.load_state_dict(loads((a.out.parent / f"{name}.state").read_bytes()))
+    got = [i for b in loader for i in ids_of(b)]
+    ref = [int(x) for x in (a.out.parent / f"{name}.reference").read_text().split(",")]
+    return resume_check(ref, got, a.stop_after * BATCH)

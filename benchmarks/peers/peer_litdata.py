@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 
 import common
-import numpy as np
-import torch
 
 CHUNK_BYTES = 8_000_000
 _DATA: dict[str, tuple] = {}
@@ -29,9 +27,7 @@ def _dataset(out, **kw):  # noqa: ANN001, ANN202
 
     class Decoded(StreamingDataset):
         def __getitem__(self, i: object) -> dict:
-            s = super().__getitem__(i)
-            return {"idx": int(s["idx"]), "state": torch.from_numpy(np.array(s["state"])),
-                    **{c: torch.from_numpy(common.decode_rgb(s[c])).permute(2, 0, 1) for c in common.CAMERAS}}
+            return common.tensors(super().__getitem__(i))
 
     return Decoded(str(out), **kw)
 
@@ -64,17 +60,13 @@ def _loader(ds):  # noqa: ANN001, ANN202
     return StreamingDataLoader(ds, batch_size=common.BATCH, num_workers=common.WORKERS)
 
 
-def _ids(b: dict) -> list[int]:
-    return b["idx"].tolist()
-
-
 def train(a: argparse.Namespace) -> dict:
     import litdata  # noqa: F401  (imports before the timer, as for every peer)
 
     meta = common.load_meta(a.data)
     t0 = time.perf_counter()
     loader = _loader(_dataset(a.out, shuffle=True, seed=a.seed))
-    return common.train_epoch(loader, _ids, common.sample_episode(meta), t0)
+    return common.train_epoch(loader, common.idx_of, common.sample_episode(meta), t0)
 
 
 def pinned(a: argparse.Namespace) -> dict:
@@ -91,24 +83,11 @@ def pinned(a: argparse.Namespace) -> dict:
 
 
 def resume_save(a: argparse.Namespace) -> dict:
-    loader = _loader(_dataset(a.out, shuffle=True, seed=a.seed))
-    seen: list[int] = []
-    it = iter(loader)
-    for _ in range(a.stop_after):
-        seen += _ids(next(it))
-    (a.out.parent / "litdata.state").write_text(json.dumps(loader.state_dict()))
-    for b in it:
-        seen += _ids(b)
-    (a.out.parent / "litdata.reference").write_text(",".join(map(str, seen)))
-    return {"saved_after": a.stop_after}
+    return common.resume_save(_loader(_dataset(a.out, shuffle=True, seed=a.seed)), common.idx_of, a, "litdata")
 
 
 def resume_load(a: argparse.Namespace) -> dict:
-    loader = _loader(_dataset(a.out, shuffle=True, seed=a.seed))
-    loader.load_state_dict(json.loads((a.out.parent / "litdata.state").read_text()))
-    got = [i for b in loader for i in _ids(b)]
-    ref = [int(x) for x in (a.out.parent / "litdata.reference").read_text().split(",")]
-    return common.resume_check(ref, got, a.stop_after * common.BATCH)
+    return common.resume_load(_loader(_dataset(a.out, shuffle=True, seed=a.seed)), common.idx_of, a, "litdata")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import common
-import numpy as np
-import torch
 
 SHARD_BYTES = 8_000_000
 COLUMNS = {"idx": "int", "front": "bytes", "wrist": "bytes", "state": "ndarray:float32:7"}
@@ -25,9 +22,7 @@ def _dataset(out, **kw):  # noqa: ANN001, ANN202
 
     class Decoded(StreamingDataset):
         def __getitem__(self, i: int) -> dict:
-            s = super().__getitem__(i)
-            return {"idx": int(s["idx"]), "state": torch.from_numpy(np.array(s["state"])),
-                    **{c: torch.from_numpy(common.decode_rgb(s[c])).permute(2, 0, 1) for c in common.CAMERAS}}
+            return common.tensors(super().__getitem__(i))
 
     _clean()
     return Decoded(local=str(out), batch_size=common.BATCH, **kw)
@@ -61,17 +56,13 @@ def _loader(ds):  # noqa: ANN001, ANN202
     return StreamingDataLoader(ds, batch_size=common.BATCH, num_workers=common.WORKERS)
 
 
-def _ids(b: dict) -> list[int]:
-    return b["idx"].tolist()
-
-
 def train(a: argparse.Namespace) -> dict:
     import streaming  # noqa: F401  (imports before the timer, as for every peer)
 
     meta = common.load_meta(a.data)
     t0 = time.perf_counter()
     loader = _loader(_dataset(a.out, shuffle=True, shuffle_seed=a.seed))
-    return common.train_epoch(loader, _ids, common.sample_episode(meta), t0)
+    return common.train_epoch(loader, common.idx_of, common.sample_episode(meta), t0)
 
 
 def pinned(a: argparse.Namespace) -> dict:
@@ -88,23 +79,12 @@ def pinned(a: argparse.Namespace) -> dict:
 
 def resume_save(a: argparse.Namespace) -> dict:
     loader = _loader(_dataset(a.out, shuffle=True, shuffle_seed=a.seed))
-    seen: list[int] = []
-    it = iter(loader)
-    for _ in range(a.stop_after):
-        seen += _ids(next(it))
-    (a.out.parent / "mosaic.state").write_text(json.dumps(loader.state_dict()))
-    for b in it:
-        seen += _ids(b)
-    (a.out.parent / "mosaic.reference").write_text(",".join(map(str, seen)))
-    return {"saved_after": a.stop_after}
+    return common.resume_save(loader, common.idx_of, a, "mosaic")
 
 
 def resume_load(a: argparse.Namespace) -> dict:
     loader = _loader(_dataset(a.out, shuffle=True, shuffle_seed=a.seed))
-    loader.load_state_dict(json.loads((a.out.parent / "mosaic.state").read_text()))
-    got = [i for b in loader for i in _ids(b)]
-    ref = [int(x) for x in (a.out.parent / "mosaic.reference").read_text().split(",")]
-    return common.resume_check(ref, got, a.stop_after * common.BATCH)
+    return common.resume_load(loader, common.idx_of, a, "mosaic")
 
 
 if __name__ == "__main__":

@@ -101,26 +101,11 @@ def pinned(a: argparse.Namespace) -> dict:
 
 
 def resume_save(a: argparse.Namespace) -> dict:
-    meta = common.load_meta(a.data)
-    ids_of, pipe = _ids(meta), _pipe(a)
-    seen: list[int] = []
-    it = iter(pipe)
-    for _ in range(a.stop_after):
-        seen += ids_of(next(it))
-    (a.out.parent / "ours.state").write_bytes(pickle.dumps(pipe.state_dict()))
-    for b in it:
-        seen += ids_of(b)
-    (a.out.parent / "ours.reference").write_text(",".join(map(str, seen)))
-    return {"saved_after": a.stop_after}
+    return common.resume_save(_pipe(a), _ids(common.load_meta(a.data)), a, "ours", pickle.dumps)
 
 
 def resume_load(a: argparse.Namespace) -> dict:
-    meta = common.load_meta(a.data)
-    ids_of, pipe = _ids(meta), _pipe(a)
-    pipe.load_state_dict(pickle.loads((a.out.parent / "ours.state").read_bytes()))
-    got = [i for b in pipe for i in ids_of(b)]
-    ref = [int(x) for x in (a.out.parent / "ours.reference").read_text().split(",")]
-    return common.resume_check(ref, got, a.stop_after * common.BATCH)
+    return common.resume_load(_pipe(a), _ids(common.load_meta(a.data)), a, "ours", pickle.loads)
 
 
 if __name__ == "__main__":
