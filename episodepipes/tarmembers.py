@@ -19,18 +19,24 @@ def _header(buf: bytes, where: str, offset: int) -> tuple[str, int, bytes]:
     """(name, size, type) of a tar header block; plain octal fields parsed directly, the rest by tarfile."""
     buf = bytes(buf)  # a block of a mapped shard comes as a memoryview
     size_field = buf[124:136]
+    got = None
     if len(buf) == BLOCK and buf[257:262] == b"ustar" and size_field[:1] != b"\x80":
         try:
-            return buf[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape"), \
+            got = buf[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape"), \
                 int(size_field.split(b"\0", 1)[0].strip() or b"0", 8), buf[156:157]
         except ValueError:
             pass
-    try:
-        info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
-    except tarfile.HeaderError as e:
-        raise ValueError(f"{where}: no valid tar header at byte {offset} ({e}); the shard does not match its index, "
-                         "re-shard it or check with verify=True") from None
-    return info.name, info.size, info.type
+    if got is None:
+        try:
+            info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as e:
+            raise ValueError(f"{where}: no valid tar header at byte {offset} ({e}); the shard does not match its "
+                             "index, re-shard it or check with verify=True") from None
+        got = info.name, info.size, info.type
+    if got[1] < 0:  # int() and tarfile's base-256 both take a sign; no writer stores one
+        raise ValueError(f"{where}: the tar header at byte {offset} gives member {got[0]!r} a negative size "
+                         f"({got[1]}); the shard does not match its index, re-shard it or check with verify=True")
+    return got
 
 
 def _padded(size: int) -> int:

@@ -52,6 +52,14 @@ def test_frame_members_leave_anything_but_plain_members_of_the_frame_to_frame_fi
     bad = bytearray(view)
     bad[156] = ord("L")  # a GNU long name header
     assert frame_members(memoryview(bytes(bad)), sample_key(ep.id, 1).encode() + b".") is None
+    signed = bytearray(view)
+    signed[124:136] = b"-0000000001\0"  # a size field int() reads as -1: no tar writes a sign
+    key = sample_key(ep.id, 1).encode() + b"."
+    first = bytes(view[len(key):100]).split(b"\0", 1)[0].decode()  # the first member's field
+    assert frame_members(memoryview(bytes(signed)), key) is None
+    assert frame_members(memoryview(bytes(signed)), key, {first}) is None  # found first: no later header to trip
+    with pytest.raises(ValueError, match=r"at byte 0 gives member .*negative size \(-1\).*re-shard it"):
+        frame_fields(lambda size, off: bytes(signed[off:off + size]), 0, len(signed), ep.id, 1, {first})
 
 
 def test_a_reader_asked_for_slices_hands_out_references_a_process_resolves_to_the_same_bytes(idx):

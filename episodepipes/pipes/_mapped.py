@@ -114,7 +114,7 @@ def frame_members(buf: memoryview, prefix: bytes,
                 cache[k] = v  # type: ignore[index]
         data = pos + BLOCK
         pos = data + -(-size // BLOCK) * BLOCK
-        if data + size > end or field in out:
+        if size < 0 or data + size > end or field in out:  # int() takes a sign: "-1" is no tar size
             return None
         n += BLOCK
         if want is None:
