@@ -31,6 +31,7 @@ from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.videoframes import GopKeys
 
 log = logging.getLogger(__name__)
+CHUNK = 8  # samples per task by default (see `Decoder`'s ``chunk``)
 
 
 class _InFlight(NamedTuple):
@@ -74,7 +75,7 @@ class Decoder(BaseNode[dict]):
 
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, options: DecodeOptions | None = None, *,
                  transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, frames: FrameDecoder = JPEG,
-                 prefetch: int | None = None, stats: Stats | None = None, slab: int | Slabs = 0, chunk: int = 8,
+                 prefetch: int | None = None, stats: Stats | None = None, slab: int | Slabs = 0, chunk: int = CHUNK,
                  share_frames: bool = False, **flat: Any) -> None:
         super().__init__()
         self.options = dataclasses.replace(options or DecodeOptions(), **flat)

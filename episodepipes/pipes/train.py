@@ -29,7 +29,7 @@ from episodepipes.pipes._mapped import MappedShards, ShardSlice, frame_members
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.block_order import BlockOrder
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
-from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.decode import CHUNK, Decoder
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.permute import MISMATCH, IndexShuffle, rank_positions, steps_per_epoch
 from episodepipes.pipes.plan import Item
@@ -46,7 +46,6 @@ from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
 READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
-CHUNK = 8  # samples per decode task (`Decoder`'s default), at least
 SHUFFLES = ("full", "block")
 
 
