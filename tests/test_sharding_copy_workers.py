@@ -61,12 +61,17 @@ def sources(tmp_path_factory):
     return root
 
 
-def test_a_copy_only_write_with_two_workers_starts_no_process_and_keeps_the_bytes(sources, tmp_path):
+def _one_and_two_workers(src, tmp_path):
+    """Write ``src`` with 1 worker into ``one`` and with 2 into ``two``; the reads the 2-worker write made."""
     log = tmp_path / "reads.log"
-    write_shards(_Reader(sources / "video", log), tmp_path / "one", OPTS, workers=1)
+    write_shards(_Reader(src, log), tmp_path / "one", OPTS, workers=1)
     log.unlink()
-    write_shards(_Reader(sources / "video", log), tmp_path / "two", OPTS, workers=2)
-    reads = _reads(log)
+    write_shards(_Reader(src, log), tmp_path / "two", OPTS, workers=2)
+    return _reads(log)
+
+
+def test_a_copy_only_write_with_two_workers_starts_no_process_and_keeps_the_bytes(sources, tmp_path):
+    reads = _one_and_two_workers(sources / "video", tmp_path)
     assert len(reads) == 6 and {(pid, kids) for _, pid, kids in reads} == {(os.getpid(), 0)}
     one = _files(tmp_path / "one")
     assert sum(n.endswith(".tar") for n in one) > 2 and one == _files(tmp_path / "two")
@@ -74,11 +79,7 @@ def test_a_copy_only_write_with_two_workers_starts_no_process_and_keeps_the_byte
 
 
 def test_an_episode_with_frames_to_encode_starts_the_pool_for_the_rest(sources, tmp_path):
-    log = tmp_path / "reads.log"
-    write_shards(_Reader(sources / "image", log), tmp_path / "one", OPTS, workers=1)
-    log.unlink()
-    write_shards(_Reader(sources / "image", log), tmp_path / "two", OPTS, workers=2)
-    reads = _reads(log)
+    reads = _one_and_two_workers(sources / "image", tmp_path)
     assert sorted(e for e, _, _ in reads) == sorted(LeRobotReader(sources / "image").episode_ids())
     here = [e for e, pid, _ in reads if pid == os.getpid()]
     # the first episode shows its image frames; those already started in the thread finish there, the rest go out
