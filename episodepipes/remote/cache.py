@@ -12,6 +12,9 @@ Filling is shared too: a process that misses an entry `claim`s it (an ``O_EXCL``
 before fetching, and one that finds it claimed `wait`s for the entry instead of fetching the same bytes
 (ranks of one machine reading the same blocks at the same time). A marker older than ``stale`` seconds
 (its process died) is taken over; a wait gives up after ``stale`` seconds and the caller fetches.
+
+An entry is served as a shard's bytes, so the folder must be this user's alone: it is made with mode 0700, and one
+that another user owns (or links to from a link of theirs) or may write is refused by name before any entry is read.
 """
 
 from __future__ import annotations
@@ -47,6 +50,25 @@ class RangeCache:
         self._lock = threading.Lock()
         self._total: int | None = None  # this process's view: last scan plus its own writes since
         self._since_scan = 0
+        self._private = False  # the folder was checked to be this user's alone
+
+    def _check_private(self) -> None:
+        """Make the folder (0700) if need be, and refuse one that another user owns, links to or may write: an
+        entry planted there would be read as a shard's bytes, and a link would make us write and evict elsewhere."""
+        if self._private:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            link, st = os.lstat(self.folder), os.stat(self.folder)
+        except OSError:
+            return  # no folder to read or write: every use of it fails and falls back to fetching, as before
+        uid = os.geteuid()
+        why = ("is a link owned by another user" if link.st_uid != uid else "is owned by another user"
+               if st.st_uid != uid else "may be written by other users" if st.st_mode & 0o022 else None)
+        if why:
+            raise ValueError(f"cache_dir={str(self.folder)!r} {why}, who could plant entries read as shard bytes; "
+                             "use a folder of your own that only you may write (chmod 700), e.g. ~/.cache/episodepipes")
+        self._private = True
 
     def _path(self, root: str, name: str, offset: int, size: int) -> Path:
         key = hashlib.sha256(f"{root}\n{name}\n{offset}\n{size}".encode()).hexdigest()[:40]
@@ -54,6 +76,7 @@ class RangeCache:
 
     def get(self, root: str, name: str, offset: int, size: int) -> bytes | None:
         """The cached bytes, or None on a miss (or an entry of the wrong size, which is dropped)."""
+        self._check_private()
         path = self._path(root, name, offset, size)
         try:
             data = path.read_bytes()
@@ -77,6 +100,7 @@ class RangeCache:
     def claim(self, root: str, name: str, offset: int, size: int) -> bool:
         """Whether this process should fetch the entry: True when it made the entry's fill marker (or took over a
         stale one, or cannot make one), False while another process holds a live marker (then `wait`)."""
+        self._check_private()
         lock = self._path(root, name, offset, size).with_suffix(_LOCK)
         for _ in range(2):
             try:
@@ -112,6 +136,7 @@ class RangeCache:
 
     def read_whole(self, root: str, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
         """``ranges`` of the cached whole object, or None if it is not cached. A short piece is left short."""
+        self._check_private()
         path = self._path(root, name, -1, -1)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -132,6 +157,7 @@ class RangeCache:
         return self._commit(self._path(root, name, -1, -1), chunks, name)
 
     def _commit(self, path: Path, chunks: Iterable[bytes], name: str) -> bool:
+        self._check_private()
         size = 0
         try:
             self.folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,94 @@
+"""Hostile remote surroundings: a range cache folder another user can write (or owns, or links from), read through
+a real S3 server (moto); the planted entry must never come back as a shard's bytes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from remotecases import upload_synthetic
+
+from episodepipes.index import EpisodeIndex
+from episodepipes.remote import RangeCache, RemoteOptions, RemoteSource
+from episodepipes.shardio import open_source
+
+BUCKET, PREFIX = "hostile", "v1"
+URL = f"s3://{BUCKET}/{PREFIX}"
+OTHER_UID = 54321  # a user that is not this one (the tests run as root, which may chown to it)
+
+
+@pytest.fixture(scope="module")
+def shards(moto, tmp_path_factory) -> Path:
+    return upload_synthetic(moto, tmp_path_factory.mktemp("hostile-remote") / "shards", BUCKET, PREFIX)
+
+
+def _frame(shards: Path) -> tuple[str, int, int]:
+    index = EpisodeIndex.open(shards)
+    shard, a, b = index.episodes[0].frame_range(3)
+    return index.shards[shard].name, a, b - a
+
+
+def _plant(folder: Path, name: str, off: int, n: int) -> bytes:
+    """An entry for that range, as another user would leave it: the right size, other bytes."""
+    fake = b"\x5a" * n
+    folder.mkdir(exist_ok=True)
+    RangeCache(folder, 1 << 30)._path(URL, name, off, n).write_bytes(fake)
+    return fake
+
+
+def _others_can_write(folder: Path) -> None:
+    folder.chmod(0o777)
+
+
+def _others_own(folder: Path) -> None:
+    os.chown(folder, OTHER_UID, OTHER_UID)
+
+
+@pytest.mark.parametrize("make", [_others_can_write, _others_own], ids=["world-writable", "another user's"])
+def test_a_cache_dir_another_user_can_fill_is_refused_not_read(shards, proxy, tmp_path, make):
+    name, off, n = _frame(shards)
+    folder = tmp_path / "shared-cache"
+    fake = _plant(folder, name, off, n)
+    make(folder)
+    src = RemoteSource(URL, RemoteOptions(cache_dir=folder, backoff=0.001))
+    try:
+        with pytest.raises(ValueError) as e:  # it returned the planted bytes as the frame's
+            src.read(name, off, n)
+    finally:
+        src.close()
+    msg = str(e.value)
+    assert "cache_dir=" in msg and str(folder) in msg and "\n" not in msg
+    assert proxy.gets() == []  # refused before any request, and before any entry is read
+    assert open_source(shards).read(name, off, n) != fake
+
+
+def test_a_cache_dir_that_is_another_users_link_is_refused(shards, proxy, tmp_path):
+    """A link planted (in a shared /tmp, say) where the cache folder will be, pointing at a folder of ours: following
+    it would write entries there, and evict (delete) its *.bin files past the bound."""
+    name, off, n = _frame(shards)
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    (ours / "keep.bin").write_bytes(b"x" * 10_000)
+    link = tmp_path / "cache"
+    link.symlink_to(ours)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    src = RemoteSource(URL, RemoteOptions(cache_dir=link, cache_bytes=1000, backoff=0.001))
+    try:
+        with pytest.raises(ValueError) as e:
+            src.read(name, off, n)
+    finally:
+        src.close()
+    assert "cache_dir=" in str(e.value) and str(link) in str(e.value) and "\n" not in str(e.value)
+    assert [p.name for p in ours.iterdir()] == ["keep.bin"]
+
+
+def test_a_private_cache_dir_still_serves_and_is_made_private(shards, proxy, tmp_path):
+    name, off, n = _frame(shards)
+    folder = tmp_path / "new" / "cache"
+    want = open_source(shards).read(name, off, n)
+    for _ in range(2):
+        with RemoteSource(URL, RemoteOptions(cache_dir=folder, backoff=0.001)) as src:
+            assert src.read(name, off, n) == want
+    assert len(proxy.gets()) == 1  # the second source read the entry the first stored
+    assert folder.stat().st_mode & 0o077 == 0
