@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import zlib
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def _npy(data: bytes, spec: dict, where: str) -> np.ndarray:
     return a
 
 
-def _record_arrays(data: memoryview, entry: dict, keys: list[str], where: str) -> dict[str, bytes]:
+def _record_arrays(data: bytes, entry: dict, keys: list[str], where: str) -> dict[str, bytes]:
     """A packed record's array rows as the ``.npy`` members the members layout holds."""
     from episodepipes.codec.chunk import parse_record
 
@@ -50,8 +51,14 @@ def _record_arrays(data: memoryview, entry: dict, keys: list[str], where: str) -
         rec = parse_record(data, len(entry["cameras"]), len(keys), where=where)
     except ValueError as e:
         raise ValueError(f"{e}; re-shard it") from None
-    return {f"{k}.npy": npy_header(np.dtype(entry["arrays"][k]["dtype"]), tuple(entry["arrays"][k]["shape"]))
-            + bytes(row) for k, row in zip(keys, rec.rows)}
+    out = {}
+    for k, row in zip(keys, rec.rows):  # .npy parsing would read a longer row's first bytes and drop the rest
+        dt, shape = np.dtype(entry["arrays"][k]["dtype"]), tuple(entry["arrays"][k]["shape"])
+        if len(row) != dt.itemsize * math.prod(shape):
+            raise ValueError(f"{where} {k}: its row has {len(row)} bytes in the record, not one {dt.str} {shape} "
+                             "step; the shard is damaged, re-shard it")
+        out[f"{k}.npy"] = npy_header(dt, shape) + bytes(row)
+    return out
 
 
 def episode_arrays(root: Path, shards: list[dict], entry: dict) -> dict[str, np.ndarray]:
@@ -78,7 +85,7 @@ def episode_arrays(root: Path, shards: list[dict], entry: dict) -> dict[str, np.
                     raise ValueError(f"{where}: its bytes do not match the index's crc32 (or the shard is "
                                      "truncated); restore the shard or re-shard")
                 if "heads" in seg:
-                    fields = _record_arrays(view[a:b], entry, keys, where)
+                    fields = _record_arrays(bytes(view[a:b]), entry, keys, where)  # no view left on the map by an error
                 else:
                     fields, _ = frame_fields(pread, a, b, entry["id"], seg["first"] + k, want, where=where)
                 for key in keys:

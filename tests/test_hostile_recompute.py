@@ -1,0 +1,70 @@
+"""Statistics read back from hostile shards (``stats --recompute``): a packed record whose array row is not one step of
+the index's dtype and shape is refused naming the frame, as the pipes count it corrupt, never read in part."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from episodepipes.codec.chunk import parse_record
+from episodepipes.format import COLUMNS
+from episodepipes.index import EpisodeIndex
+from episodepipes.sharding.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.recompute import add_stats
+from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.writer import ShardWriter
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    out = tmp_path_factory.mktemp("recompute") / "s"
+    reader = SyntheticReader(num_episodes=2, height=32, width=48, lengths=(10, 9))
+    with ShardWriter(out, shard_size=1 << 20, options={}) as w:
+        for eid in reader.episode_ids():
+            w.add(encode_episode(reader.read(eid), EncodeOptions(codec="h264", gop=4)))
+    return out
+
+
+def _without_crc(out):
+    """The index as one written without checksums says it (a v2 index may carry none)."""
+    d = json.loads((out / "index.json").read_text())
+    d["crc32"] = False
+    del d["columns"]["crc32"]
+    (out / "index.json").write_text(json.dumps(d))
+    (out / COLUMNS["crc32"][0]).unlink()
+
+
+def test_a_packed_row_longer_than_its_step_is_refused_not_read_in_part(good, tmp_path):
+    out = shutil.copytree(good, tmp_path / "s")
+    _without_crc(out)
+    ix = EpisodeIndex.open(out)
+    row = ix.episode("ep0000").rows.start + 3
+    off, size = int(ix._cols["offset"][row]), int(ix._cols["size"][row])
+    shard = out / ix.shards[0].name
+    data = bytearray(shard.read_bytes())
+    rec = parse_record(bytes(data[off:off + size]), 2, 3)
+    last_packet = sum(len(c) for c in rec.cameras)  # its blob index: the head is blob 0
+    at = off + 8 + 4 * last_packet
+    (end,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<I", data, at, end - 4)  # the last packet 4 bytes shorter, the first array's row 4 longer
+    shard.write_bytes(bytes(data))
+    before = (out / "index.json").read_bytes()
+    with pytest.raises(ValueError) as e:  # it read the row's first bytes: statistics of shifted values
+        add_stats(out)
+    msg = str(e.value)
+    assert "ep0000" in msg and "frame 3" in msg and "action" in msg and "\n" not in msg
+    assert (out / "index.json").read_bytes() == before
+
+
+def test_packed_statistics_recomputed_are_the_episodes_own(good, tmp_path):
+    out = shutil.copytree(good, tmp_path / "s")
+    add_stats(out)
+    reader = SyntheticReader(num_episodes=2, height=32, width=48, lengths=(10, 9))
+    action = np.concatenate([reader.read(e).arrays["action"] for e in reader.episode_ids()]).astype(np.float64)
+    got = EpisodeIndex.open(out).stats("action")
+    assert got["count"] == 19
+    assert np.allclose(got["mean"], action.mean(axis=0)) and np.array_equal(got["max"], action.max(axis=0))
