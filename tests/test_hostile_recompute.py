@@ -68,3 +68,19 @@ def test_packed_statistics_recomputed_are_the_episodes_own(good, tmp_path):
     got = EpisodeIndex.open(out).stats("action")
     assert got["count"] == 19
     assert np.allclose(got["mean"], action.mean(axis=0)) and np.array_equal(got["max"], action.max(axis=0))
+
+
+def test_a_damaged_packed_record_is_refused_in_one_line(good, tmp_path):
+    out = shutil.copytree(good, tmp_path / "s")
+    _without_crc(out)
+    ix = EpisodeIndex.open(out)
+    row = ix.episode("ep0001").rows.start + 2
+    off = int(ix._cols["offset"][row])
+    shard = out / ix.shards[0].name
+    data = bytearray(shard.read_bytes())
+    data[off:off + 4] = b"XXXX"  # no pack magic: the error left a view on the shard's map (BufferError)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as e:
+        add_stats(out)
+    assert "ep0001" in str(e.value) and "frame 2" in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).count("re-shard it") == 1

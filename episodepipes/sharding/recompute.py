@@ -50,7 +50,7 @@ def _record_arrays(data: bytes, entry: dict, keys: list[str], where: str) -> dic
     try:
         rec = parse_record(data, len(entry["cameras"]), len(keys), where=where)
     except ValueError as e:
-        raise ValueError(f"{e}; re-shard it") from None
+        raise ValueError(str(e) if str(e).endswith("re-shard it") else f"{e}; re-shard it") from None
     out = {}
     for k, row in zip(keys, rec.rows):  # .npy parsing would read a longer row's first bytes and drop the rest
         dt, shape = np.dtype(entry["arrays"][k]["dtype"]), tuple(entry["arrays"][k]["shape"])
