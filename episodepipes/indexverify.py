@@ -7,7 +7,10 @@ Only the index's own, validated shard names and the fixed column names are opene
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from episodepipes import statsfile
 from episodepipes._indexcheck import IndexFormatError
@@ -103,4 +106,8 @@ def _check_packed(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg
         if max(rec.backs, default=0) > seg.first + k - want["keys"][k]:
             return [f"{where} frame {seg.first + k}: its record's decode starts before the index's key frame; "
                     "re-shard it"]
+        for (key, spec), row in zip(sorted(e.arrays.items()), rec.rows):  # as the pipes' array_members checks it
+            if len(row) != np.dtype(spec.dtype).itemsize * math.prod(spec.shape):
+                return [f"{where} frame {seg.first + k}: array {key!r} has {len(row)} bytes in its record, not one "
+                        f"{spec.dtype} {tuple(spec.shape)} step; re-shard it"]
     return []
