@@ -1,17 +1,21 @@
 """Hostile remote surroundings: a range cache folder another user can write (or owns, or links from), read through
-a real S3 server (moto); the planted entry must never come back as a shard's bytes."""
+a real S3 server (moto), whose planted entry must never come back as a shard's bytes; a server whose ranged answer's
+body is not the range asked for."""
 
 from __future__ import annotations
 
 import os
+import re
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 from remotecases import upload_synthetic
+from s3server import Served
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.remote import RangeCache, RemoteOptions, RemoteSource
-from episodepipes.shardio import open_source
+from episodepipes.shardio import ShardIOError, open_source
 
 BUCKET, PREFIX = "hostile", "v1"
 URL = f"s3://{BUCKET}/{PREFIX}"
@@ -92,3 +96,46 @@ def test_a_private_cache_dir_still_serves_and_is_made_private(shards, proxy, tmp
             assert src.read(name, off, n) == want
     assert len(proxy.gets()) == 1  # the second source read the entry the first stored
     assert folder.stat().st_mode & 0o077 == 0
+
+
+class _BodyServer(Served):
+    """A real HTTP server on 127.0.0.1 that answers a ranged GET 206 with the right Content-Range but a body
+    ``extra`` bytes longer (or, negative, shorter) than that range: a broken server or proxy in between."""
+
+    def __init__(self, data: bytes, extra: int) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
+                a, b = (int(m.group(1)), int(m.group(2)) + 1) if m else (0, len(data))
+                body = data[a:b + extra] if m else data
+                self.send_response(206 if m else 200)
+                if m:
+                    self.send_header("Content-Range", f"bytes {a}-{b - 1}/{len(data)}")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command == "GET":
+                    self.wfile.write(body)
+
+            do_HEAD = do_GET
+
+        self._serve(Handler)
+
+
+@pytest.mark.parametrize("extra", [-5, 50], ids=["short body", "long body"])
+def test_a_ranged_get_whose_body_is_not_the_range_is_refused_by_name(extra):
+    data = bytes(range(256)) * 40
+    server = _BodyServer(data, extra)
+    try:
+        with RemoteSource(f"{server.endpoint}/root", RemoteOptions(attempts=1, gap=0, waste=None)) as src:
+            with pytest.raises(ShardIOError) as e:  # short: "ends at byte 10240, the index expects 1020: truncated?"
+                src.read_many([("shard-000000.tar", [(1000, 20), (3000, 10)])])  # long: accepted
+    finally:
+        server.close()
+    msg = str(e.value)
+    assert f"{server.endpoint}/root/shard-000000.tar" in msg and "\n" not in msg
+    assert f"sent {20 + extra} bytes" in msg and "truncated" not in msg

@@ -209,6 +209,7 @@ class RemoteSource:
         for (k, req), data in zip(reqs, parts):
             name, ranges, out, todo, cache = jobs[k]
             view = memoryview(data)  # slices of the GET's buffer, copied once into each range's bytes (or not)
+            self._check_body(name, req, len(view))
             for j in req.members:
                 i = todo[j]
                 off, n = ranges[i]
@@ -259,8 +260,7 @@ class RemoteSource:
             if size > limit:
                 raise ShardTooLargeError(f"{self.root}/{name}", size, limit, f"re-upload it or re-shard {self.root}")
             res = b"" if size == 0 else bytes(self._get(name, Request(0, size, ())))
-            if len(res) != size:
-                raise self._short(name, 0, size)
+            self._check_body(name, Request(0, size, ()), len(res))
         self._sizes[name] = len(res)
         return res
 
@@ -330,6 +330,12 @@ class RemoteSource:
             raise ShardMissingError(f"{self.root}/{name} is missing; upload it or re-shard {self.root}") from None
         except retry.NotSatisfiable:
             raise self._short(name, *span) from None  # type: ignore[misc]
+
+    def _check_body(self, name: str, req: Request, got: int) -> None:
+        """Refuse a ranged GET's body that is not the range asked for (obstore passes on what a server sends)."""
+        if got != req.end - req.start:
+            raise ShardIOError(f"{self.root}/{name} bytes {req.start}-{req.end}: the server sent {got} bytes for "
+                               f"this {req.end - req.start}-byte range; retry, or check the server and any proxy")
 
     def _short(self, name: str, offset: int, end: int) -> ShardIOError:
         try:
