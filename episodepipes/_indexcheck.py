@@ -21,6 +21,7 @@ import numpy as np
 
 from episodepipes import episode_attrs
 from episodepipes.episode_attrs import BUILTIN
+from episodepipes.format import finite
 
 SHARD_NAME = re.compile(r"shard-\d{6,}\.tar")  # what `format.shard_name` writes: a plain base name, nothing else
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -182,7 +183,7 @@ def check_id(w: Where, eid: str, where: str) -> None:
 
 
 def check_fps(w: Where, fps: Any, where: str) -> None:
-    if type(fps) not in (int, float) or not math.isfinite(fps) or fps <= 0:
+    if type(fps) not in (int, float) or not finite(fps) or fps <= 0:
         raise w.fail(where, f"fps={fps!r} should be a positive finite number")
 
 

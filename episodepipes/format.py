@@ -71,6 +71,15 @@ def safe_episode_id(name: str) -> str:
     return out
 
 
+def finite(value: float) -> bool:
+    """``math.isfinite(value)``, False for an int past a float's range instead of an OverflowError: JSON reads ``1``
+    and 400 zeros as that exact int, which no fps or time in seconds can be."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def sample_key(episode_id: str, frame: int) -> str:
     return f"{episode_id}/{frame:06d}"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from fractions import Fraction
 from pathlib import Path
@@ -19,6 +18,8 @@ from types import TracebackType
 
 import cv2
 import numpy as np
+
+from episodepipes.format import finite
 
 log = logging.getLogger(__name__)
 PARTIAL = ".partial.mp4"
@@ -118,7 +119,7 @@ class AtomicMp4:
     """
 
     def __init__(self, path: str | os.PathLike, *, fps: float, codec: str = "auto") -> None:
-        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or not fps > 0:
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not finite(fps) or not fps > 0:
             raise ValueError(f"fps={fps!r} should be > 0 (the episode's source frame rate from the index)")
         if codec not in ("auto", "h264", "mp4v"):
             raise ValueError(f"codec={codec!r} should be 'auto', 'h264' or 'mp4v'")

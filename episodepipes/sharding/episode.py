@@ -35,7 +35,7 @@ import numpy as np
 
 from episodepipes import episode_attrs
 from episodepipes.codec.stream import DECODERS, Packets
-from episodepipes.format import safe_field
+from episodepipes.format import finite, safe_field
 
 # Fields a camera or array must not become once tar-safe: the per-frame ``json`` member, the batch keys
 # the pipes add (pipes.builders.RESERVED) and, as any name starting with "__", webdataset's ``__key__``/``__url__``.
@@ -78,7 +78,7 @@ def safe_names(keys: Iterable[str], where: object) -> dict[str, str]:
 def check_fps(fps: object, where: object) -> float:
     """A positive, finite frame rate; ``true``, strings, 0, NaN and Infinity are refused."""
     if isinstance(fps, bool) or not isinstance(fps, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(fps) or not fps > 0:
+            or not finite(fps) or not fps > 0:
         raise EpisodeError(f"{where}: fps={fps!r} is not a positive, finite number of frames per second; "
                            "set it to the frame rate, e.g. 10")
     return float(fps)

@@ -10,11 +10,12 @@ and bounded. Each refusal is one line naming the file, the field and the fix.
 from __future__ import annotations
 
 import json
-import math
 import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
+
+from episodepipes.format import finite
 
 V3 = "v3.0"
 LEGACY = ("v2.0", "v2.1")
@@ -92,7 +93,7 @@ def check_info(info: object, where: str) -> tuple[str, float, dict[str, dict]]:
 
 
 def fps(value: object, where: str) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+    if type(value) not in (int, float) or not finite(value) or value <= 0:
         raise ValueError(f"{where}: fps={value!r} must be a finite number > 0 (frames per second); fix meta/info.json")
     return float(value)
 
@@ -144,7 +145,7 @@ def index(value: object, name: str, where: str, *, low: int = 0) -> int:
 
 
 def seconds(value: object, name: str, where: str) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+    if type(value) not in (int, float) or not finite(value) or value < 0:
         raise ValueError(f"{where}: {name}={value!r} must be a finite number of seconds >= 0; "
                          "fix the episode metadata or re-convert the dataset")
     return float(value)
@@ -159,7 +160,7 @@ def tasks(value: object, where: str) -> tuple[str, ...]:
 
 
 def tolerance(value: object) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+    if type(value) not in (int, float) or not finite(value) or value <= 0:
         raise ValueError(f"tolerance_s={value!r} must be a finite number of seconds > 0 (--tolerance-s of "
                          "`episodepipes-shard write`); LeRobot's default is 1e-4")
     return float(value)

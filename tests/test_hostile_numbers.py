@@ -1,0 +1,89 @@
+"""Numbers too large for a float where a finite float is wanted (an fps, seconds): JSON reads ``1e400`` as inf, which
+was refused, but ``1`` and 400 zeros as an exact int, which ``math.isfinite`` cannot take (OverflowError). Each is
+refused in the one line of the field's own check, and the CLI exits 2 without a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from helpers import as_v1, make_shards, write_raw
+
+from benchmarks.lerobot_data import available_encoders, make_lerobot
+from episodepipes.index import EpisodeIndex, IndexFormatError
+from episodepipes.sharding.cli import main
+from episodepipes.sharding.episode import EpisodeData, EpisodeError
+from episodepipes.sharding.lerobot import LeRobotReader
+from episodepipes.sharding.raw import RawReader
+from episodepipes.sharding.synthetic import SyntheticReader
+
+HUGE = 10**400  # an int JSON reads exactly (and writes back as 1 and 400 zeros)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return make_shards(tmp_path_factory.mktemp("numbers") / "s", num_episodes=2, length=4, height=16, width=24)
+
+
+def _edit(path, change):
+    d = json.loads(path.read_text())
+    change(d)
+    path.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_index_fps_too_large_for_a_float_is_refused_by_name(shards, tmp_path, capsys, version):
+    out = shutil.copytree(shards, tmp_path / "s")
+    if version == 1:
+        as_v1(out)
+        _edit(out / "index.json", lambda d: d["episodes"][0].update(fps=HUGE))
+    else:
+        _edit(out / "index.json", lambda d: d["fps"].__setitem__(0, HUGE))
+    with pytest.raises(IndexFormatError) as e:  # OverflowError: int too large to convert to float
+        EpisodeIndex.open(out)
+    assert "fps=1000" in str(e.value) and "\n" not in str(e.value)
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "fps=1000" in err and "Traceback" not in err
+
+
+def test_a_raw_meta_fps_too_large_for_a_float_is_refused_by_name(tmp_path):
+    src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=1, length=3, height=16, width=24))
+    meta = next(src.rglob("meta.json"))
+    _edit(meta, lambda d: d.update(fps=HUGE))
+    with pytest.raises(EpisodeError) as e:
+        RawReader(src).read(meta.parent.name)
+    assert "fps=1000" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(EpisodeError, match="fps="):
+        EpisodeData("e", {"c": []}, {}, HUGE)
+
+
+@pytest.fixture(scope="module")
+def lerobot(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lerobot") / "lr"
+    make_lerobot(root, num_episodes=1, length=3, height=32, width=48, encoder=available_encoders(("h264",))[0])
+    return root
+
+
+def test_a_lerobot_fps_or_tolerance_too_large_for_a_float_is_refused_by_name(lerobot, tmp_path, capsys):
+    src = shutil.copytree(lerobot, tmp_path / "lr")
+    with pytest.raises(ValueError, match=r"^tolerance_s=1000"):
+        LeRobotReader(src, tolerance_s=HUGE)
+    _edit(src / "meta/info.json", lambda d: d.update(fps=HUGE))
+    with pytest.raises(ValueError) as e:
+        LeRobotReader(src)
+    assert "info.json" in str(e.value) and "fps=1000" in str(e.value) and "\n" not in str(e.value)
+    capsys.readouterr()
+    assert main(["write", str(src), str(tmp_path / "out"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "fps=1000" in err and "Traceback" not in err
+
+
+def test_a_video_fps_too_large_for_a_float_is_refused_by_name(tmp_path):
+    from episodepipes.lightning_glue.mp4 import AtomicMp4
+
+    with pytest.raises(ValueError, match=r"^fps=1000"):
+        AtomicMp4(tmp_path / "v.mp4", fps=HUGE)
+    assert list(tmp_path.iterdir()) == []
