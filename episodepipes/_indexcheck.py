@@ -28,6 +28,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _ID = re.compile(r"[A-Za-z0-9_\-.]+")
 _FIELD = re.compile(r"[A-Za-z0-9_\-]+")
 _MAX_STEP_BYTES = 2**40  # one step of one array; anything larger is a crafted shape, not data
+_MAX_SIDE = 65500  # libjpeg's limit (sharding.write_plan.JPEG_MAX): no camera the writer stores is larger
+_MAX_COUNT = 2**63  # bytes and samples of a shard, a source's sides: what the int64 columns and numpy hold
 _FIX = "re-shard with write --overwrite"
 _U32 = next(c for c in "ILQ" if array(c).itemsize == 4)  # the C type code of an unsigned 32-bit int
 
@@ -157,8 +159,8 @@ def check_shards(w: Where, data: Any) -> tuple[list[int], list[int]]:
         if name in names:
             raise w.fail(where, f"name={name!r} appears twice in the shard list")
         names.add(name)
-        sizes.append(w.num(s, "bytes", where))
-        samples.append(w.num(s, "samples", where))
+        sizes.append(w.num(s, "bytes", where, high=_MAX_COUNT))
+        samples.append(w.num(s, "samples", where, high=_MAX_COUNT))
         sha = w.text(s, "sha256", where)
         if not _SHA256.fullmatch(sha):
             raise w.fail(where, f"sha256={sha!r} should be 64 lowercase hex digits")
@@ -199,11 +201,11 @@ def check_schema(w: Where, cameras: Any, arrays: Any, where: str) -> None:
     for name, c in cameras.items():
         at = f"{where} camera {name!r}"
         _field_name(w, name, at)
-        w.num(c, "height", at, low=1)
-        w.num(c, "width", at, low=1)
+        w.num(c, "height", at, low=1, high=_MAX_SIDE + 1)  # the pipes allocate (3, height, width) per frame
+        w.num(c, "width", at, low=1, high=_MAX_SIDE + 1)
         if "source_height" in c or "source_width" in c:
-            w.num(c, "source_height", at, low=1)
-            w.num(c, "source_width", at, low=1)
+            w.num(c, "source_height", at, low=1, high=_MAX_COUNT)
+            w.num(c, "source_width", at, low=1, high=_MAX_COUNT)
         if "source" in c:
             w.text(c, "source", at)
         if "codec" in c or "gop" in c:  # a video camera: both, from the codecs the decoder knows

@@ -87,3 +87,30 @@ def test_a_video_fps_too_large_for_a_float_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"^fps=1000"):
         AtomicMp4(tmp_path / "v.mp4", fps=HUGE)
     assert list(tmp_path.iterdir()) == []
+
+
+def _camera(d, version):
+    return next(iter((d["episodes"][0] if version == 1 else d["schemas"][0])["cameras"].values()))
+
+
+SIZES = {  # field -> (change, what the refusal names); each reached the pipes, or a float conversion, unbounded
+    "camera height 10**5": (lambda d, v: _camera(d, v).update(height=10**5), "height=100000"),  # 30 GB a frame
+    "camera width 2**40": (lambda d, v: _camera(d, v).update(width=2**40), "width=1099511627776"),
+    "camera source_height 10**400": (lambda d, v: _camera(d, v).update(source_height=HUGE, source_width=8),
+                                     "source_height=1000"),
+    "shard samples 10**400": (lambda d, v: d["shards"][0].update(samples=HUGE), "samples=1000"),
+    "shard bytes 2**64": (lambda d, v: d["shards"][0].update(bytes=2**64), "bytes=18446744073709551616"),
+}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("case", sorted(SIZES))
+def test_an_index_size_past_any_shard_or_camera_is_refused_at_open(shards, tmp_path, case, version):
+    out = shutil.copytree(shards, tmp_path / "s")
+    if version == 1:
+        as_v1(out)
+    change, needle = SIZES[case]
+    _edit(out / "index.json", lambda d: change(d, version))
+    with pytest.raises(IndexFormatError) as e:  # a pipe allocated (3, h, w) frames: ENOMEM, or an OverflowError
+        EpisodeIndex.open(out)
+    assert needle in str(e.value) and "\n" not in str(e.value)
