@@ -28,7 +28,7 @@ from episodepipes.indexepisodes import Episode, LazyEpisodes
 from episodepipes.indexopen import parse, read_local, read_remote, tables
 from episodepipes.indexrecords import ArraySpec, Camera, Segment, Shard, dtype_str, read_camera
 from episodepipes.indexv1 import v1_layout
-from episodepipes.indexv2 import FIRST, LENGTH, ROW, SEGMENT, SHARD, SPLIT
+from episodepipes.indexv2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
 from episodepipes.normstats import StatsTable
 from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
 
@@ -72,6 +72,7 @@ class EpisodeIndex:
         self.ids: list[str] = meta["ids"]
         self._ep, self._seg, self._offset, self._size = (cols[k] for k in ("episodes", "segments", "offset", "size"))
         self._crc: np.ndarray | None = cols.get("crc32")
+        self._step_bytes: dict[int, int] = {}  # schema code -> bytes of one step of its arrays (`_check_segments`)
         self._cols = cols
         self._schemas = [({n: read_camera(n, c) for n, c in sc["cameras"].items()},
                           {n: ArraySpec(n, dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
@@ -351,9 +352,13 @@ class EpisodeIndex:
         for j in js:
             if not self._seg_ok[j]:
                 shard = int(self._seg[j, SHARD])
-                why = indexv2.frame_problem(self._cols, int(j), self.shards[shard].bytes)
+                n = int(np.searchsorted(self._ep[:, SEGMENT], j, side="right")) - 1
+                code = int(self._ep[n, SCHEMA])
+                least = self._step_bytes.get(code)
+                if least is None:
+                    least = self._step_bytes[code] = indexv2.step_bytes(self.meta["schemas"][code])
+                why = indexv2.frame_problem(self._cols, int(j), self.shards[shard].bytes, least)
                 if why:
-                    n = int(np.searchsorted(self._ep[:, SEGMENT], j, side="right")) - 1
                     raise IndexFormatError(f"{self.file} is damaged: episode {self.ids[n]!r} segment "
                                            f"{int(j) - int(self._ep[n, SEGMENT])}: {why}; re-shard with "
                                            "write --overwrite")

@@ -97,6 +97,7 @@ def tables(root: Path | str, data: Any, file: Path | str,
         rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
         meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
                                    offsets=offsets, crcs=crcs)
+        check_steps(meta, cols, file)
         seg_ok = np.ones(len(cols["segments"]), bool)  # v1 checks every offset at open
         warn_v1(file, root)
         return version, meta, data, cols, seg_ok
@@ -107,6 +108,20 @@ def tables(root: Path | str, data: Any, file: Path | str,
             else indexv2.read_columns(source, data, file))
     indexv2.check_tables(w, data, cols, sizes, samples)
     return version, data, None, cols, np.zeros(len(cols["segments"]), bool)
+
+
+def check_steps(meta: dict, cols: dict[str, np.ndarray], file: Path | str) -> None:
+    """Refuse a frame smaller than one step of its episode's arrays (v1, every frame at open; v2 checks it per
+    segment on first use): the pipes allocate a step from the schema alone, so a crafted shape would cost any memory."""
+    ep = cols["episodes"]
+    least = np.array([indexv2.step_bytes(sc) for sc in meta["schemas"]], np.int64)[ep[:, indexv2.SCHEMA]]
+    small = cols["size"] < np.repeat(least, ep[:, indexv2.LENGTH].astype(np.int64))
+    if small.any():
+        row = int(np.argmax(small))
+        n = int(np.searchsorted(ep[:, indexv2.FIRST], row, side="right")) - 1
+        raise IndexFormatError(f"{file} is damaged: episode {meta['ids'][n]!r} frame {row - int(ep[n, indexv2.FIRST])} "
+                               f"holds {int(cols['size'][row])} bytes, fewer than one step of its arrays "
+                               f"({int(least[n])} bytes by their shapes); re-shard with write --overwrite")
 
 
 def parse(raw: bytes, file: Path | str) -> object:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
 from array import array
@@ -407,13 +408,24 @@ def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray,
                      f"its {why}, as the packed layout puts them")
 
 
-def frame_problem(cols: dict[str, np.ndarray], j: int, shard_bytes: int) -> str | None:
-    """Why segment ``j``'s frames cannot be read as given (overlapping, backwards, empty, past the shard's end)."""
+def step_bytes(schema: dict) -> int:
+    """The bytes one step of a schema's arrays takes: every frame holds at least that many (its members or row)."""
+    return sum(np.dtype(a["dtype"]).itemsize * math.prod(a["shape"]) for a in schema["arrays"].values())
+
+
+def frame_problem(cols: dict[str, np.ndarray], j: int, shard_bytes: int, least: int = 0) -> str | None:
+    """Why segment ``j``'s frames cannot be read as given (overlapping, backwards, empty, past the shard's end, or
+    smaller than ``least``, one step of their arrays, which the pipes would allocate from the schema alone)."""
     r0, count = int(cols["segments"][j, ROW]), int(cols["segments"][j, COUNT])
     off = cols["offset"][r0:r0 + count]
     end = off + cols["size"][r0:r0 + count]
     if not (end > off).all():
         return f"frame {int(np.argmax(~(end > off)))} of the segment has no bytes or wraps"
+    small = cols["size"][r0:r0 + count] < least
+    if small.any():
+        k = int(np.argmax(small))
+        return (f"frame {k} of the segment holds {int(cols['size'][r0 + k])} bytes, fewer than one step of its "
+                f"arrays ({least} bytes by their shapes)")
     if not (off[1:] >= end[:-1]).all():
         return f"frame {int(np.argmax(~(off[1:] >= end[:-1]))) + 1} of the segment starts before the one before ends"
     if int(end[-1]) > shard_bytes:

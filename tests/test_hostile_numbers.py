@@ -114,3 +114,30 @@ def test_an_index_size_past_any_shard_or_camera_is_refused_at_open(shards, tmp_p
     with pytest.raises(IndexFormatError) as e:  # a pipe allocated (3, h, w) frames: ENOMEM, or an OverflowError
         EpisodeIndex.open(out)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def _wide_action(d, version, n):
+    arrays = (d["episodes"][1] if version == 1 else d["schemas"][0])["arrays"]
+    arrays["action"]["shape"] = [n]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_array_step_larger_than_its_frame_is_refused_before_anything_is_allocated(shards, tmp_path, version):
+    """A step of 10**6 float32 (4 MB) cannot lie in a frame of a few kB: the pipes allocated it per sample (as zeros
+    for a frame they then counted corrupt), so a shape of 2**31 made every sample 8 GB."""
+    out = shutil.copytree(shards, tmp_path / "s")
+    if version == 1:
+        as_v1(out)
+    _edit(out / "index.json", lambda d: _wide_action(d, version, 10**6))
+    if version == 1:  # every frame is checked at open
+        with pytest.raises(IndexFormatError) as e:
+            EpisodeIndex.open(out)
+    else:  # per episode, before its first frame is read
+        from episodepipes.pipes import metric_pipe
+
+        EpisodeIndex.open(out)
+        with pytest.raises(IndexFormatError) as e:
+            next(iter(metric_pipe(out, frames_per_episode=2, batch_size=2, split="train")))
+    msg = str(e.value)
+    assert f"'ep000{version % 2}'" in msg and "fewer than one step of its arrays (4000036 bytes" in msg
+    assert "\n" not in msg
