@@ -23,7 +23,7 @@ from episodepipes import episode_attrs
 from episodepipes.episode_attrs import BUILTIN
 from episodepipes.format import finite
 
-SHARD_NAME = re.compile(r"shard-\d{6,}\.tar")  # what `format.shard_name` writes: a plain base name, nothing else
+SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")  # what `format.shard_name` writes (ASCII digits: \d takes any)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _ID = re.compile(r"[A-Za-z0-9_\-.]+")
 _FIELD = re.compile(r"[A-Za-z0-9_\-]+")

@@ -47,7 +47,7 @@ TOLERANCE_HINT = "or pass a larger tolerance_s (`--tolerance-s` of `episodepipes
 # the demuxer comes from the template's suffix, never from probing a file's bytes (an mp4 holding an
 # HLS playlist would otherwise be read as one, and open the files it lists)
 DEMUXERS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska"}
-_ID = re.compile(r"episode_(\d+)")
+_ID = re.compile(r"episode_([0-9]+)")
 _EPISODES: dict[tuple, dict[int, Episode]] = {}  # per process, as workers unpickle a reader per episode
 
 

@@ -23,7 +23,7 @@ from episodepipes.sharding.remote_out import RemoteOut, clear_staging, written
 from episodepipes.sharding.writer import ShardWriter
 
 log = logging.getLogger(__name__)
-_JOB = re.compile(rf"{JOBS_DIR}/(job-\d{{4}})/.+")
+_JOB = re.compile(rf"{JOBS_DIR}/(job-[0-9]{{4}})/.+")
 
 
 def merge_remote(url: str, *, overwrite: bool = False, staging: str | os.PathLike | None = None) -> dict:

@@ -30,7 +30,7 @@ from episodepipes.shardio import ShardMissingError
 from episodepipes.statsfile import NAME as STATS_NAME
 
 log = logging.getLogger(__name__)
-_SHARD = re.compile(r"shard-\d{6}\.tar")
+_SHARD = re.compile(r"shard-[0-9]{6}\.tar")  # ASCII digits, as the writer names them (\d takes any)
 _WRITTEN = re.compile(r"(index\.json|index\.[a-z0-9]+\.npy|index\.stats\.bin|_progress\.json|_progress\.stats\.log|"
                       r"shard-\d{6}\.tar)")
 
