@@ -38,3 +38,21 @@ def test_a_resumed_write_leaves_a_file_named_in_other_digits_alone(tmp_path):
     _, resumed = start(out, {"a": 1}, overwrite=False)
     assert resumed and not ours.exists()
     assert theirs.read_bytes() == b"not ours"  # it was deleted
+
+
+def test_a_raw_frame_named_in_other_digits_is_ordered_by_name(tmp_path):
+    """``'²'.isdigit()`` is True and ``int('²')`` a ValueError naming no file: ordering the frames failed."""
+    import numpy as np
+    from helpers import write_raw
+
+    from episodepipes.sharding.raw import RawReader
+    from episodepipes.sharding.synthetic import SyntheticReader
+
+    src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=1, length=3, height=16, width=24))
+    eid = RawReader(src).episode_ids()[0]
+    want = {c: [f.copy() for f in frames] for c, frames in RawReader(src).read(eid).cameras.items()}
+    for cam in want:
+        (src / eid / cam / "000002.png").rename(src / eid / cam / "\u00b2.png")  # after the numbered frames
+    got = RawReader(src).read(eid).cameras
+    for cam, frames in want.items():
+        assert all(np.array_equal(a, b) for a, b in zip(frames, got[cam], strict=True))

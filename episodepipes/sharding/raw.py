@@ -54,7 +54,7 @@ MAX_META_BYTES = 1 << 20  # meta.json holds a few fields; a bigger one is not me
 
 def _frame_key(p: Path) -> tuple[int, int, str]:
     """Numeric order for numbered frames (``2.png`` before ``10.png``), name order otherwise."""
-    return (0, int(p.stem), p.name) if p.stem.isdigit() else (1, 0, p.name)
+    return (0, int(p.stem), p.name) if p.stem.isascii() and p.stem.isdigit() else (1, 0, p.name)  # "²" is a digit
 
 
 @dataclass(frozen=True)
