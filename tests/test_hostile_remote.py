@@ -139,3 +139,50 @@ def test_a_ranged_get_whose_body_is_not_the_range_is_refused_by_name(extra):
     msg = str(e.value)
     assert f"{server.endpoint}/root/shard-000000.tar" in msg and "\n" not in msg
     assert f"sent {20 + extra} bytes" in msg and "truncated" not in msg
+
+
+class _ErrorServer(Served):
+    """A real HTTP server on 127.0.0.1 answering every request ``status`` with an error body carrying terminal
+    control sequences (set the window title, clear the screen) and a right-to-left override."""
+
+    BODY = b"<Error><Message>\x1b]0;owned\x07\x1b[2Jgone \xe2\x80\xae desrever\rover</Message></Error>"
+
+    def __init__(self, status: int) -> None:
+        body = self.BODY
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command == "GET":
+                    self.wfile.write(body)
+
+            do_HEAD = do_GET
+
+        self._serve(Handler)
+
+
+@pytest.mark.parametrize("status", [403, 500])
+def test_a_server_error_body_reaches_messages_without_its_control_characters(status, capsys):
+    from episodepipes.sharding.cli import main
+
+    server = _ErrorServer(status)
+    try:
+        with RemoteSource(f"{server.endpoint}/root", RemoteOptions(attempts=1)) as src:
+            with pytest.raises(ShardIOError) as e:
+                src.read("shard-000000.tar", 0, 20)
+        capsys.readouterr()
+        code = main(["info", f"{server.endpoint}/root"])
+    finally:
+        server.close()
+    err = capsys.readouterr().err
+    msg = str(e.value)  # it carried ESC, BEL, CR and U+202E as sent
+    assert all(c.isprintable() for c in msg) and "\\x1b]0;owned\\x07" in msg and "\\u202e" in msg, repr(msg)
+    assert all(c.isprintable() for c in err.rstrip("\n")) and err.count("\n") == 1
+    assert code == 2 and "Traceback" not in err

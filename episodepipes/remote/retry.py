@@ -30,7 +30,8 @@ def call(fn: Callable[[], T], *, where: str, attempts: int, backoff: float, max_
 
     Raises `Missing`, `NotSatisfiable`, or a `ShardIOError` starting with ``where`` (the object and range)
     once the failure is final or ``attempts`` are used up. Causes are cut to one line with credentials and
-    URL queries blanked, and not chained, so a traceback shows no more than the message.
+    URL queries blanked and control characters escaped (they may quote a server's error body, printed to a
+    terminal), and not chained, so a traceback shows no more than the message.
     """
     for attempt in range(1, attempts + 1):
         try:
@@ -38,7 +39,7 @@ def call(fn: Callable[[], T], *, where: str, attempts: int, backoff: float, max_
         except FileNotFoundError:  # obstore's NotFoundError
             raise Missing(where) from None
         except Exception as e:  # obstore raises its own classes; sorted by `transient`
-            cause = redact(str(e).split("\n", 1)[0][:300])
+            cause = printable(redact(str(e).split("\n", 1)[0][:300]))
             status = _status(cause)
             if status == 416:
                 raise NotSatisfiable(where) from None
@@ -76,3 +77,11 @@ def redact(text: str) -> str:
         if v and len(v) >= 4:
             text = text.replace(v, "***")
     return re.sub(r"\?\S*", "?***", text)
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (terminal control sequences, carriage returns,
+    bidirectional overrides) written as its Python escape, so a server's words cannot act on a terminal or a log."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
