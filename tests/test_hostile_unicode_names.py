@@ -1,7 +1,7 @@
 """Names that only look like the writer's: ``\\d`` in a Python pattern takes any Unicode digit, so
 ``shard-０００００１.tar`` (fullwidth digits) passed for a shard name. An index naming one is refused,
 and a resumed write leaves such a file in OUT alone (it deleted it as a shard of its own finished after
-the interruption)."""
+the interruption). Frame files numbered in other digits, and names carrying terminal control characters."""
 
 from __future__ import annotations
 
@@ -56,3 +56,16 @@ def test_a_raw_frame_named_in_other_digits_is_ordered_by_name(tmp_path):
     got = RawReader(src).read(eid).cameras
     for cam, frames in want.items():
         assert all(np.array_equal(a, b) for a, b in zip(frames, got[cam], strict=True))
+
+
+def test_the_cli_prints_an_error_naming_a_path_with_control_characters_escaped(tmp_path, capsys):
+    """A dataset folder named by its provider (here ESC ] 0 ; ... BEL, which retitles the terminal, and a right-to-left
+    override) is quoted by the error; the CLI printed it as it was."""
+    from episodepipes.sharding.cli import main
+
+    src = tmp_path / "data\x1b]0;owned\x07\u202eset"
+    src.mkdir()
+    assert main(["info", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(c.isprintable() for c in err.rstrip("\n")), repr(err)
+    assert "data\\x1b]0;owned\\x07\\u202eset" in err

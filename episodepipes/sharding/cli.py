@@ -42,6 +42,7 @@ from pathlib import Path
 
 from episodepipes.codec.copy import MAX_GOP
 from episodepipes.index import EpisodeIndex
+from episodepipes.remote.retry import printable
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.write import DiskFullError, WriteResult
 from episodepipes.sharding.write_plan import parse_resize, parse_size
@@ -242,8 +243,9 @@ def _run(a: argparse.Namespace) -> int:
 
 
 def _error(msg: str) -> None:
-    """One line, even when the message quotes a library's multi-line error (OpenCV's, for one)."""
-    print(f"{PROG}: error: {' '.join(msg.split())}", file=sys.stderr)
+    """One line, even when the message quotes a library's multi-line error (OpenCV's, for one), with no character
+    that acts on a terminal (a name or a server's words may carry escape sequences)."""
+    print(f"{PROG}: error: {printable(' '.join(msg.split()))}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
