@@ -5,6 +5,7 @@ refused in the one line of the field's own check, and the CLI exits 2 without a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -141,3 +142,36 @@ def test_an_array_step_larger_than_its_frame_is_refused_before_anything_is_alloc
     msg = str(e.value)
     assert f"'ep000{version % 2}'" in msg and "fewer than one step of its arrays (4000036 bytes" in msg
     assert "\n" not in msg
+
+
+@pytest.fixture(scope="module")
+def lerobot_v21(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lerobot21") / "lr"
+    make_lerobot(root, num_episodes=1, length=3, height=32, width=48, version="v2.1", image_feature=False,
+                 encoder=available_encoders(("h264",))[0])
+    return root
+
+
+def _sparse_giant(path) -> None:
+    """64 GiB that cost no disk (a sparse file): read whole, it asked for 64 GiB of memory."""
+    os.truncate(path, 64 << 30)
+
+
+def test_a_giant_lerobot_episodes_jsonl_is_refused_by_its_size(lerobot_v21, tmp_path):
+    src = shutil.copytree(lerobot_v21, tmp_path / "lr")
+    _sparse_giant(src / "meta/episodes.jsonl")
+    with pytest.raises(ValueError) as e:
+        LeRobotReader(src)
+    assert "meta/episodes.jsonl" in str(e.value) and str(64 << 30) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_giant_lerobot_tasks_jsonl_is_refused_by_its_size(lerobot_v21, tmp_path):
+    src = shutil.copytree(lerobot_v21, tmp_path / "lr")
+    episodes = src / "meta/episodes.jsonl"
+    lines = [json.loads(x) for x in episodes.read_text().splitlines() if x.strip()]
+    episodes.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "tasks"}) + "\n" for r in lines))
+    _sparse_giant(src / "meta/tasks.jsonl")  # read for the tasks, which the episode lines no longer list
+    reader = LeRobotReader(src)
+    with pytest.raises(EpisodeError) as e:
+        reader.read(reader.episode_ids()[0])
+    assert "meta/tasks.jsonl" in str(e.value) and str(64 << 30) in str(e.value) and "\n" not in str(e.value)

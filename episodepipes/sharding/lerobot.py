@@ -285,7 +285,7 @@ class LeRobotReader:
 
     def _legacy_episodes(self, path: Path) -> list[Episode]:
         shown, out = self._shown(path), []
-        for n, line in enumerate(path.read_bytes().splitlines(), 1):
+        for n, line in enumerate(meta.read_bounded(path, shown).splitlines(), 1):
             if not line.strip():
                 continue
             r = meta.loads(line, f"{shown} line {n}")
@@ -323,7 +323,8 @@ class LeRobotReader:
                 raise EpisodeError(f"{where} has no task_index column; re-download meta/")
             names = dict(zip(t.column("task_index").to_pylist(), t.column(name).to_pylist()))
         else:
-            rows = [meta.loads(x, f"{where} line {n}") for n, x in enumerate(path.read_bytes().splitlines(), 1)
+            raw = meta.read_bounded(path, shown, error=EpisodeError)
+            rows = [meta.loads(x, f"{where} line {n}") for n, x in enumerate(raw.splitlines(), 1)
                     if x.strip()]
             names = {r.get("task_index"): r.get("task") for r in rows if isinstance(r, dict)}
         out = []

@@ -21,6 +21,7 @@ V3 = "v3.0"
 LEGACY = ("v2.0", "v2.1")
 MAX_INDEX = 2**31  # episode/chunk/file indices and lengths; LeRobot's own are far below
 MAX_INFO_BYTES = 16 * 2**20  # a real info.json is a few kB
+MAX_JSONL_BYTES = 2**30  # episodes.jsonl, tasks.jsonl: a few hundred bytes a line, far below this at 10**6 episodes
 PLACEHOLDERS = {V3: {"data_path": ("chunk_index", "file_index"),
                      "video_path": ("video_key", "chunk_index", "file_index")},
                 "legacy": {"data_path": ("episode_chunk", "episode_index"),
@@ -65,11 +66,18 @@ def regular_file(real: Path, what: str, error: type[ValueError] = ValueError) ->
 
 def read_json(path: Path, shown: Path, *, max_bytes: int = MAX_INFO_BYTES) -> object:
     """The JSON value in ``path`` (shown as ``shown``); any reason it cannot be read names the file."""
+    return loads(read_bounded(path, shown, max_bytes=max_bytes), str(shown))
+
+
+def read_bounded(path: Path, shown: Path, *, max_bytes: int = MAX_JSONL_BYTES,
+                 error: type[ValueError] = ValueError) -> bytes:
+    """The bytes of metadata file ``path`` (shown as ``shown``), refused by its size before any is read: a sparse
+    file costs no disk and would be read whole."""
     size = path.stat().st_size
     if size > max_bytes:
-        raise ValueError(f"{shown}: {size} bytes is too large for LeRobot metadata (at most {max_bytes}); "
-                         "re-download the dataset's meta/")
-    return loads(path.read_bytes(), str(shown))
+        raise error(f"{shown}: {size} bytes is too large for LeRobot metadata (at most {max_bytes}); "
+                    "re-download the dataset's meta/")
+    return path.read_bytes()
 
 
 def loads(data: bytes | str, where: str) -> object:
