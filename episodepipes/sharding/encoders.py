@@ -31,6 +31,8 @@ from episodepipes.statsfields import episode_part
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 _IOV_MAX = 1024  # POSIX's minimum IOV_MAX is 16, but Linux, macOS and the BSDs take 1024
 _decode_threads = 0  # 0: the decoder's own choice (a thread per core); a worker gets its share of the cores
+SLOT_BYTES = 64 * 2**20  # a pooled episode up to this many tar bytes comes back in shared memory, a larger one spooled
+_slots: Slots | None = None  # a forked worker's view of its pool's slots (set by `_init`)
 
 
 def decode_threads() -> int:
@@ -39,12 +41,41 @@ def decode_threads() -> int:
     return _decode_threads
 
 
-def _encode(task: tuple) -> tuple:
+class Slots:
+    """Shared memory the forked encoders hand their episodes' tar bytes back in, one slot per episode in flight.
+
+    A spool file costs a copy into the page cache in the worker, then page faults in the writer and the file's
+    freeing, for every episode; a slot is mapped once, before the fork, and reused. Pages are touched only as far
+    as episodes fill them (``MAP_NORESERVE``), so a slot's size is a cap, not memory taken.
+    """
+
+    def __init__(self, count: int, size: int) -> None:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
+        self.size, self.mm = size, mmap.mmap(-1, count * size, flags=flags)
+        self.free = collections.deque(range(count))
+
+    def put(self, slot: int, enc: EncodedEpisode) -> int | None:
+        """Copy ``enc``'s tar bytes into ``slot``; their byte count, or None when they do not fit."""
+        total = sum(enc.sizes)  # the frames' shares add up to the episode's bytes
+        if total > self.size:
+            return None
+        start = slot * self.size  # one join and one copy: a slice assignment per part costs more in Python
+        self.mm[start:start + total] = enc.data()
+        return total
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still held by the traceback of an error in flight: freed with it
+            pass
+
+
+def _encode(task: tuple, slot: int | None = None) -> tuple:
     """Worker: `_encode_one`'s result."""
-    return _encode_one(task)[0]
+    return _encode_one(task, slot)[0]
 
 
-def _encode_one(task: tuple) -> tuple[tuple, bool]:
+def _encode_one(task: tuple, slot: int | None = None) -> tuple[tuple, bool]:
     """Read and encode one episode. Input errors come back as values, to be skipped or raised.
 
     ``split`` is the split chosen by an option; it replaces the episode's own split when ``override``
@@ -55,7 +86,9 @@ def _encode_one(task: tuple) -> tuple[tuple, bool]:
     With a ``spool`` folder the tar bytes go to a file there and only its name and the frame sizes
     return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
     writing them, and the parent is the one process that cannot be parallelised. A failed spool write
-    (a full disk) is not the episode's fault: it is raised, never skipped as a bad episode.
+    (a full disk) is not the episode's fault: it is raised, never skipped as a bad episode. With a ``slot``
+    of the pool's `Slots` the bytes go there instead, and only ``("slot", slot, nbytes)`` returns, unless
+    the episode is larger than a slot.
 
     The flag says whether the episode had frames to encode (cameras that are not copied packets).
     """
@@ -77,6 +110,8 @@ def _encode_one(task: tuple) -> tuple[tuple, bool]:
     stats = episode_part(enc.meta["id"], {safe_field(k): v for k, v in ep.arrays.items()})
     if spool is None:
         return ("ok", enc.meta, (enc.data(), enc.sizes), origin, stats), framed
+    if slot is not None and _slots is not None and (nbytes := _slots.put(slot, enc)) is not None:
+        return ("ok", enc.meta, (("slot", slot, nbytes), enc.sizes), origin, stats), framed
     path = Path(spool) / f"{enc.meta['id']}.samples"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -132,21 +167,23 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _init(threads: int, spawned: bool, parent: int | None = None) -> None:
-    global _decode_threads
+def _init(threads: int, spawned: bool, parent: int | None = None, slots: Slots | None = None) -> None:
+    global _decode_threads, _slots
     if parent is not None:
         _die_with(parent)
-    _decode_threads = threads
+    _decode_threads, _slots = threads, slots
     if spawned:
         cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool
 
 
-def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False) -> Iterator[tuple]:
+def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False,
+            slot_bytes: int = SLOT_BYTES) -> Iterator[tuple]:
     """`_encode` over ``tasks`` in order: in this process, or in ``workers`` forked processes.
 
     ``threaded`` (copied packets, little to encode): with ``workers > 1`` the tasks run in one thread beside the
     caller (demuxing, parquet reads and the caller's hashing and writing release the GIL) until an episode has
-    frames to encode; the tasks after it go to the pool, started then.
+    frames to encode; the tasks after it go to the pool, started then. A pooled episode's tar bytes come back
+    in shared memory (`Slots` of ``slot_bytes`` each) when it fits and the pool forks, else in its spool file.
     """
     if workers <= 1:
         yield from map(_encode, tasks)
@@ -157,7 +194,7 @@ def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False) -> Iter
             done += 1
             yield res
     if done < len(tasks):
-        yield from _pooled(tasks[done:], workers)
+        yield from _pooled(tasks[done:], workers, slot_bytes)
 
 
 def _threaded(tasks: list[tuple], ahead: int) -> Iterator[tuple]:
@@ -183,30 +220,51 @@ def _threaded(tasks: list[tuple], ahead: int) -> Iterator[tuple]:
         ex.shutdown(wait=True, cancel_futures=True)
 
 
-def _pooled(tasks: list[tuple], workers: int) -> Iterator[tuple]:
+def _pooled(tasks: list[tuple], workers: int, slot_bytes: int = SLOT_BYTES) -> Iterator[tuple]:
     """`_encode` over ``tasks`` in order in ``workers`` forked processes.
 
     The children inherit one OpenCV thread each (one process per core already; more threads would only
     contend) from a setting made in this process around the fork: `cv2.setNumThreads` called in a
-    forked child can wait forever on the parent's thread pool, which the child does not have.
+    forked child can wait forever on the parent's thread pool, which the child does not have. They also
+    inherit the `Slots` their episodes come back in; a result's slot is reused once the caller has taken
+    the result and asked for the next one.
     """
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    forked = ctx.get_start_method() == "fork"
+    slots = Slots(2 * workers, slot_bytes) if forked and slot_bytes > 0 else None
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
         pool = ctx.Pool(workers, initializer=_init,
-                        initargs=(max(1, (os.cpu_count() or 1) // workers), ctx.get_start_method() != "fork",
-                                  os.getpid()))
+                        initargs=(max(1, (os.cpu_count() or 1) // workers), not forked, os.getpid(), slots))
     finally:
         cv2.setNumThreads(threads)
-    with pool:
-        # a bounded window, not imap's unbounded read-ahead: encoders faster than the writer would
-        # otherwise spool up to the whole dataset, on the disk the shards need
-        todo, window = iter(tasks), collections.deque()
-        for task in itertools.islice(todo, 2 * workers):
-            window.append(pool.apply_async(_encode, (task,)))
-        while window:
-            res = window.popleft().get()
-            for task in itertools.islice(todo, 1):
-                window.append(pool.apply_async(_encode, (task,)))
-            yield res
+    try:
+        with pool:
+            # a bounded window, not imap's unbounded read-ahead: encoders faster than the writer would
+            # otherwise spool up to the whole dataset, on the disk the shards need
+            todo, window = iter(tasks), collections.deque()
+
+            def submit(task: tuple) -> None:
+                slot = slots.free.popleft() if slots is not None else None
+                window.append((pool.apply_async(_encode, (task, slot)), slot))
+
+            for task in itertools.islice(todo, 2 * workers):
+                submit(task)
+            while window:
+                pending, slot = window.popleft()
+                res = pending.get()
+                if res[0] == "ok" and isinstance(res[2][0], tuple):  # ("slot", slot, nbytes): a view, no copy
+                    with memoryview(slots.mm) as mm:
+                        start = slot * slots.size
+                        with mm[start:start + res[2][0][2]] as view:
+                            yield (*res[:2], (view, res[2][1]), *res[3:])
+                else:
+                    yield res
+                if slot is not None:
+                    slots.free.append(slot)
+                for task in itertools.islice(todo, 1):
+                    submit(task)
+    finally:
+        if slots is not None:
+            slots.close()

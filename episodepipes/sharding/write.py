@@ -17,6 +17,7 @@ progress, so a resumed write gets the same numbers); `merge` folds the jobs' tab
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
@@ -25,6 +26,7 @@ import logging
 import os
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -291,21 +293,12 @@ class _Run:
         writer.on_shard = self.save
         try:  # the spool goes on failure too: on a full disk its files hold space the user needs
             with writer, meter, contextlib.closing(encoded(tasks, workers, threaded=opts.codec == "copy")) as results:
-                for position, res in zip(range(prog.position, len(self.block)), results):
-                    self.position = position
-                    if res[0] == "bad":
-                        if not opts.skip_bad:
-                            raise EpisodeError(res[2])
-                        log.warning("skipping %s", res[2])
-                        self.skipped.append({"id": res[1], "error": res[2]})
-                        meter.update(0)
-                        continue
-                    first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
-                    with samples(res[2]) as (data, sizes):
-                        writer.add_frames(res[1], data, sizes, start=first, segments=segs)
-                    self.stats.add(res[1]["split"], *res[4])  # after the episode: `save` sees finished ones only
-                    self.origins[res[3]] += 1
-                    meter.update(len(sizes) - first)
+                positions = range(prog.position, len(self.block))
+                if workers > 1:  # a pooled result's bytes are reused once the next is asked for: take it first
+                    for position, res in zip(positions, results):
+                        self._take(writer, meter, position, res)
+                else:
+                    self._overlapped(writer, meter, zip(positions, results))
                 if self.block and len(self.skipped) == len(self.block):
                     raise ValueError(f"every episode of {'this job' if 'job' in self.extra else 'the source'} "
                                      f"is bad ({len(self.skipped)} skipped, first: {self.skipped[0]['error']}); "
@@ -316,6 +309,37 @@ class _Run:
             shutil.rmtree(spool, ignore_errors=True)
         finish(target)
         return meter
+
+    def _overlapped(self, writer: ShardWriter, meter: Meter, results: Iterator[tuple[int, tuple]]) -> None:
+        """`_take` each result in a thread while this one encodes the next episode: with the encoder in this
+        process, hashing and writing an episode (which release the GIL) would otherwise wait for its encoding
+        and it for them. One episode ahead at most, taken in order; the thread's error is raised here."""
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="episodepipes-write") as ex:
+            taking = None
+            for position, res in results:
+                if taking is not None:
+                    taking.result()
+                taking = ex.submit(self._take, writer, meter, position, res)
+            if taking is not None:
+                taking.result()
+
+    def _take(self, writer: ShardWriter, meter: Meter, position: int, res: tuple) -> None:
+        """Append the encoder's result for the episode at ``position`` of the block, or skip it if bad."""
+        prog, opts = self.prog, self.opts
+        self.position = position
+        if res[0] == "bad":
+            if not opts.skip_bad:
+                raise EpisodeError(res[2])
+            log.warning("skipping %s", res[2])
+            self.skipped.append({"id": res[1], "error": res[2]})
+            meter.update(0)
+            return
+        first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
+        with samples(res[2]) as (data, sizes):
+            writer.add_frames(res[1], data, sizes, start=first, segments=segs)
+        self.stats.add(res[1]["split"], *res[4])  # after the episode: `save` sees finished ones only
+        self.origins[res[3]] += 1
+        meter.update(len(sizes) - first)
 
 
 def _check_copy(reader: EpisodeReader, opts: WriteOptions) -> None:
