@@ -56,3 +56,49 @@ def test_a_reader_restored_between_cached_steps_continues_exactly(index):
         again = _reader(index)
         again.reset(first.state_dict())
         assert [s.item for s in again] == items[n:]
+
+
+def test_the_decoder_keeps_the_readers_cursor_and_makes_its_state_only_when_asked(index):
+    from episodepipes.pipes.decode import Decoder
+
+    def decoder(state=None):
+        dec = Decoder(_reader(index, epochs=1), index, num_workers=2)
+        dec.reset(state)
+        return dec
+
+    full = [(s["episode"], s["frame"]) for s in decoder()]
+    dec = decoder()
+    made = []
+    reader_state = dec.source.state_at
+    dec.source.state_at = lambda cursor: made.append(cursor) or reader_state(cursor)
+    got = [next(dec) for _ in range(5)]
+    assert made == []  # nothing per sample read
+    state = dec.state_dict()
+    assert made == [(0, 5, 1)]  # the state before the first sample not handed out, not the reader's own (ahead)
+    assert dec.source.state_dict()["pos"] > 5
+    assert [(s["episode"], s["frame"]) for s in got] + [(s["episode"], s["frame"]) for s in decoder(state)] == full
+    dec.shutdown()  # with samples in flight: the state still resumes at the first one not handed out
+    assert dec.state_dict() == state
+
+
+@pytest.mark.parametrize("slices", [False, True])
+def test_a_frame_without_windows_skips_the_window_path_and_reads_the_same_sample(index, slices):
+    def samples(general):
+        reader = _reader(index, epochs=1)
+        if slices:
+            reader.send_slices()
+        reads = []
+        read = reader._read
+        reader._read = lambda *a, **k: reads.append(a[1]) or read(*a, **k)
+        if general:
+            reader._plain_sample = lambda *a: None
+        reader.reset(None)
+        out = [(s.item, s.shard, {f: bytes(v) if isinstance(v, memoryview) else v for f, v in s.members.items()},
+                [(st, bytes(d) if isinstance(d, memoryview) else d, c) for st, d, c in s.checks], s.damaged)
+               for s in reader]
+        return out, reads
+
+    fast, reads = samples(general=False)
+    slow, general_reads = samples(general=True)
+    assert fast == slow and reads == [] and len(general_reads) == len(slow)
+    assert all(checks for *_, checks, _ in fast)  # each whole frame still goes to the worker's crc32 check

@@ -126,6 +126,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
                                     depth=max(1, -(-READ_AHEAD * batch_size // frames)))
         self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
         self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # the cached steps' frames (_located)
+        self._prefixes: dict[int, bytes] = {}  # episode position -> its member names' prefix (`_plain_sample`)
         self._starts = np.asarray(self.table.starts, np.int64)  # each episode's first flat frame
         self._row_starts = np.asarray([e.rows.start for e in self.episodes], np.int64)  # its first index row
 
@@ -154,11 +155,6 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0
         return raw
-
-    def get_state(self) -> dict[str, Any]:
-        # called before every sample read (Decoder): one flat dict; the windows dict is shared, never changed
-        return {self.SEED_KEY: self.seed, self.EPOCH_KEY: self._epoch, self.POS_KEY: self._pos,
-                self.STOP_KEY: self._stop, self.CONSUMED_KEY: self._pos * self.world_size, **self._setup}
 
     def close(self) -> None:
         """Close shard files; they are reopened on demand."""
@@ -190,6 +186,10 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
     def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
         e, t, *at = self._located(flat)
         ep = self.episodes[e]
+        if got is None and not self.windows and not self.index.remote:
+            raw = self._plain_sample(e, t, *at)
+            if raw is not None:
+                return raw
         read: dict[int, dict[str, bytes]] = {}
         steps = ((t, None), *fields_by_step(t, ep.length, self.windows).items())
         if got is None:
@@ -205,6 +205,33 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         raw = window_sample(item, shard, ep.length, self.windows, read)
         raw.checks = tuple(checks)
         return raw
+
+    def _plain_sample(self, e: int, t: int, shard: int, start: int, end: int, crc: int | None) -> RawSample | None:
+        """`_sample` of a frame without windows in a mapped local shard whose members `frame_members` parses (the
+        usual case), with none of the window bookkeeping; None for anything else, which `_sample` then reads."""
+        mapped = self.__dict__.get("_mapped")
+        if mapped is None:
+            mapped = self._mapped = MappedShards(self.source)
+        view = mapped.frame(self._names[shard], start, end)
+        prefix = self._prefixes.get(e)
+        if prefix is None:
+            prefix = self._prefixes[e] = self.episodes[e].id.encode() + b"/"
+        got = None if view is None else frame_members(view, prefix + b"%06d." % t)  # sample_key's bytes
+        if got is None or not got[0]:  # a frame without members is checked where `_read` checks it
+            return None
+        spans, n = got
+        self.stats.add("bytes_read", n)
+        self.stats.add("frames_read")
+        whole: memoryview | ShardSlice
+        if self._slices:
+            path = self._where[shard]
+            members = {f: ShardSlice(path, start + a, b - a) for f, (a, b) in spans.items()}
+            whole = ShardSlice(path, start, len(view))  # type: ignore[arg-type]
+        else:
+            members = {f: view[a:b] for f, (a, b) in spans.items()}  # type: ignore[misc]
+            whole = view  # type: ignore[assignment]
+        return RawSample(Item(self.episodes[e].id, t), self._names[shard], members,  # type: ignore[arg-type]
+                         checks=() if crc is None else ((t, whole, crc),))  # type: ignore[arg-type]
 
     def _located(self, flat: int) -> tuple[int, int, int, int, int, int | None]:
         """(episode position, step, shard, start byte, end byte, crc32 or None) of flat frame ``flat``.
