@@ -94,9 +94,11 @@ class BatchStacker(BaseNode[dict]):
 
     def next(self) -> dict:
         samples: list[dict] = []
+        # reset() has initialised the source: BaseNode.__next__ would only check that again, per sample
+        take = self.source.next if isinstance(self.source, BaseNode) else self.source.__next__
         for _ in range(self.batch_size):
             try:
-                samples.append(next(self.source))
+                samples.append(take())
             except StopIteration:
                 break
         if not samples:

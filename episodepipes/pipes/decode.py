@@ -200,10 +200,12 @@ class Decoder(BaseNode[dict]):
         return self.source.state_at(before) if self._cursor else before  # type: ignore[attr-defined]
 
     def _fill(self) -> None:
+        # reset() has initialised the source: BaseNode.__next__ would only check that again, per sample
+        take = self.source.next if isinstance(self.source, BaseNode) else self.source.__next__
         while not self._done and (self._ex is None or self._ex.room(self.prefetch, self.reach)):
             before = self.source.cursor() if self._cursor else self.source.state_dict()  # type: ignore[attr-defined]
             try:
-                raw = next(self.source)
+                raw = take()
             except StopIteration:
                 self._done = True
                 break
