@@ -79,3 +79,29 @@ def test_a_samples_gop_key_is_its_first_video_cameras_gop_id_in_either_layout():
     assert [keys(r) for r in (packed, members, window)] == [b"sha:100", b"sha:200", b"sha:2"]
     assert keys(RawSample(item, "s", {}, damaged="crc32 mismatch")) is None
     assert keys(RawSample(item, "s", {"front.h264": b"EPK1\xff"})) is None  # a damaged pack: the decode says so
+
+
+def _fails_at(i: int, bad: int) -> int:
+    if i == bad:
+        raise ValueError(f"call {i}")
+    return i * i
+
+
+def test_a_chunk_hands_out_its_own_results_in_order_and_a_failed_chunk_fails_each_call():
+    ex = InOrder("thread", 2, Stats(), chunk=4)
+    try:
+        for i in range(10):  # chunks [0..3], [4..7] (7 fails), [8, 9]
+            ex.put(i, _fails_at, i, 7)
+        ex.flush()
+        got = [ex.get() for _ in range(4)]
+        assert got == [(i, i * i) for i in range(4)]
+        for i in range(4, 8):  # the whole failed chunk's calls raise, not the results of the chunk before it
+            try:
+                ex.get()
+            except ValueError as e:
+                assert str(e) == "call 7"
+            else:
+                raise AssertionError(f"call {i} of the failed chunk returned")
+        assert [ex.get() for _ in range(2)] == [(8, 64), (9, 81)]
+    finally:
+        ex.close()

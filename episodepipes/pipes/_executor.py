@@ -64,6 +64,7 @@ class InOrder(Generic[T]):
         self._tasks: deque[_Task[T]] = deque()
         self._sent: list[deque[tuple[Future, int]]] = [deque() for _ in self._pools]  # per lane: (task, calls)
         self._live: dict[Hashable, list[int]] = {}  # key in flight -> [its lane, its calls not handed back]
+        self._held: tuple[Future | None, list[Any]] = (None, [])  # the chunk `get` hands results out of
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._tasks)
@@ -147,8 +148,11 @@ class InOrder(Generic[T]):
             live[1] -= 1
             if not live[1]:
                 del self._live[task.key]
-        result = task.future.result()
-        return task.tag, result if task.pos is None else result[task.pos]
+        if task.pos is None:
+            return task.tag, task.future.result()
+        if task.future is not self._held[0]:  # a chunk's first call: its results, kept for the chunk's others
+            self._held = (task.future, task.future.result())
+        return task.tag, self._held[1][task.pos]
 
     @property
     def idle(self) -> bool:
@@ -164,6 +168,7 @@ class InOrder(Generic[T]):
             task.future.cancel()
         self._tasks.clear()
         self._queued.clear()
+        self._held = (None, [])
         self._live.clear()
         for pool in self._pools:
             pool.close()

@@ -21,7 +21,7 @@ from episodepipes.pipes.stats import Stats
 __all__ = ["BufferPool", "BatchStacker", "collate"]
 
 LISTS = ("episode", "prompt")
-SCALARS = {"frame": torch.int64, "timestamp": torch.float64, "valid": torch.bool}
+SCALARS = {"frame": np.int64, "timestamp": np.float64, "valid": np.bool_}  # int64, float64 and bool tensors
 
 
 def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str, Any]:
@@ -34,8 +34,8 @@ def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str,
     """
     first = samples[0]
     out: dict[str, Any] = {k: [s[k] for s in samples] for k in LISTS}
-    for k, dtype in SCALARS.items():
-        out[k] = torch.tensor([s[k] for s in samples], dtype=dtype)
+    for k, dtype in SCALARS.items():  # through numpy: torch.tensor of a list costs several times more
+        out[k] = torch.from_numpy(np.array([s[k] for s in samples], dtype))
     for k, v in first.items():
         if k in out:
             continue
@@ -47,10 +47,19 @@ def collate(samples: list[dict], buffers: BufferPool | None = None) -> dict[str,
             # torch holds native byte order only: a ">f4" array is stacked into "<f4" here (same values)
             dt = arr.dtype if arr.dtype.isnative else arr.dtype.newbyteorder("=")
             buf = buffers.get(shape, dt) if buffers is not None else np.empty(shape, dt)
-            for i, r in enumerate(rows):
-                buf[i] = r
+            _stack(rows, buf, arr.shape, dt)
         out[k] = torch.from_numpy(buf)
     return out
+
+
+def _stack(rows: list, buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """``buf[i] = rows[i]`` for every row: in one copy where every row is an array of ``shape`` and ``dtype``
+    (the per-row assignments cost more than the bytes), else row by row (numpy's casts and broadcasts)."""
+    if all(type(r) is np.ndarray and r.shape == shape and r.dtype == dtype for r in rows):
+        np.concatenate(rows, axis=None, out=buf.reshape(-1))
+        return
+    for i, r in enumerate(rows):
+        buf[i] = r
 
 
 class BatchStacker(BaseNode[dict]):
@@ -85,9 +94,11 @@ class BatchStacker(BaseNode[dict]):
 
     def next(self) -> dict:
         samples: list[dict] = []
+        # reset() has initialised the source: BaseNode.__next__ would only check that again, per sample
+        take = self.source.next if isinstance(self.source, BaseNode) else self.source.__next__
         for _ in range(self.batch_size):
             try:
-                samples.append(next(self.source))
+                samples.append(take())
             except StopIteration:
                 break
         if not samples:

@@ -35,7 +35,7 @@ CHUNK = 8  # samples per task by default (see `Decoder`'s ``chunk``)
 
 
 class _InFlight(NamedTuple):
-    before: dict  # the source's state before this sample: where a resume starts
+    before: Any  # the source's state before this sample (where a resume starts), or its cursor (`_state`)
     raw: RawSample
     claim: Claim
 
@@ -98,6 +98,8 @@ class Decoder(BaseNode[dict]):
         self._done = False
         self._corrupt = 0  # this pass, for the end-of-pass summary
         self._resume: dict | None = None  # the state of a pass shut down with samples in flight
+        # a train reader's state is its cursor and settings: keep the cursor per sample, make the dict when asked
+        self._cursor = callable(getattr(source, "cursor", None)) and callable(getattr(source, "state_at", None))
 
     def _plan(self) -> None:
         """Samples in flight and per task, for the sink chosen; with video cameras, how far beyond that the reads
@@ -174,7 +176,7 @@ class Decoder(BaseNode[dict]):
     def get_state(self) -> dict[str, Any]:
         # The source is ahead by the frames in flight: resume from the state before the first of them.
         if self._ex:
-            return {self.SOURCE_KEY: self._ex.first().before}
+            return {self.SOURCE_KEY: self._state(self._ex.first().before)}
         if self._resume is not None:
             return {self.SOURCE_KEY: self._resume}
         return {self.SOURCE_KEY: self.source.state_dict()}
@@ -183,7 +185,7 @@ class Decoder(BaseNode[dict]):
         """End the pass now: stop the pool (threads joined, processes ended), drop frames in flight, and
         shut the source down. The state still resumes at the first frame not returned; `reset` starts anew."""
         if self._ex:
-            self._resume = self._ex.first().before
+            self._resume = self._state(self._ex.first().before)
         self._done = True
         if self._ex is not None:
             self._ex.close()
@@ -193,11 +195,17 @@ class Decoder(BaseNode[dict]):
 
     close = shutdown  # the name callers used before torchdata's `shutdown`
 
+    def _state(self, before: Any) -> dict:
+        """The source's state from what `_fill` kept before a sample: the state itself, or a reader's cursor."""
+        return self.source.state_at(before) if self._cursor else before  # type: ignore[attr-defined]
+
     def _fill(self) -> None:
+        # reset() has initialised the source: BaseNode.__next__ would only check that again, per sample
+        take = self.source.next if isinstance(self.source, BaseNode) else self.source.__next__
         while not self._done and (self._ex is None or self._ex.room(self.prefetch, self.reach)):
-            before = self.source.state_dict()
+            before = self.source.cursor() if self._cursor else self.source.state_dict()  # type: ignore[attr-defined]
             try:
-                raw = next(self.source)
+                raw = take()
             except StopIteration:
                 self._done = True
                 break

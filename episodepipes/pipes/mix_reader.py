@@ -171,10 +171,6 @@ class MixReader(ts.EpochCursor, BaseNode[RawSample]):
             self._epoch, self._pos = self._epoch + 1, 0
         return self._tag(s, raw)
 
-    def get_state(self) -> dict[str, Any]:
-        return {ts.SEED: self.seed, ts.EPOCH: self._epoch, ts.POS: self._pos, ts.STOP: self._stop,
-                ts.CONSUMED: self._pos * self.world_size, **self._setup}
-
     def close(self) -> None:
         """Close every source's shard files; they are reopened on demand."""
         for r in self.readers:

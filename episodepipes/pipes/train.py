@@ -47,6 +47,7 @@ from episodepipes.tarmembers import frame_fields
 log = logging.getLogger(__name__)
 READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
 SHUFFLES = ("full", "block")
+STEPS_AHEAD = 8  # global steps whose order and byte ranges `TrainReader` computes in one numpy pass
 
 
 class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
@@ -104,10 +105,11 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             self._setup[ts.SHUFFLE] = self.blocks.describe()
         self._orders: dict[int, BlockOrder] = {}  # the last epochs' block orders (O(blocks) each), never saved
         self._batch_windows: np.ndarray | None = None  # the block order's window of each entry of self._batch
+        self._step_windows: np.ndarray | None = None  # that of the step `_frames_of` gave last
         self._epoch = self._pos = 0
         self._stop: int | None = None
         self._shuffle: tuple[int, IndexShuffle | BlockOrder] | None = None  # (epoch, its order), never saved
-        self._batch: tuple[int, int, np.ndarray] | None = None  # (epoch, step, this rank's frames in it)
+        self._batch: tuple[int, int, np.ndarray] | None = None  # (epoch, first step, [steps, batch] frames)
         # a local folder's descriptors are closed in close() and reopened on demand; a remote index's own source
         # stays open (its connections), and is read only here, in the main process
         self.source = index.source if index.remote else open_source(index.root)
@@ -123,7 +125,10 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             self._ahead = ReadAhead(self._fetch_window, self._following_window,
                                     depth=max(1, -(-READ_AHEAD * batch_size // frames)))
         self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
-        self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # one batch's frames (_located)
+        self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # the cached steps' frames (_located)
+        self._prefixes: dict[int, bytes] = {}  # episode position -> its member names' prefix (`_plain_sample`)
+        self._starts = np.asarray(self.table.starts, np.int64)  # each episode's first flat frame
+        self._row_starts = np.asarray([e.rows.start for e in self.episodes], np.int64)  # its first index row
 
     def _order(self, epoch: int) -> IndexShuffle | BlockOrder:
         """Epoch ``epoch``'s order of the frames (pure of the cursor: the read-ahead threads call it too)."""
@@ -144,17 +149,12 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             raise StopIteration
         step, i = divmod(self._pos, self.batch_size)
         flat = int(self._frames_of(self._epoch, step)[i])
-        key = (self._epoch, step) if self._batch_windows is None else (self._epoch, int(self._batch_windows[i]))
+        key = (self._epoch, step) if self._batch_windows is None else (self._epoch, int(self._step_windows[i]))
         raw = self._sample(flat, None if self._ahead is None else self._ahead.get(key).get(flat))
         self._pos += 1
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0
         return raw
-
-    def get_state(self) -> dict[str, Any]:
-        # called before every sample read (Decoder): one flat dict; the windows dict is shared, never changed
-        return {self.SEED_KEY: self.seed, self.EPOCH_KEY: self._epoch, self.POS_KEY: self._pos,
-                self.STOP_KEY: self._stop, self.CONSUMED_KEY: self._pos * self.world_size, **self._setup}
 
     def close(self) -> None:
         """Close shard files; they are reopened on demand."""
@@ -165,19 +165,31 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             self._ahead.close()
 
     def _frames_of(self, epoch: int, step: int) -> np.ndarray:
-        """This rank's flat frame numbers at global ``step`` of ``epoch`` (one batch's worth, cached)."""
-        if self._batch is None or self._batch[:2] != (epoch, step):
+        """This rank's flat frame numbers at global ``step`` of ``epoch`` (one batch's worth).
+
+        Computed for `STEPS_AHEAD` steps at once and cached: per batch, numpy's per-call cost is most of the
+        permutation's."""
+        got = self._batch
+        if got is None or got[0] != epoch or not 0 <= step - got[1] < len(got[2]):
             if self._shuffle is None or self._shuffle[0] != epoch:
                 self._shuffle = (epoch, self._order(epoch))
             order = self._shuffle[1]
-            at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
-            self._batch = (epoch, step, order(at))
+            steps = max(1, min(STEPS_AHEAD, self.per_epoch // self.batch_size - step))
+            at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
+                                steps=steps).reshape(steps, self.batch_size)
+            got = self._batch = (epoch, step, order(at))
             self._batch_windows = order.window_of(at) if isinstance(order, BlockOrder) and self._ahead else None
-        return self._batch[2]
+        if self._batch_windows is not None:
+            self._step_windows = self._batch_windows[step - got[1]]
+        return got[2][step - got[1]]
 
     def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
         e, t, *at = self._located(flat)
         ep = self.episodes[e]
+        if got is None and not self.windows and not self.index.remote:
+            raw = self._plain_sample(e, t, *at)
+            if raw is not None:
+                return raw
         read: dict[int, dict[str, bytes]] = {}
         steps = ((t, None), *fields_by_step(t, ep.length, self.windows).items())
         if got is None:
@@ -194,27 +206,56 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         raw.checks = tuple(checks)
         return raw
 
+    def _plain_sample(self, e: int, t: int, shard: int, start: int, end: int, crc: int | None) -> RawSample | None:
+        """`_sample` of a frame without windows in a mapped local shard whose members `frame_members` parses (the
+        usual case), with none of the window bookkeeping; None for anything else, which `_sample` then reads."""
+        mapped = self.__dict__.get("_mapped")
+        if mapped is None:
+            mapped = self._mapped = MappedShards(self.source)
+        view = mapped.frame(self._names[shard], start, end)
+        prefix = self._prefixes.get(e)
+        if prefix is None:
+            prefix = self._prefixes[e] = self.episodes[e].id.encode() + b"/"
+        got = None if view is None else frame_members(view, prefix + b"%06d." % t)  # sample_key's bytes
+        if got is None or not got[0]:  # a frame without members is checked where `_read` checks it
+            return None
+        spans, n = got
+        self.stats.add("bytes_read", n)
+        self.stats.add("frames_read")
+        whole: memoryview | ShardSlice
+        if self._slices:
+            path = self._where[shard]
+            members = {f: ShardSlice(path, start + a, b - a) for f, (a, b) in spans.items()}
+            whole = ShardSlice(path, start, len(view))  # type: ignore[arg-type]
+        else:
+            members = {f: view[a:b] for f, (a, b) in spans.items()}  # type: ignore[misc]
+            whole = view  # type: ignore[assignment]
+        return RawSample(Item(self.episodes[e].id, t), self._names[shard], members,  # type: ignore[arg-type]
+                         checks=() if crc is None else ((t, whole, crc),))  # type: ignore[arg-type]
+
     def _located(self, flat: int) -> tuple[int, int, int, int, int, int | None]:
         """(episode position, step, shard, start byte, end byte, crc32 or None) of flat frame ``flat``.
 
-        Looked up for its whole batch at once (`EpisodeIndex.frame_ranges`): per frame, numpy's per-call cost
-        is most of the lookup. A frame outside this reader's current batch is looked up alone.
+        Looked up for the `STEPS_AHEAD` batches `_frames_of` cached at once (`EpisodeIndex.frame_ranges`): per
+        frame, numpy's per-call cost is most of the lookup. A frame outside them is looked up alone.
         """
         loc = self._locs.get(flat)
         if loc is not None:
             return loc
-        batch = self._frames_of(self._epoch, self._pos // self.batch_size)
-        if flat not in batch:  # not this reader's own cursor (a mixture's draw): one frame, without numpy
+        self._frames_of(self._epoch, self._pos // self.batch_size)
+        block = self._batch[2]  # type: ignore[index]  # the cached steps around this reader's cursor
+        if flat not in block:  # not this reader's own cursor (a mixture's draw): one frame, without numpy
             e, t = self.table.locate(flat)
             ep = self.episodes[e]
             return (e, t, *ep.frame_range(t), ep.frame_crc(t))
-        flats = batch.tolist()
-        es, ts_ = zip(*map(self.table.locate, flats))
-        rows = np.add([self.episodes[e].rows.start for e in es], ts_)
+        flats = block.ravel()
+        es = np.searchsorted(self._starts, flats, side="right") - 1
+        ts_ = flats - self._starts[es]
+        rows = self._row_starts[es] + ts_
         shard, a, b = self.index.frame_ranges(rows)
         crcs = self.index.frame_crcs(rows)
-        self._locs = dict(zip(flats, zip(es, ts_, shard.tolist(), a.tolist(), b.tolist(),
-                                         [None] * len(flats) if crcs is None else crcs.tolist())))
+        self._locs = dict(zip(flats.tolist(), zip(es.tolist(), ts_.tolist(), shard.tolist(), a.tolist(), b.tolist(),
+                                                  [None] * len(flats) if crcs is None else crcs.tolist())))
         return self._locs[flat]
 
     def _following(self, key: tuple[int, int]) -> tuple[int, int] | None:

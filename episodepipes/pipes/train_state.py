@@ -155,6 +155,19 @@ class EpochCursor:
     def _size(self) -> int:
         raise NotImplementedError
 
+    def cursor(self) -> tuple[int, int, int | None]:
+        """``(epoch, pos, stop)``: what the state depends on that moves; `state_at` makes the state of it. A
+        `Decoder` keeps this, not the state dict, for every sample in flight (it asks for one per sample)."""
+        return self._epoch, self._pos, self._stop
+
+    def state_at(self, cursor: tuple[int, int, int | None]) -> dict[str, Any]:
+        """The state dict of a `cursor` of this reader (``get_state`` is ``state_at(cursor())``)."""
+        epoch, pos, stop = cursor
+        return {SEED: self.seed, EPOCH: epoch, POS: pos, STOP: stop, CONSUMED: pos * self.world_size, **self._setup}
+
+    def get_state(self) -> dict[str, Any]:
+        return self.state_at((self._epoch, self._pos, self._stop))
+
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)  # type: ignore[misc]
         self.close()  # type: ignore[attr-defined]
