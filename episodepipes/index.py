@@ -69,6 +69,11 @@ class EpisodeIndex:
         self.meta: dict = meta
         self.options: dict = meta.get("options", {})
         self.shards: list[Shard] = [Shard(s["name"], s["bytes"], s["sha256"], s["samples"]) for s in meta["shards"]]
+        if source is not None:  # a remote root's: its range cache keys a shard's entries by the sha256 vouched here
+            from episodepipes.remote import RemoteSource
+
+            if isinstance(source, RemoteSource):
+                source.pin({s.name: s.sha256 for s in self.shards})
         self.ids: list[str] = meta["ids"]
         self._ep, self._seg, self._offset, self._size = (cols[k] for k in ("episodes", "segments", "offset", "size"))
         self._crc: np.ndarray | None = cols.get("crc32")

@@ -33,11 +33,16 @@ def _frame(shards: Path) -> tuple[str, int, int]:
     return index.shards[shard].name, a, b - a
 
 
-def _plant(folder: Path, name: str, off: int, n: int) -> bytes:
-    """An entry for that range, as another user would leave it: the right size, other bytes."""
+def _sha(shards: Path, name: str) -> str:
+    return next(s.sha256 for s in EpisodeIndex.open(shards).shards if s.name == name)
+
+
+def _plant(folder: Path, name: str, sha: str, off: int, n: int) -> bytes:
+    """An entry for that range of the shard the index vouches for, as another user would leave it: the right
+    size, other bytes."""
     fake = b"\x5a" * n
     folder.mkdir(exist_ok=True)
-    RangeCache(folder, 1 << 30)._path(URL, name, off, n).write_bytes(fake)
+    RangeCache(folder, 1 << 30)._path(URL, name, f"sha256:{sha}", off, n).write_bytes(fake)
     return fake
 
 
@@ -53,9 +58,10 @@ def _others_own(folder: Path) -> None:
 def test_a_cache_dir_another_user_can_fill_is_refused_not_read(shards, proxy, tmp_path, make):
     name, off, n = _frame(shards)
     folder = tmp_path / "shared-cache"
-    fake = _plant(folder, name, off, n)
+    fake = _plant(folder, name, _sha(shards, name), off, n)
     make(folder)
     src = RemoteSource(URL, RemoteOptions(cache_dir=folder, backoff=0.001))
+    src.pin({name: _sha(shards, name)})  # as EpisodeIndex.open does: the planted entry is the one it would read
     try:
         with pytest.raises(ValueError) as e:  # it returned the planted bytes as the frame's
             src.read(name, off, n)

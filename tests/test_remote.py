@@ -199,15 +199,22 @@ def test_plain_http_root_reads_ranges(shards):
         server.close()
 
 
+def _pinned(index: EpisodeIndex, opts: RemoteOptions) -> RemoteSource:
+    """A source whose cache knows the shards by the index's sha256, as `EpisodeIndex.open` makes it (no HEAD)."""
+    src = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts)
+    src.pin({s.name: s.sha256 for s in index.shards})
+    return src
+
+
 def test_cache_serves_repeat_reads_without_requests(shards, proxy, tmp_path):
     index = EpisodeIndex.open(shards)
     s = index.shards[0]
     ranges = [(off, n) for name, off, n in _frames(index) if name == s.name]
     opts = RemoteOptions(cache_dir=tmp_path / "cache", cache_bytes=10 << 20, backoff=0.001)
-    first = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts).read_ranges(s.name, ranges)
+    first = _pinned(index, opts).read_ranges(s.name, ranges)
     assert len(proxy.gets()) == 1
     proxy.reset()
-    again = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts).read_ranges(s.name, ranges)  # another "rank"
+    again = _pinned(index, opts).read_ranges(s.name, ranges)  # another "rank"
     assert again == first == open_source(shards).read_ranges(s.name, ranges)
     assert proxy.requests == []
 
@@ -215,18 +222,18 @@ def test_cache_serves_repeat_reads_without_requests(shards, proxy, tmp_path):
 def test_cache_evicts_least_recently_used_past_its_bound(tmp_path):
     cache = RangeCache(tmp_path, max_bytes=3000)
     for i in range(3):
-        cache.put("s3://b/p", "a.tar", i * 1000, 1000, bytes([i]) * 1000)
+        cache.put("s3://b/p", "a.tar", "v1", i * 1000, 1000, bytes([i]) * 1000)
         old = time.time() - 100 + i  # entry 0 oldest, entry 2 youngest
-        os.utime(cache._path("s3://b/p", "a.tar", i * 1000, 1000), (old, old))
-    assert cache.get("s3://b/p", "a.tar", 0, 1000) == b"\0" * 1000  # a hit: entry 0 is now the youngest
-    cache.put("s3://b/p", "a.tar", 3000, 1000, b"\3" * 1000)  # over the bound: the least recently used goes
-    kept = [cache.get("s3://b/p", "a.tar", i * 1000, 1000) for i in range(4)]
+        os.utime(cache._path("s3://b/p", "a.tar", "v1", i * 1000, 1000), (old, old))
+    assert cache.get("s3://b/p", "a.tar", "v1", 0, 1000) == b"\0" * 1000  # a hit: entry 0 is now the youngest
+    cache.put("s3://b/p", "a.tar", "v1", 3000, 1000, b"\3" * 1000)  # over the bound: the least recently used goes
+    kept = [cache.get("s3://b/p", "a.tar", "v1", i * 1000, 1000) for i in range(4)]
     assert kept == [b"\0" * 1000, None, b"\2" * 1000, b"\3" * 1000]
     assert sum(p.stat().st_size for p in tmp_path.glob("*.bin")) <= 3000
-    assert cache.get("s3://b/p", "other.tar", 0, 1000) is None
+    assert cache.get("s3://b/p", "other.tar", "v1", 0, 1000) is None
     (tmp_path / ".tmp-dead").write_bytes(b"x")  # a writer killed mid-entry, an hour ago
     os.utime(tmp_path / ".tmp-dead", (time.time() - 4000, time.time() - 4000))
-    cache.put("s3://b/p", "a.tar", 4000, 1000, b"\4" * 1000)
+    cache.put("s3://b/p", "a.tar", "v1", 4000, 1000, b"\4" * 1000)
     assert not (tmp_path / ".tmp-dead").exists()
     with pytest.raises(ValueError, match="cache_bytes"):
         RangeCache(tmp_path, max_bytes=0)
@@ -235,10 +242,10 @@ def test_cache_evicts_least_recently_used_past_its_bound(tmp_path):
 def _fill(folder: str, barrier: object) -> None:
     cache = RangeCache(folder, max_bytes=1 << 30)
     data = bytes(range(256)) * 4096  # 1 MiB: big enough for a torn write to be seen
-    path = cache._path("s3://b/p", "a.tar", 0, len(data))
+    path = cache._path("s3://b/p", "a.tar", "v1", 0, len(data))
     barrier.wait(60)  # both processes start racing together
     for _ in range(150):
-        cache.put("s3://b/p", "a.tar", 0, len(data), data)
+        cache.put("s3://b/p", "a.tar", "v1", 0, len(data), data)
         try:
             raw = path.read_bytes()  # the file itself, not through get(), which drops short entries
         except FileNotFoundError:
@@ -256,15 +263,16 @@ def test_two_processes_filling_one_entry_never_see_a_torn_file(tmp_path):
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert [p.name for p in tmp_path.iterdir()] == [RangeCache(tmp_path, 1)._path("s3://b/p", "a.tar", 0, 1 << 20).name]
-    assert RangeCache(tmp_path, 1 << 30).get("s3://b/p", "a.tar", 0, 1 << 20) == bytes(range(256)) * 4096
+    entry = RangeCache(tmp_path, 1)._path("s3://b/p", "a.tar", "v1", 0, 1 << 20)
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]
+    assert RangeCache(tmp_path, 1 << 30).get("s3://b/p", "a.tar", "v1", 0, 1 << 20) == bytes(range(256)) * 4096
 
 
 def test_whole_shard_cache_downloads_each_shard_once_for_all_threads(shards, proxy, tmp_path):
     index = EpisodeIndex.open(shards)
     frames = _frames(index)
     opts = RemoteOptions(cache_dir=tmp_path / "cache", cache_bytes=10 << 20, cache_whole=True, backoff=0.001)
-    src = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts)
+    src = _pinned(index, opts)
     local = open_source(shards)
     results: dict[str, list[bytes]] = {}
 
@@ -281,7 +289,7 @@ def test_whole_shard_cache_downloads_each_shard_once_for_all_threads(shards, pro
     for s in index.shards:
         assert results[s.name] == local.read_ranges(s.name, [(o, n) for name, o, n in frames if name == s.name])
     proxy.reset()
-    again = RemoteSource(f"s3://{BUCKET}/{PREFIX}", opts)  # another rank on this machine
+    again = _pinned(index, opts)  # another rank on this machine
     assert again.read(index.shards[0].name, 7, 1000) == local.read(index.shards[0].name, 7, 1000)
     assert proxy.requests == []
     with pytest.raises(ShardIOError, match=r"ends at byte \d+, the index expects 99999999"):

@@ -66,16 +66,22 @@ def test_ranks_reading_the_same_ranges_at_once_fetch_each_once(shards, proxy, tm
 def test_a_stale_claim_is_taken_over_and_a_claim_never_filled_is_waited_for_a_bound(shards, proxy, tmp_path):
     calls = _calls(shards)[:1]
     (name, [(off, n)]) = calls[0]
+    pins = {s.name: s.sha256 for s in EpisodeIndex.open(shards).shards}
+    ident = f"sha256:{pins[name]}"  # the entry's identity in a source that the index pins, as EpisodeIndex.open does
     cache = RangeCache(tmp_path / "cache", 1 << 30)
-    assert cache.claim(URL, name, off, n)  # a process that died while fetching
+    assert cache.claim(URL, name, ident, off, n)  # a process that died while fetching
     lock = next((tmp_path / "cache").glob("*.lock"))
     os.utime(lock, (time.time() - 3600, time.time() - 3600))
     quick = RemoteOptions(cache_dir=tmp_path / "cache", backoff=0.001, max_backoff=0.0, timeout=0.3, attempts=1)
-    assert RemoteSource(URL, quick).read_many(calls) == _want(shards, calls)
+    src = RemoteSource(URL, quick)
+    src.pin(pins)
+    assert src.read_many(calls) == _want(shards, calls)
     assert len(proxy.gets()) == 1 and not lock.exists()
     other = RangeCache(tmp_path / "cache2", 1 << 30)
-    assert other.claim(URL, name, off, n)  # alive, but it never fills the entry
+    assert other.claim(URL, name, ident, off, n)  # alive, but it never fills the entry
     proxy.reset()
     t = time.monotonic()
-    assert RemoteSource(URL, replace(quick, cache_dir=tmp_path / "cache2")).read_many(calls) == _want(shards, calls)
+    src = RemoteSource(URL, replace(quick, cache_dir=tmp_path / "cache2"))
+    src.pin(pins)
+    assert src.read_many(calls) == _want(shards, calls)
     assert 0.25 <= time.monotonic() - t and len(proxy.gets()) == 1  # waited its bound, then fetched itself

@@ -1,12 +1,14 @@
 """A bounded local cache of fetched ranges or whole objects, shared by the processes (ranks) of one machine.
 
-Each entry is one file named by a hash of (root, file name, offset, size), or (root, file name) for a
-whole object (a shard, for training that reads it over many epochs). Entries are written to a
-temporary file and moved into place with `os.replace`, so a reader sees a whole entry or none, and two
-processes filling the same entry both succeed (the last rename wins, with identical bytes). Eviction is
+Each entry is one file named by a hash of (root, file name, identity, offset, size), or (root, file name, identity)
+for a whole object (a shard, for training that reads it over many epochs). The identity is what the object's bytes
+are known by (its sha256 from the index, or its size and ETag as the store reports them): a dataset re-uploaded
+under the same root and names gets new keys, so its reads never hit the old one's entries, which age out as usual.
+Entries are written to a temporary file and moved into place with `os.replace`, so a reader sees a whole entry or
+none, and two processes filling the same entry both succeed (the last rename wins, with identical bytes). Eviction is
 least-recently-used by size: a hit refreshes the entry's mtime, and when this process's view of the total
 passes the bound it rescans the folder and deletes the oldest entries. The bound is approximate across
-processes (each sees the others' writes at its next scan). Objects under a root are assumed immutable.
+processes (each sees the others' writes at its next scan).
 
 Filling is shared too: a process that misses an entry `claim`s it (an ``O_EXCL`` marker file beside it)
 before fetching, and one that finds it claimed `wait`s for the entry instead of fetching the same bytes
@@ -39,7 +41,11 @@ class _TooBig(Exception):
 
 
 class RangeCache:
-    """Range and whole-object entries in ``folder``, at most about ``max_bytes`` in total."""
+    """Range and whole-object entries in ``folder``, at most about ``max_bytes`` in total.
+
+    Every method takes the object's ``root``, ``name`` and ``ident`` (what its bytes are known by: a sha256 the
+    index vouches for, or the store's ETag), so an object that changed never hits the entries of the old one.
+    """
 
     def __init__(self, folder: str | os.PathLike, max_bytes: int, *, stale: float = 120.0) -> None:
         if type(max_bytes) is not int or max_bytes <= 0:
@@ -52,7 +58,7 @@ class RangeCache:
         self._since_scan = 0
         self._private = False  # the folder was checked to be this user's alone
 
-    def _check_private(self) -> None:
+    def check_private(self) -> None:
         """Make the folder (0700) if need be, and refuse one that another user owns, links to or may write: an
         entry planted there would be read as a shard's bytes, and a link would make us write and evict elsewhere."""
         if self._private:
@@ -70,14 +76,14 @@ class RangeCache:
                              "use a folder of your own that only you may write (chmod 700), e.g. ~/.cache/episodepipes")
         self._private = True
 
-    def _path(self, root: str, name: str, offset: int, size: int) -> Path:
-        key = hashlib.sha256(f"{root}\n{name}\n{offset}\n{size}".encode()).hexdigest()[:40]
+    def _path(self, root: str, name: str, ident: str, offset: int, size: int) -> Path:
+        key = hashlib.sha256(f"{root}\n{name}\n{ident}\n{offset}\n{size}".encode()).hexdigest()[:40]
         return self.folder / f"{key}{_SUFFIX}"
 
-    def get(self, root: str, name: str, offset: int, size: int) -> bytes | None:
+    def get(self, root: str, name: str, ident: str, offset: int, size: int) -> bytes | None:
         """The cached bytes, or None on a miss (or an entry of the wrong size, which is dropped)."""
-        self._check_private()
-        path = self._path(root, name, offset, size)
+        self.check_private()
+        path = self._path(root, name, ident, offset, size)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -92,16 +98,16 @@ class RangeCache:
             pass  # evicted by another process meanwhile; the bytes read are whole all the same
         return data
 
-    def put(self, root: str, name: str, offset: int, size: int, data: bytes) -> None:
+    def put(self, root: str, name: str, ident: str, offset: int, size: int, data: bytes) -> None:
         """Store ``data`` atomically, then evict if over the bound. Failures to cache are logged, not raised."""
         if len(data) == size <= self.max_bytes:
-            self._commit(self._path(root, name, offset, size), [data], name)
+            self._commit(self._path(root, name, ident, offset, size), [data], name)
 
-    def claim(self, root: str, name: str, offset: int, size: int) -> bool:
+    def claim(self, root: str, name: str, ident: str, offset: int, size: int) -> bool:
         """Whether this process should fetch the entry: True when it made the entry's fill marker (or took over a
         stale one, or cannot make one), False while another process holds a live marker (then `wait`)."""
-        self._check_private()
-        lock = self._path(root, name, offset, size).with_suffix(_LOCK)
+        self.check_private()
+        lock = self._path(root, name, ident, offset, size).with_suffix(_LOCK)
         for _ in range(2):
             try:
                 self.folder.mkdir(parents=True, exist_ok=True)
@@ -118,26 +124,26 @@ class RangeCache:
                 return True  # no marker possible here (read-only folder, ...): fetch, unshared
         return True
 
-    def release(self, root: str, name: str, offset: int, size: int) -> None:
+    def release(self, root: str, name: str, ident: str, offset: int, size: int) -> None:
         """Drop this process's fill marker of the entry (after `put`, or after the fetch failed)."""
-        self._path(root, name, offset, size).with_suffix(_LOCK).unlink(missing_ok=True)
+        self._path(root, name, ident, offset, size).with_suffix(_LOCK).unlink(missing_ok=True)
 
-    def wait(self, root: str, name: str, offset: int, size: int) -> bytes | None:
+    def wait(self, root: str, name: str, ident: str, offset: int, size: int) -> bytes | None:
         """The entry another process claimed, once it is there; None when its marker goes without the entry (the
         fetch failed) or after ``stale`` seconds: the caller then fetches the bytes itself."""
-        lock = self._path(root, name, offset, size).with_suffix(_LOCK)
+        lock = self._path(root, name, ident, offset, size).with_suffix(_LOCK)
         deadline, delay = time.monotonic() + self.stale, 0.002
         while True:
-            data = self.get(root, name, offset, size)
+            data = self.get(root, name, ident, offset, size)
             if data is not None or not lock.exists() or time.monotonic() > deadline:
-                return data if data is not None else self.get(root, name, offset, size)
+                return data if data is not None else self.get(root, name, ident, offset, size)
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
 
-    def read_whole(self, root: str, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
+    def read_whole(self, root: str, name: str, ident: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
         """``ranges`` of the cached whole object, or None if it is not cached. A short piece is left short."""
-        self._check_private()
-        path = self._path(root, name, -1, -1)
+        self.check_private()
+        path = self._path(root, name, ident, -1, -1)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -152,12 +158,12 @@ class RangeCache:
             pass
         return out
 
-    def put_whole(self, root: str, name: str, chunks: Iterable[bytes]) -> bool:
+    def put_whole(self, root: str, name: str, ident: str, chunks: Iterable[bytes]) -> bool:
         """Store a whole object streamed as ``chunks``; False if it could not be (too big, disk error)."""
-        return self._commit(self._path(root, name, -1, -1), chunks, name)
+        return self._commit(self._path(root, name, ident, -1, -1), chunks, name)
 
     def _commit(self, path: Path, chunks: Iterable[bytes], name: str) -> bool:
-        self._check_private()
+        self.check_private()
         size = 0
         try:
             self.folder.mkdir(parents=True, exist_ok=True)

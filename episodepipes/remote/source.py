@@ -18,7 +18,7 @@ import datetime
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -111,6 +111,8 @@ class RemoteSource:
         self._store: object | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._sizes: dict[str, int] = {}
+        self._pins: dict[str, str] = {}  # name -> the identity its cache entries are keyed by (`pin`)
+        self._tags: dict[str, str] = {}  # name -> its size and ETag/version from a HEAD, for an object not pinned
         self._uncached: set[str] = set()  # objects that cache_whole could not store
         self._fetching: dict[str, threading.Lock] = {}
         _LIVE.add(self)
@@ -119,12 +121,13 @@ class RemoteSource:
     def size(self, name: str) -> int:
         name = check_name(name)
         n = self._sizes.get(name)
-        if n is None:
-            import obstore
+        return self._head(name) if n is None else n
 
-            meta = self._call(name, None, lambda: obstore.head(self._client(), name))
-            n = self._sizes[name] = int(meta["size"])
-        return n
+    def pin(self, digests: Mapping[str, str]) -> None:
+        """Vouch for objects by the sha256 of their bytes (an index's shard list): the cache keys their entries by
+        it, so a shard re-uploaded under the same name never serves the old one's cached bytes (and no HEAD asks
+        for its ETag). Objects not pinned are known to the cache by their size and the ETag/version a HEAD reports."""
+        self._pins.update({check_name(n): f"sha256:{d}" for n, d in digests.items()})
 
     def read(self, name: str, offset: int, size: int) -> bytes:
         return self.read_ranges(name, [(offset, size)])[0]
@@ -146,24 +149,28 @@ class RemoteSource:
 
     def _read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]], *,
                    share: bool, views: bool = False) -> list[list[bytes]]:
-        jobs: list[tuple[str, list[tuple[int, int]], list[bytes | None], list[int], RangeCache | None]] = []
+        jobs: list[tuple[str, list[tuple[int, int]], list[bytes | None], list[int], RangeCache | None, str]] = []
         reqs: list[tuple[int, Request]] = []
-        claims: list[tuple[str, tuple[int, int]]] = []  # entries this call fills for the processes sharing the cache
+        claims: list[tuple[str, str, tuple[int, int]]] = []  # entries this call fills for the processes sharing it
         waits: list[tuple[int, int]] = []  # (job, range) entries another process is filling
         calls = [(check_name(name), check_ranges(ranges)) for name, ranges in calls]
+        idents = (self._identities([name for name, rs in calls if any(n for _, n in rs)]) if self._cache is not None
+                  else {})
         wholes: dict[int, list[bytes] | None] = {}
         if self._cache is not None and self.options.cache_whole:  # whole objects fetched side by side too
-            todo_whole = [k for k, (name, _) in enumerate(calls) if name not in self._uncached]
+            todo_whole = [k for k, (name, _) in enumerate(calls) if name not in self._uncached and idents.get(name)]
             cache = self._cache
             fetch = self._executor().map if len(todo_whole) > 1 else map
-            for k, got in zip(todo_whole, fetch(lambda k: self._read_whole(cache, *calls[k]), todo_whole)):
+            for k, got in zip(todo_whole, fetch(lambda k: self._read_whole(cache, idents[calls[k][0]], *calls[k]),
+                                                todo_whole)):
                 wholes[k] = got
         for k, (name, ranges) in enumerate(calls):
-            cache = self._cache
+            ident = idents.get(name, "")
+            cache = self._cache if ident else None  # an object the store gives no identity for is not cached
             if cache is not None and self.options.cache_whole:
                 whole = wholes.get(k)
                 if whole is not None:
-                    jobs.append((name, ranges, list(whole), [], None))
+                    jobs.append((name, ranges, list(whole), [], None, ident))
                     continue
                 self._uncached.add(name)  # too big for the cache, or no disk: read ranges, uncached
                 cache = None
@@ -171,26 +178,26 @@ class RemoteSource:
             if cache is not None:
                 for i, (off, n) in enumerate(ranges):
                     if n:
-                        out[i] = cache.get(self.root, name, off, n)
+                        out[i] = cache.get(self.root, name, ident, off, n)
             todo = [i for i, b in enumerate(out) if b is None]
             if cache is not None and share:
-                mine = [cache.claim(self.root, name, *ranges[i]) for i in todo]
-                claims += [(name, ranges[i]) for i, m in zip(todo, mine) if m]
+                mine = [cache.claim(self.root, name, ident, *ranges[i]) for i in todo]
+                claims += [(name, ident, ranges[i]) for i, m in zip(todo, mine) if m]
                 waits += [(len(jobs), i) for i, m in zip(todo, mine) if not m]
                 todo = [i for i, m in zip(todo, mine) if m]
             o = self.options
             reqs += [(len(jobs), r) for r in coalesce([ranges[i] for i in todo], gap=o.gap, max_request=o.max_request,
                                                       waste=o.waste)]
-            jobs.append((name, ranges, out, todo, cache))
+            jobs.append((name, ranges, out, todo, cache, ident))
         try:
             self._fetch_into(jobs, reqs, views)
         finally:
-            for name, (off, n) in claims:
-                self._cache.release(self.root, name, off, n)  # type: ignore[union-attr]
+            for name, ident, (off, n) in claims:
+                self._cache.release(self.root, name, ident, off, n)  # type: ignore[union-attr]
         late: list[tuple[int, int]] = []
         for k, i in waits:
-            name, ranges, out, _, cache = jobs[k]
-            out[i] = cache.wait(self.root, name, *ranges[i])  # type: ignore[union-attr]
+            name, ranges, out, _, cache, ident = jobs[k]
+            out[i] = cache.wait(self.root, name, ident, *ranges[i])  # type: ignore[union-attr]
             if out[i] is None:
                 late.append((k, i))
         if late:  # the other process failed or is stuck: fetch them here, unshared
@@ -207,7 +214,7 @@ class RemoteSource:
         else:
             parts = [self._get(jobs[k][0], r) for k, r in reqs]  # one GET: no thread hop
         for (k, req), data in zip(reqs, parts):
-            name, ranges, out, todo, cache = jobs[k]
+            name, ranges, out, todo, cache, ident = jobs[k]
             view = memoryview(data)  # slices of the GET's buffer, copied once into each range's bytes (or not)
             self._check_body(name, req, len(view))
             for j in req.members:
@@ -219,23 +226,24 @@ class RemoteSource:
                     raise self._short(name, off, off + n) from None
                 out[i] = piece
                 if cache is not None:
-                    cache.put(self.root, name, off, n, piece)
+                    cache.put(self.root, name, ident, off, n, piece)
 
-    def _read_whole(self, cache: RangeCache, name: str, ranges: list[tuple[int, int]]) -> list[bytes] | None:
+    def _read_whole(self, cache: RangeCache, ident: str, name: str,
+                    ranges: list[tuple[int, int]]) -> list[bytes] | None:
         """``ranges`` from the cached whole object, fetching it first; None if it cannot be cached."""
         import obstore
 
-        out = cache.read_whole(self.root, name, ranges)
+        out = cache.read_whole(self.root, name, ident, ranges)
         if out is None:
-            def fetch() -> bool:
-                return cache.put_whole(self.root, name, obstore.get(self._client(), name))  # streamed in chunks
+            def fetch() -> bool:  # streamed in chunks
+                return cache.put_whole(self.root, name, ident, obstore.get(self._client(), name))
 
             with self._lock:
                 lock = self._fetching.setdefault(name, threading.Lock())
             with lock:  # threads of this process download a shard once; the others wait and read the entry
-                out = cache.read_whole(self.root, name, ranges)
+                out = cache.read_whole(self.root, name, ident, ranges)
                 if out is None and (not self._call(name, None, fetch)
-                                    or (out := cache.read_whole(self.root, name, ranges)) is None):
+                                    or (out := cache.read_whole(self.root, name, ident, ranges)) is None):
                     return None
         for (off, n), piece in zip(ranges, out):
             if len(piece) != n:
@@ -255,7 +263,7 @@ class RemoteSource:
         if limit is None:
             res = self._call(name, None, lambda: bytes(obstore.get(self._client(), name).bytes()))
         else:
-            self._sizes.pop(name, None)  # a fresh HEAD: the object may have changed since a size was cached
+            self._forget(name)  # a fresh HEAD: the object may have changed since a size was cached
             size = self.size(name)
             if size > limit:
                 raise ShardTooLargeError(f"{self.root}/{name}", size, limit, f"re-upload it or re-shard {self.root}")
@@ -267,7 +275,7 @@ class RemoteSource:
     def close(self) -> None:
         with self._lock:
             pool, self._pool, self._store = self._pool, None, None
-            self._sizes = {}
+            self._sizes, self._tags = {}, {}
         if pool is not None:
             pool.shutdown(wait=True)
 
@@ -308,6 +316,30 @@ class RemoteSource:
                                       "init_backoff": datetime.timedelta(0), "max_backoff": datetime.timedelta(0),
                                       "base": 2.0})
         return store
+
+    def _head(self, name: str) -> int:
+        """The object's size, from a HEAD that also records its identity for the cache (`pin` for why)."""
+        import obstore
+
+        meta = self._call(name, None, lambda: obstore.head(self._client(), name))
+        n = self._sizes[name] = int(meta["size"])
+        tag, version, modified = meta.get("e_tag"), meta.get("version"), meta.get("last_modified")
+        self._tags[name] = (f"size={n} etag={tag} version={version}" if tag or version
+                            else f"size={n} modified={modified.isoformat()}" if modified else "")
+        return n
+
+    def _identities(self, names: list[str]) -> dict[str, str]:
+        """Each object's cache identity: its pinned sha256, else its HEAD's size and ETag ("" if the store reports
+        neither an ETag, a version nor a modification time: such an object is not cached)."""
+        self._cache.check_private()  # type: ignore[union-attr]  # a folder others may fill is refused before any request
+        heads = sorted({n for n in names if n not in self._pins and n not in self._tags})
+        list((self._executor().map if len(heads) > 1 else map)(self._head, heads))
+        return {n: self._pins.get(n) or self._tags[n] for n in names}
+
+    def _forget(self, name: str) -> None:
+        """Drop what a HEAD said of the object (its size and ETag): it was written or deleted meanwhile."""
+        self._sizes.pop(name, None)
+        self._tags.pop(name, None)
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:

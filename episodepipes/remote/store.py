@@ -86,7 +86,7 @@ class RemoteStore(RemoteSource):
         if int(meta["size"]) != size or (got is not None and got.group(0).strip('"') != etag):
             raise ShardIOError(f"{self.root}/{name}: the uploaded object ({meta['size']} bytes) does not match the "
                                f"local file ({size} bytes, MD5 {etag}); re-run to upload it again")
-        self._sizes.pop(name, None)
+        self._forget(name)
 
     def names(self, prefix: str | None = None) -> list[str]:
         """Every object's path under the root (or under ``prefix/`` in it), relative to the root, sorted."""
@@ -121,7 +121,7 @@ class RemoteStore(RemoteSource):
                 chunk = paths[i:i + 1000]
                 self._call(f"delete {len(chunk)} objects", None, lambda c=chunk: obstore.delete(self._client(), c))
         for p in paths:
-            self._sizes.pop(p, None)
+            self._forget(p)
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.root!r})"

@@ -36,6 +36,7 @@ from episodepipes.codec.stream import Packets
 from episodepipes.sharding import lerobot_meta as meta
 from episodepipes.sharding.encoders import decode_threads
 from episodepipes.sharding.episode import EpisodeData, EpisodeError, safe_names
+from episodepipes.sharding.imagehead import check_header, read_image
 from episodepipes.sharding.lerobot_meta import LEGACY as LEGACY  # re-exported
 from episodepipes.sharding.lerobot_meta import V3, Episode
 
@@ -412,8 +413,11 @@ def _column(col, shape: tuple[int, ...], where: str) -> np.ndarray:  # noqa: ANN
 def _image_frames(col, root: Path, where: str) -> Iterator[np.ndarray]:  # noqa: ANN001 (pyarrow.ChunkedArray)
     """Decode parquet image cells ({bytes, path} structs, or bytes) to RGB, one at a time.
 
-    A cell without bytes names a file by ``path``; it is read only when it resolves inside ``root``.
+    A cell without bytes names a file by ``path``; it is read only when it resolves inside ``root``. A file is
+    refused by its size before it is read, and every image by its header before it is decoded (`imagehead`): its
+    sides, its pixels and frame 0's size.
     """
+    first: tuple[int, int] | None = None
     for i, cell in enumerate(col.to_pylist()):
         data, path = (cell, None) if isinstance(cell, bytes) else (None, None)
         if isinstance(cell, dict):
@@ -426,9 +430,12 @@ def _image_frames(col, root: Path, where: str) -> Iterator[np.ndarray]:  # noqa:
             real = meta.regular_file(meta.inside(root, path, what, EpisodeError), what, EpisodeError)
             if not real.is_file():
                 raise EpisodeError(f"{what} {path!r} is missing; re-export the dataset with images embedded")
-            data = real.read_bytes()
+            data = read_image(real, f"{what} {path!r}")
         if data is not None and not isinstance(data, bytes):
             raise EpisodeError(f"{where} row {i}: image bytes are {type(data).__name__}; re-export the dataset")
+        if data is not None:
+            size = check_header(data, f"{where} row {i}: image", first, i)
+            first = first or size
         img = None if data is None else cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         if img is None:
             raise EpisodeError(f"{where} row {i}: no decodable image bytes; re-export the dataset with images embedded")

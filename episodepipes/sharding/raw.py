@@ -43,6 +43,7 @@ from episodepipes.sharding.episode import (
     check_text,
     resolve_inside,
 )
+from episodepipes.sharding.imagehead import check_header, read_image
 from episodepipes.sharding.video import VideoFrames
 
 log = logging.getLogger(__name__)
@@ -60,23 +61,27 @@ def _frame_key(p: Path) -> tuple[int, int, str]:
 @dataclass(frozen=True)
 class ImageFrames:
     """Lazy BGR frames of an image folder; a file that does not decode, or whose size differs from the
-    first frame's, is an `EpisodeError` naming it. Files are read by Python, then decoded from memory."""
+    first frame's, is an `EpisodeError` naming it. Files are read by Python, then decoded from memory, each
+    refused by its size before it is read and by its header before it is decoded (`imagehead`)."""
 
     files: tuple[Path, ...]
     where: str
 
     def __iter__(self) -> Iterator[np.ndarray]:
         first: tuple[int, int] | None = None
+        head: tuple[int, int] | None = None  # frame 0's size by its header
         for i, f in enumerate(self.files):
             try:
-                data = f.read_bytes()
+                data = read_image(f, f"{self.where}: image {f}")
             except OSError as e:
                 raise EpisodeError(f"{self.where}: cannot read image {f} ({e}); fix or remove the file") from e
-            bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) if data else None
+            size = check_header(data, f"{self.where}: image {f}", head, i)
+            head = head or size
+            bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
             if bgr is None:
                 raise EpisodeError(f"{self.where}: {f} is not a decodable image; replace or delete the file, "
                                    "or pass --skip-bad")
-            size = (int(bgr.shape[0]), int(bgr.shape[1]))
+            size = (int(bgr.shape[0]), int(bgr.shape[1]))  # as decoded (EXIF may turn it)
             if first is None:
                 first = size
             elif size != first:
