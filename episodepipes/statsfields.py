@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from episodepipes import statsfile
-from episodepipes.normstats import ArrayStats, StatsTable
+from episodepipes.normstats import ArrayStats, StatsTable, add_fresh
 
 log = logging.getLogger(__name__)
 
@@ -30,22 +30,26 @@ MAX_ELEMENTS = 1024  # per step; the exact sums' scratch grows with elements (an
 
 
 def episode_part(eid: str, arrays: Mapping[str, Any]) -> Part:
-    """One episode's statistics per array key; a key whose values cannot have statistics gets a reason instead."""
-    stats, failed = {}, {}
+    """One episode's statistics per array key; a key whose values cannot have statistics gets a reason instead.
+
+    Every key's columns go through one pass together (`add_fresh`): an episode has a few small arrays, and
+    per-key passes cost mostly numpy's per-call overhead."""
+    items, failed = [], {}
     for key, values in sorted(arrays.items()):
         a = np.asarray(values)
         if a.ndim and math.prod(a.shape[1:]) > MAX_ELEMENTS:
             failed[key] = (f"array {key!r} has {math.prod(a.shape[1:])} elements per step, more than the "
                            f"{MAX_ELEMENTS} statistics are kept for (normalize such arrays another way)")
             continue
-        try:
-            acc = ArrayStats(a.shape[1:])
-            acc.add(a, where=f"episode {eid!r} array {key!r}")
-        except ValueError as e:
-            failed[key] = str(e)
-        else:
+        items.append((key, ArrayStats(a.shape[1:]), a))
+    errors = add_fresh([(acc, a, f"episode {eid!r} array {key!r}") for key, acc, a in items])
+    stats = {}
+    for (key, acc, _), err in zip(items, errors):
+        if err is None:
             stats[key] = acc
-    return stats, failed
+        else:
+            failed[key] = err
+    return stats, dict(sorted(failed.items()))
 
 
 class StatsFields:
