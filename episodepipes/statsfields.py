@@ -58,7 +58,7 @@ class StatsFields:
     def __init__(self) -> None:
         self.stats: dict[tuple[str, str], ArrayStats] = {}
         self.missing: dict[tuple[str, str], str] = {}
-        self.unsaved: list[tuple[dict, dict]] | None = None  # folded parts a progress log has yet to save
+        self.unsaved: list[tuple[str, Mapping, Mapping]] | None = None  # folded parts a progress log has yet to save
 
     def write(self, path: Path) -> dict[str, Any]:
         """Write them as a side file (`episodepipes.statsfile`) at ``path``; returns the index field naming it."""
@@ -67,7 +67,7 @@ class StatsFields:
     def add(self, split: str, stats: Mapping[str, ArrayStats], failed: Mapping[str, str]) -> None:
         """Fold in the statistics of the next episode (or job) of ``split``, in output order."""
         if self.unsaved is not None:
-            self.unsaved.append(({(split, k): v for k, v in stats.items()}, {(split, k): r for k, r in failed.items()}))
+            self.unsaved.append((split, stats, failed))
         for key in sorted(stats.keys() | failed.keys()):
             at = (split, key)
             if at in self.missing:
