@@ -101,8 +101,9 @@ def _merge_packed(parts: list[Packed], d: int) -> Packed:
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(d, np.int64)
     span, base = 2 * _KMAX + 1, np.arange(d, dtype=np.int64) * (2 * _KMAX + 1) + _KMAX
-    flat = np.concatenate([k + np.repeat(base, np.diff(e, prepend=0)) for k, _, e in parts])
-    order = np.argsort(flat, kind="stable")
+    runs = np.diff(np.stack([e for _, _, e in parts]), axis=1, prepend=0).ravel()  # every part has d elements
+    flat = np.concatenate([k for k, _, _ in parts]) + np.repeat(np.tile(base, len(parts)), runs)
+    order = np.argsort(flat, kind="stable")  # the parts are sorted runs, which a stable sort merges
     flat = flat[order]
     starts = np.flatnonzero(np.concatenate([[True], flat[1:] != flat[:-1]]))
     counts = np.add.reduceat(np.concatenate([c for _, c, _ in parts])[order], starts)
