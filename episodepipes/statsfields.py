@@ -59,13 +59,22 @@ class StatsFields:
         self.stats: dict[tuple[str, str], ArrayStats] = {}
         self.missing: dict[tuple[str, str], str] = {}
         self.unsaved: list[tuple[str, Mapping, Mapping]] | None = None  # folded parts a progress log has yet to save
+        self._encoded: bytes | None = None  # `encode`'s bytes, until the next `add`
+
+    def encode(self) -> bytes:
+        """The side file's bytes (`episodepipes.statsfile.encode`), made once until more is folded in: a run's
+        last progress save and its side file often encode the same statistics."""
+        if self._encoded is None:
+            self._encoded = statsfile.encode(self.stats, self.missing)
+        return self._encoded
 
     def write(self, path: Path) -> dict[str, Any]:
         """Write them as a side file (`episodepipes.statsfile`) at ``path``; returns the index field naming it."""
-        return statsfile.write(path, self.stats, self.missing)
+        return statsfile.write_raw(path, self.encode())
 
     def add(self, split: str, stats: Mapping[str, ArrayStats], failed: Mapping[str, str]) -> None:
         """Fold in the statistics of the next episode (or job) of ``split``, in output order."""
+        self._encoded = None
         if self.unsaved is not None:
             self.unsaved.append((split, stats, failed))
         for key in sorted(stats.keys() | failed.keys()):

@@ -42,11 +42,13 @@ class StatsLog:
         """Append what was folded since the last save; returns the `Progress` field listing every record."""
         parts, self.fields.unsaved = self.fields.unsaved or [], []
         new, self.pending = self.pending, []
-        if parts:  # one record for them all: folding it equals folding them one by one (the rule `merge` uses)
+        if parts and not self.records and not new:  # the first record of a fresh write: all that is folded
+            new.append(self.fields.encode())
+        elif parts:  # one record for them all: folding it equals folding them one by one (the rule `merge` uses)
             since = StatsFields()
             for split, stats, failed in parts:
                 since.add(split, stats, failed)
-            new.append(statsfile.encode(since.stats, since.missing))
+            new.append(since.encode())
         if new:
             with open(self.path, "ab") as f:
                 f.truncate(sum(r["bytes"] for r in self.records))  # a torn tail from a crash after an append
