@@ -75,12 +75,27 @@ _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`c
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_files([(path, data)])
+
+
+def atomic_write_files(files: list[tuple[Path, bytes]]) -> None:
+    """Write each file to ``<name>.tmp``, fsync them all, then give each its name, in order: every file is durable
+    before any is renamed, so the last one (an index) never names files that a crash could lose. The data of
+    all of them is written before the first fsync, so the disk flushes them together."""
+    tmps = [path.with_name(path.name + ".tmp") for path, _ in files]
+    opened = []
+    try:
+        for tmp, (_, data) in zip(tmps, files):
+            opened.append(open(tmp, "wb"))
+            opened[-1].write(data)
+            opened[-1].flush()
+        for f in opened:
+            os.fsync(f.fileno())
+    finally:
+        for f in opened:
+            f.close()
+    for tmp, (path, _) in zip(tmps, files):
+        os.replace(tmp, path)
 
 
 def _code(table: dict, key: Any, value: Any, values: list) -> int:
@@ -191,14 +206,14 @@ def packed_spans(cols: dict[str, np.ndarray], row: int, count: int, first: int) 
 
 def write(out: Path, data: dict, cols: dict[str, np.ndarray]) -> bytes:
     """Write the columns, then ``index.json`` (atomically, last); returns the index bytes."""
-    info = {}
+    info, files = {}, []
     for name, arr in cols.items():
         file, dtype, _ = COLUMNS[name]
         blob = npy_bytes(np.ascontiguousarray(arr, dtype=dtype))
         info[name] = {"dtype": dtype, "shape": list(arr.shape), "sha256": hashlib.sha256(blob).hexdigest()}
-        atomic_write_bytes(out / file, blob)
+        files.append((out / file, blob))
     raw = json.dumps(dict(data, columns=info), sort_keys=True, separators=(",", ":")).encode()
-    atomic_write_bytes(out / INDEX_NAME, raw)
+    atomic_write_files([*files, (out / INDEX_NAME, raw)])  # index.json renamed last
     for name in ("crc32", "member", "key"):
         if name not in cols:
             (out / COLUMNS[name][0]).unlink(missing_ok=True)  # a stale one from an earlier write

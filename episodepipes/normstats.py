@@ -92,15 +92,95 @@ def _exact_sums(x: np.ndarray) -> tuple[list[int], list[int]]:
     return sums, squares
 
 
-def _fold(sketch: list[dict[int, int]], part: Packed) -> None:
-    """Add a packed sketch's counts into ``sketch``'s dicts, element by element."""
-    keys, counts, ends = (a.tolist() for a in part)
-    for sk, lo, hi in zip(sketch, [0, *ends], ends):
-        if sk:
-            for k, n in zip(keys[lo:hi], counts[lo:hi]):
-                sk[k] = sk.get(k, 0) + n
+def _merge_packed(parts: list[Packed], d: int) -> Packed:
+    """The packed sketch of ``d`` elements holding every part's counts: one sort over all parts' (element, key)
+    pairs, counts summed as int64 (exact), so any grouping of the same parts gives the same arrays."""
+    parts = [p for p in parts if len(p[0])]
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(d, np.int64)
+    span, base = 2 * _KMAX + 1, np.arange(d, dtype=np.int64) * (2 * _KMAX + 1) + _KMAX
+    runs = np.diff(np.stack([e for _, _, e in parts]), axis=1, prepend=0).ravel()  # every part has d elements
+    flat = np.concatenate([k for k, _, _ in parts]) + np.repeat(np.tile(base, len(parts)), runs)
+    order = np.argsort(flat, kind="stable")  # the parts are sorted runs, which a stable sort merges
+    flat = flat[order]
+    starts = np.flatnonzero(np.concatenate([[True], flat[1:] != flat[:-1]]))
+    counts = np.add.reduceat(np.concatenate([c for _, c, _ in parts])[order], starts)
+    cols, keys = np.divmod(flat[starts], span)
+    return keys - _KMAX, counts.astype(np.int64), np.searchsorted(cols, np.arange(1, d + 1)).astype(np.int64)
+
+
+def _column_sketch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every column's bucket keys and counts of ``x`` (steps, d), back to back, and where each column's run ends."""
+    d = x.shape[1]
+    flat = (_keys(x) + _KMAX + np.arange(d, dtype=np.int64) * (2 * _KMAX + 1)).ravel()
+    uniq, counts = np.unique(flat, return_counts=True)  # sorted: by column, then by key
+    cols, keys = np.divmod(uniq, 2 * _KMAX + 1)
+    return keys - _KMAX, counts.astype(np.int64), np.searchsorted(cols, np.arange(1, d + 1)).astype(np.int64)
+
+
+def _column_sums(x: np.ndarray) -> tuple[list[int], list[int]]:
+    """`_exact_sums` of every column of ``x``, over any number of rows."""
+    sums, squares = [0] * x.shape[1], [0] * x.shape[1]
+    for r in range(0, len(x), _ROWS):
+        s, q = _exact_sums(x[r:r + _ROWS])
+        sums = [a + b for a, b in zip(sums, s)]
+        squares = [a + b for a, b in zip(squares, q)]
+    return sums, squares
+
+
+def _not_finite(where: str) -> str:
+    return f"{where}: has NaN or infinite values; fix or drop them before writing"
+
+
+def add_fresh(items: list[tuple[ArrayStats, Any, str]]) -> list[str | None]:
+    """`ArrayStats.add` of each ``(accumulator, values, where)`` into its fresh accumulator, the values of equal
+    step counts in one pass over all their columns side by side (a column's sums, min/max and buckets do not
+    depend on its neighbours, so each result is its own `add`'s, bit for bit). Returns, per item, the error
+    `add` would raise (that accumulator left unchanged), or None."""
+    errors: list[str | None] = [None] * len(items)
+    by_steps: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, (acc, values, where) in enumerate(items):
+        if acc.count or acc._packed is not None or acc._parts or any(acc._sketch):
+            raise ValueError(f"{where}: add_fresh takes fresh accumulators only")
+        try:
+            arr = acc._checked(values, where)
+        except ValueError as e:
+            errors[i] = str(e)
         else:
-            sk.update(zip(keys[lo:hi], counts[lo:hi]))
+            by_steps.setdefault(len(arr), []).append((i, arr))
+    for steps, group in by_steps.items():
+        if not steps:
+            continue
+        widths = [a.shape[1] for _, a in group]
+        x = np.empty((steps, sum(widths)))
+        at = np.cumsum([0, *widths]).tolist()
+        for (_, a), lo, hi in zip(group, at, at[1:]):
+            x[:, lo:hi] = a
+        x += 0.0  # -0.0 -> 0.0, as `add` does
+        finite = np.isfinite(x).all(0).tolist()
+        refused = [not all(finite[lo:hi]) for lo, hi in zip(at, at[1:])]
+        if any(refused):
+            for (i, _), bad in zip(group, refused):
+                if bad:
+                    errors[i] = _not_finite(items[i][2])
+            cols = [c for (lo, hi), bad in zip(zip(at, at[1:]), refused) if not bad for c in range(lo, hi)]
+            group = [g for g, bad in zip(group, refused) if not bad]
+            widths = [w for w, bad in zip(widths, refused) if not bad]
+            x, at = x[:, cols], np.cumsum([0, *widths]).tolist()
+        if not group:
+            continue
+        lows, highs = x.min(0), x.max(0)
+        sums, squares = _column_sums(x)
+        keys, counts, ends = _column_sketch(x)
+        for (i, _), lo, hi in zip(group, at, at[1:]):
+            acc, k0 = items[i][0], int(ends[lo - 1]) if lo else 0
+            acc.count, acc._min, acc._max = steps, lows[lo:hi], highs[lo:hi]
+            acc._sum, acc._sq = sums[lo:hi], squares[lo:hi]
+            k1 = int(ends[hi - 1]) if hi > lo else k0
+            acc._sketch_dicts, acc._packed = None, (keys[k0:k1], counts[k0:k1], ends[lo:hi] - k0)
+    return errors
 
 
 class ArrayStats:
@@ -120,11 +200,14 @@ class ArrayStats:
         self._sketch_dicts: list[dict[int, int]] | None = [{} for _ in range(d)]
         self._sketch_lists: list | None = None  # checked [keys, counts] pairs from JSON, made dicts on first use
         self._packed: Packed | None = None  # from a stats file or one add to a fresh accumulator; dicts on demand
+        self._parts: list[Packed] = []  # packed sketches added since, merged in one pass when the sketch is read
 
     @property
     def _sketch(self) -> list[dict[int, int]]:
         """Per element, bucket key -> count. An index opened only to serve summaries never needs the dicts of
         every element, so those read from JSON or a stats file are built when first used."""
+        if self._parts:
+            self._settle()
         if self._sketch_dicts is None:
             if self._packed is not None:
                 keys, counts, ends = (a.tolist() for a in self._packed)
@@ -136,11 +219,19 @@ class ArrayStats:
 
     @_sketch.setter
     def _sketch(self, value: list[dict[int, int]]) -> None:
-        self._sketch_dicts, self._sketch_lists, self._packed = value, None, None
+        self._sketch_dicts, self._sketch_lists, self._packed, self._parts = value, None, None, []
+
+    def _settle(self) -> None:
+        """Merge the parts added since the sketch was last read into it, as one packed sketch."""
+        parts, self._parts = self._parts, []
+        merged = _merge_packed([self.packed(), *parts], len(self._sum))
+        self._sketch_dicts, self._sketch_lists, self._packed = None, None, merged
 
     def packed(self) -> Packed:
         """The sketch as arrays: every element's increasing keys and their counts back to back (int64), and
         where each element's run ends; what a stats file stores."""
+        if self._parts:
+            self._settle()
         if self._packed is not None:
             return self._packed
         keys, counts, ends, n = [], [], [], 0
@@ -171,33 +262,36 @@ class ArrayStats:
 
     def add(self, values: Any, *, where: str = "values") -> None:
         """Add ``values`` of shape ``(steps, *shape)``; ``where`` names them in errors (episode and key)."""
+        x = self._checked(values, where).astype(np.float64) + 0.0  # -0.0 -> 0.0: min/max then ignore merge order
+        if not np.isfinite(x).all():
+            raise ValueError(_not_finite(where))
+        if len(x):
+            self._add_rows(x)
+
+    def _checked(self, values: Any, where: str) -> np.ndarray:
+        """``values`` as an array of ``(steps, elements)``, refused by name unless numbers of this step shape that
+        float64 holds exactly (finiteness is the caller's check, once its values are float64)."""
         arr = np.asarray(values)
         if arr.ndim != len(self.shape) + 1 or arr.shape[1:] != self.shape or arr.dtype.kind not in "iuf":
             raise ValueError(f"{where}: {arr.dtype} array of shape {arr.shape} should be numbers of shape "
                              f"(steps, {', '.join(map(str, self.shape))})")
         if arr.dtype.kind in "iu" and arr.size and max(abs(int(arr.min())), abs(int(arr.max()))) > 2**53:
             raise ValueError(f"{where}: integers beyond 2**53 are not exact as float64; store them as float64")
-        x = arr.reshape(len(arr), -1).astype(np.float64) + 0.0  # -0.0 -> 0.0: min/max then ignore merge order
-        if not np.isfinite(x).all():
-            raise ValueError(f"{where}: has NaN or infinite values; fix or drop them before writing")
-        if not len(x):
-            return
-        fresh = self.count == 0 and self._sketch_dicts is not None and not any(self._sketch_dicts)
+        return arr.reshape(len(arr), -1)
+
+    def _add_rows(self, x: np.ndarray) -> None:
+        """Add the rows of ``x`` (float64, finite, no -0.0, at least one row)."""
+        fresh = self.count == 0 and self._sketch_dicts is not None and not self._parts and not any(self._sketch_dicts)
         self.count += len(x)
         self._min, self._max = np.minimum(self._min, x.min(0)), np.maximum(self._max, x.max(0))
-        for r in range(0, len(x), _ROWS):
-            sums, squares = _exact_sums(x[r:r + _ROWS])
-            self._sum = [a + b for a, b in zip(self._sum, sums)]
-            self._sq = [a + b for a, b in zip(self._sq, squares)]
-        d = x.shape[1]
-        flat = (_keys(x) + _KMAX + np.arange(d, dtype=np.int64) * (2 * _KMAX + 1)).ravel()
-        uniq, counts = np.unique(flat, return_counts=True)  # sorted: by column, then by key
-        cols, keys = np.divmod(uniq, 2 * _KMAX + 1)
-        part = (keys - _KMAX, counts.astype(np.int64), np.searchsorted(cols, np.arange(1, d + 1)).astype(np.int64))
+        sums, squares = _column_sums(x)
+        self._sum = [a + b for a, b in zip(self._sum, sums)]
+        self._sq = [a + b for a, b in zip(self._sq, squares)]
+        part = _column_sketch(x)
         if fresh:  # one episode's accumulator: its sketch is these arrays, made dicts only if it is updated
             self._sketch_dicts, self._packed = None, part
         else:
-            _fold(self._sketch, part)
+            self._parts.append(part)
 
     def merge(self, other: ArrayStats) -> ArrayStats:
         """A new accumulator holding both; exact, so any merge order gives the same result."""
@@ -221,17 +315,15 @@ class ArrayStats:
         self._sum = [a + b for a, b in zip(self._sum, other._sum)]
         self._sq = [a + b for a, b in zip(self._sq, other._sq)]
         self._min, self._max = np.minimum(self._min, other._min), np.maximum(self._max, other._max)
-        if other._sketch_dicts is None and other._packed is not None:  # an episode's part: no dicts made for it
-            _fold(self._sketch, other._packed)
-            return
-        for sk, part in zip(self._sketch, other._sketch):
-            for k, n in part.items():
-                sk[k] = sk.get(k, 0) + n
+        if other.count:
+            self._parts.append(other.packed())  # merged with the others when the sketch is next read
 
     def quantile(self, q: float) -> np.ndarray:
         """The ``q`` quantile per element (float64, of ``shape``), within ``REL_ERROR`` of numpy's "lower"."""
         if not 0 <= q <= 1 or not self.count:
             raise ValueError(f"{q=} should be in [0, 1], over at least one step (count={self.count})")
+        if self._parts:
+            self._settle()
         rank = int(np.floor(q * (self.count - 1)))  # numpy's "lower" virtual index, computed as numpy does
         if self._packed is not None:  # every element at once: the first key whose running count passes rank
             keys, counts, ends = self._packed

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from episodepipes import statsfile
-from episodepipes.normstats import ArrayStats, StatsTable
+from episodepipes.normstats import ArrayStats, StatsTable, add_fresh
 
 log = logging.getLogger(__name__)
 
@@ -30,22 +30,26 @@ MAX_ELEMENTS = 1024  # per step; the exact sums' scratch grows with elements (an
 
 
 def episode_part(eid: str, arrays: Mapping[str, Any]) -> Part:
-    """One episode's statistics per array key; a key whose values cannot have statistics gets a reason instead."""
-    stats, failed = {}, {}
+    """One episode's statistics per array key; a key whose values cannot have statistics gets a reason instead.
+
+    Every key's columns go through one pass together (`add_fresh`): an episode has a few small arrays, and
+    per-key passes cost mostly numpy's per-call overhead."""
+    items, failed = [], {}
     for key, values in sorted(arrays.items()):
         a = np.asarray(values)
         if a.ndim and math.prod(a.shape[1:]) > MAX_ELEMENTS:
             failed[key] = (f"array {key!r} has {math.prod(a.shape[1:])} elements per step, more than the "
                            f"{MAX_ELEMENTS} statistics are kept for (normalize such arrays another way)")
             continue
-        try:
-            acc = ArrayStats(a.shape[1:])
-            acc.add(a, where=f"episode {eid!r} array {key!r}")
-        except ValueError as e:
-            failed[key] = str(e)
-        else:
+        items.append((key, ArrayStats(a.shape[1:]), a))
+    errors = add_fresh([(acc, a, f"episode {eid!r} array {key!r}") for key, acc, a in items])
+    stats = {}
+    for (key, acc, _), err in zip(items, errors):
+        if err is None:
             stats[key] = acc
-    return stats, failed
+        else:
+            failed[key] = err
+    return stats, dict(sorted(failed.items()))
 
 
 class StatsFields:
@@ -54,16 +58,25 @@ class StatsFields:
     def __init__(self) -> None:
         self.stats: dict[tuple[str, str], ArrayStats] = {}
         self.missing: dict[tuple[str, str], str] = {}
-        self.unsaved: list[tuple[dict, dict]] | None = None  # folded parts a progress log has yet to save
+        self.unsaved: list[tuple[str, Mapping, Mapping]] | None = None  # folded parts a progress log has yet to save
+        self._encoded: bytes | None = None  # `encode`'s bytes, until the next `add`
+
+    def encode(self) -> bytes:
+        """The side file's bytes (`episodepipes.statsfile.encode`), made once until more is folded in: a run's
+        last progress save and its side file often encode the same statistics."""
+        if self._encoded is None:
+            self._encoded = statsfile.encode(self.stats, self.missing)
+        return self._encoded
 
     def write(self, path: Path) -> dict[str, Any]:
         """Write them as a side file (`episodepipes.statsfile`) at ``path``; returns the index field naming it."""
-        return statsfile.write(path, self.stats, self.missing)
+        return statsfile.write_raw(path, self.encode())
 
     def add(self, split: str, stats: Mapping[str, ArrayStats], failed: Mapping[str, str]) -> None:
         """Fold in the statistics of the next episode (or job) of ``split``, in output order."""
+        self._encoded = None
         if self.unsaved is not None:
-            self.unsaved.append(({(split, k): v for k, v in stats.items()}, {(split, k): r for k, r in failed.items()}))
+            self.unsaved.append((split, stats, failed))
         for key in sorted(stats.keys() | failed.keys()):
             at = (split, key)
             if at in self.missing:

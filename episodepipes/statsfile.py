@@ -234,9 +234,13 @@ def mismatch(file: str, size: int, where: str) -> ValueError:
 
 def write(path: Path, stats: Mapping[tuple[str, str], ArrayStats], missing: Mapping[tuple[str, str], str]) -> dict:
     """Write the side file at ``path`` atomically; returns the index field that names its bytes."""
+    return write_raw(path, encode(stats, missing))
+
+
+def write_raw(path: Path, raw: bytes) -> dict:
+    """Write `encode`'s bytes ``raw`` as the side file at ``path`` atomically; returns the index field naming them."""
     from episodepipes.indexv2 import atomic_write_bytes
 
-    raw = encode(stats, missing)
     atomic_write_bytes(path, raw)
     return descriptor(raw)
 

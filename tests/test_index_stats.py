@@ -112,7 +112,7 @@ def test_a_resumed_write_keeps_the_statistics_of_the_finished_episodes(tmp_path)
             write_shards(crashing, tmp_path / "out", OPTS, overwrite=True)
         prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
         assert prog["episodes"] and prog["stats"] is None
-        assert len(prog["stats_log"]) == len(prog["episodes"])  # one record per finished episode
+        assert len(prog["stats_log"]) <= len(prog["shards"])  # one record per save, for the episodes since the last
         log = tmp_path / "out" / STATS_LOG
         assert len(log.read_bytes()) == sum(r["bytes"] for r in prog["stats_log"])
         if saved != "log":
@@ -160,6 +160,31 @@ def test_a_crash_between_the_statistics_and_the_progress_file_still_resumes(tmp_
         f.write(b"torn half of a record")  # the crash's half-written append
     assert write_shards(SYN, tmp_path / "out", OPTS).resumed
     assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
+
+
+def test_one_log_record_per_save_folds_its_episodes_as_one_by_one(tmp_path):
+    """A save logs the episodes finished since the last one as one record (their fold, with the NaN key's
+    first failure): a resume replays it to the uninterrupted run's statistics, byte for byte."""
+    opts = WriteOptions(format="synthetic", shard_size=60_000)  # a few episodes a shard
+    nan = _NanReader(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width", "lengths")})
+    write_shards(nan, tmp_path / "ref", opts)
+
+    class Crashing(_NanReader):
+        def read(self, episode_id):
+            if episode_id == "ep0006":
+                raise RuntimeError(episode_id)
+            return super().read(episode_id)
+
+    with pytest.raises(RuntimeError, match="ep0006"):
+        write_shards(Crashing(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width",
+                                                              "lengths")}), tmp_path / "out", opts)
+    prog = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
+    assert 0 < len(prog["stats_log"]) < len(prog["episodes"])
+    fields = read_log(tmp_path / "out", prog["stats_log"], where="test")
+    assert ("train", "state") in fields.missing  # ep0003's NaN, inside a record of several episodes
+    assert write_shards(nan, tmp_path / "out", opts).resumed
+    assert _index_bytes(tmp_path / "out") == _index_bytes(tmp_path / "ref")
+    assert (tmp_path / "out" / STATS_NAME).read_bytes() == (tmp_path / "ref" / STATS_NAME).read_bytes()
 
 
 def _rewrite(d, edit):

@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from episodepipes.normstats import ArrayStats
+from episodepipes.normstats import ArrayStats, add_fresh
 
 SHIFT, SUB_BITS, KEY_OFF = 1127, 7, 1100  # the module's documented scales, restated for the reference
 DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
@@ -127,3 +127,38 @@ def test_a_scalar_per_step_key_and_bools_refused():
     assert acc.to_json() == {**reference(x[:, None]), "shape": []}
     with pytest.raises(ValueError, match="should be numbers"):
         ArrayStats(()).add(np.zeros(3, bool))
+
+
+def test_keys_added_together_equal_one_add_each_and_the_reference():
+    """`add_fresh` (an episode's keys in one pass over their columns side by side): every key's statistics are
+    its own `add`'s and the reference's bit for bit, whatever its neighbours; a refused key gets `add`'s error
+    and the others are unaffected."""
+    rng = np.random.default_rng(5)
+    good = {"f16": _data(rng, "float16", 40, 3), "f64": _data(rng, "float64", 40, 2),
+            "i64": _data(rng, "int64", 40, 1), "u8": _data(rng, "uint8", 40, 4).reshape(40, 2, 2),
+            "scalar": _data(rng, "int32", 40, 1)[:, 0], "short": _data(rng, "float32", 7, 2),
+            "long": _data(rng, "float32", 33_000, 1)}
+    nan = _data(rng, "float32", 40, 2)
+    nan[3, 1] = np.nan
+    big = np.zeros((40, 1), np.int64)
+    big[1, 0] = 2**53 + 1
+    bad = {"nan": nan, "inf": np.full((7, 1), -np.inf), "big": big, "bool": np.zeros((40, 2), bool),
+           "empty": np.zeros((0, 3), np.float32)}  # numpy's reshape error, as `add` has always given
+    values = {**good, **bad}
+    accs = {k: ArrayStats(np.asarray(v).shape[1:]) for k, v in values.items()}
+    errors = dict(zip(values, add_fresh([(accs[k], v, f"episode 'e' array {k!r}") for k, v in values.items()])))
+    for key, v in values.items():
+        alone = ArrayStats(np.asarray(v).shape[1:])
+        try:
+            alone.add(v, where=f"episode 'e' array {key!r}")
+        except ValueError as e:
+            assert key in bad and errors[key] == str(e)
+            assert accs[key].to_json() == alone.to_json()  # left unchanged, as `add` leaves it
+            continue
+        assert errors[key] is None and accs[key].to_json() == alone.to_json()
+        if len(v):
+            x = np.asarray(v).reshape(len(v), -1)
+            assert accs[key].to_json() == {**reference(x), "shape": list(np.asarray(v).shape[1:])}
+        total = ArrayStats(accs[key].shape)  # an episode's part folds like one `add`'s
+        total.update(accs[key])
+        assert total.to_json() == alone.to_json()

@@ -1,7 +1,8 @@
 """The statistics of an unfinished write's finished episodes: an append-only log beside ``_progress.json``.
 
-Each record is one episode's statistics part (or, first, the whole table a resumed write started from) in
-the `episodepipes.statsfile` layout. A save appends the records of the episodes folded since the last one, then
+Each record is the statistics of the episodes folded between two saves (or, first, the whole table a resumed
+write started from) in the `episodepipes.statsfile` layout, folded with the writer's own rule: replaying the
+records equals folding the episodes one by one. A save appends the record of the episodes since the last one, then
 the progress file lists every record's size and sha256; a crash between the two leaves a tail the listed
 records do not cover, which the next save cuts off. Resuming replays the records in order with the writer's
 own fold (`StatsFields.add_loaded`), so the statistics equal an uninterrupted run's, byte for byte.
@@ -40,8 +41,14 @@ class StatsLog:
     def save(self) -> dict:
         """Append what was folded since the last save; returns the `Progress` field listing every record."""
         parts, self.fields.unsaved = self.fields.unsaved or [], []
-        new = self.pending + [statsfile.encode(stats, failed) for stats, failed in parts]
-        self.pending = []
+        new, self.pending = self.pending, []
+        if parts and not self.records and not new:  # the first record of a fresh write: all that is folded
+            new.append(self.fields.encode())
+        elif parts:  # one record for them all: folding it equals folding them one by one (the rule `merge` uses)
+            since = StatsFields()
+            for split, stats, failed in parts:
+                since.add(split, stats, failed)
+            new.append(since.encode())
         if new:
             with open(self.path, "ab") as f:
                 f.truncate(sum(r["bytes"] for r in self.records))  # a torn tail from a crash after an append
