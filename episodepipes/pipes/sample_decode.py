@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,9 +122,17 @@ class SampleDecode:
             else:
                 n += 1
             f[cam] = img
+        arrays = spec.arrays
         for name, data in raw.members.items():
             if name.endswith(".npy"):
-                f[name[:-4]] = self._array(name[:-4], data, spec, bad, copy)
+                key = name[:-4]
+                want = arrays.get(key)
+                if want is not None and not copy:  # the usual member: a view of its tail, checked in line
+                    dt, head, nbytes = _npy_layout(*want)
+                    if dt.isnative and len(data) == len(head) + nbytes and data[:len(head)] == head:
+                        f[key] = np.frombuffer(data, dt, offset=len(head)).reshape(want[1])
+                        continue
+                f[key] = self._array(key, data, spec, bad, copy)
         if "json" in raw.members:
             f["timestamp"] = float(json.loads(bytes(raw.members["json"]))["timestamp"])  # a mapped slice
         for key, w in raw.windows.items():
@@ -205,11 +213,9 @@ def resolved(raw: RawSample | Wire) -> RawSample:
     itself when it holds none; a sample sent as tuples (`to_wire`) comes back a `RawSample`."""
     if type(raw) is tuple:
         return from_wire(raw)
-    def ref(v: Any) -> bool:
-        return isinstance(v, ShardSlice)
-
-    if not (any(map(ref, raw.members.values())) or any(ref(c[1]) for c in raw.checks)
-            or raw.windows and any(ref(v) for w in raw.windows.values() for v in w.data.values())):
+    # a set of the values' types: one C-level pass, not a Python call per member
+    if not (_holds_ref(raw.members.values()) or _holds_ref(c[1] for c in raw.checks)
+            or raw.windows and any(_holds_ref(w.data.values()) for w in raw.windows.values())):
         return raw
 
     def get(v: Any) -> Any:
@@ -220,6 +226,11 @@ def resolved(raw: RawSample | Wire) -> RawSample:
         windows={k: dataclasses.replace(w, data={s: get(v) for s, v in w.data.items()})
                  for k, w in raw.windows.items()},
         checks=tuple((s, get(d), c) for s, d, c in raw.checks))
+
+
+def _holds_ref(values: Iterable[Any]) -> bool:
+    """Whether any of ``values`` is a `ShardSlice` (a subclass of one too)."""
+    return any(issubclass(t, ShardSlice) for t in set(map(type, values)))
 
 
 @functools.lru_cache(maxsize=1024)
