@@ -108,6 +108,8 @@ class Decoder(BaseNode[dict]):
         (prefetch, chunk), num_workers = self._asked, self.options.num_workers
         pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
         chunked = pickled or self._batched
+        if self._batched and not pickled:  # a chunk holds at most a batch's rows, so rows in flight scale with it
+            chunk = min(chunk, self._sink.slabs.size)  # type: ignore[attr-defined]
         self.prefetch = prefetch or (2 * chunk if chunked else 4) * num_workers
         self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if chunked else 1
         self._gops = GopKeys.of(self.fn.frames) if num_workers > 1 else None
@@ -120,14 +122,19 @@ class Decoder(BaseNode[dict]):
 
         With ``share_frames``, a camera frame that several samples of a batch show is then decoded once.
         Samples go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
-        a queue hand-off and GIL switches that leave the decode threads waiting. Nothing changes where a
-        ``slab`` was given already, a ``transform`` runs (it may return other arrays), or a pass is running.
+        a queue hand-off and GIL switches that leave the decode threads waiting. A ``slab`` given already
+        (a pipe's `Slabs`, kept across passes) is kept, and chunked alike when its rows are batches of ``size``.
+        Nothing changes where a ``transform`` runs (it may return other arrays), or a pass is running.
 
         Args:
             size: samples per batch (the stacker's ``batch_size``); rows are counted from each pass's start.
         """
-        if self._ex is None and size > 0 and isinstance(self._sink, Allocate) and self.fn.transform is None:
-            self._sink = self._choose_sink(Slabs(size))
+        if self._ex is not None or size <= 0 or self.fn.transform is not None:
+            return
+        given = isinstance(self._sink, BatchRows) and self._sink.slabs.size == size
+        if given or isinstance(self._sink, Allocate):
+            if not given:
+                self._sink = self._choose_sink(Slabs(size))
             self._batched = True
             self._memo = BatchMemo(size) if self._share else None
             self._plan()
