@@ -126,15 +126,16 @@ class Decoder(BaseNode[dict]):
 
         With ``share_frames``, a camera frame that several samples of a batch show is then decoded once.
         Samples go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
-        a queue hand-off and GIL switches that leave the decode threads waiting. A ``slab`` given already
-        (a pipe's `Slabs`, kept across passes) is kept, and chunked alike when its rows are batches of ``size``.
-        Nothing changes where a ``transform`` runs (it may return other arrays), or a pass is running.
+        a queue hand-off and GIL switches that leave the decode threads waiting. Nothing changes where a
+        ``slab`` was given already, a ``transform`` runs (it may return other arrays), or a pass is running.
 
         Args:
             size: samples per batch (the stacker's ``batch_size``); rows are counted from each pass's start.
         """
         if self._ex is not None or size <= 0 or self.fn.transform is not None:
             return
+        # a slab given already (a pipe's Slabs, kept across passes) stays, and is chunked alike when its rows are
+        # batches of ``size``
         given = isinstance(self._sink, BatchRows) and self._sink.slabs.size == size
         if given or isinstance(self._sink, Allocate):
             if not given:
