@@ -63,7 +63,7 @@ def paired(ours: Callable[[], int], ref: Callable[[], int], reps: int) -> tuple[
 
 def _jpegs(index: EpisodeIndex) -> list[bytes]:
     items = [Item(e.id, f) for e in index.episodes for f in range(e.length)]
-    return [v for r in ShardReader(index, items) for k, v in r.members.items() if k.endswith(".jpg")]
+    return [bytes(v) for r in ShardReader(index, items) for k, v in r.members.items() if k.endswith(".jpg")]
 
 
 def _ceiling(jpegs: list[bytes], size: tuple[int, int] | None = None) -> int:

@@ -100,3 +100,44 @@ def test_frame_parser_matches_webdataset_including_long_names():
         assert n == len(b)
     assert got == want
     assert any(name.startswith(long_id) for name, _ in want)
+
+
+def test_local_members_are_slices_of_the_mapped_shard_with_their_crc_left_to_the_decoder(shards, tmp_path):
+    import pickle
+    import tarfile
+    import zlib
+
+    from episodepipes.pipes import ShardReader
+    from episodepipes.pipes.decode import portable
+    from episodepipes.pipes.plan import Item
+    from episodepipes.pipes.sample import crc_mismatch
+
+    index = EpisodeIndex.open(shards)
+    ep = index.episode("ep0001")
+    items = [Item("ep0001", f) for f in (0, 1, 7)]
+    with tarfile.open(shards / index.shards[ep.frame_range(0)[0]].name) as tar:
+        want = {m.name: tar.extractfile(m).read() for m in tar if m.name.startswith("ep0001/")}
+    raws = list(ShardReader(index, items))
+    for raw, item in zip(raws, items):
+        assert raw.damaged is None and {"front.jpg", "wrist.jpg", "json"} <= set(raw.members)
+        for field, v in raw.members.items():
+            assert isinstance(v, memoryview) and bytes(v) == want[f"ep0001/{item.frame:06d}.{field}"]  # no copy
+        (step, whole, crc), = raw.checks  # the whole frame, for the decode worker's crc32
+        assert step == item.frame and crc == ep.frame_crc(item.frame) == zlib.crc32(whole)
+        assert crc_mismatch(raw.checks) is None
+        sent = pickle.loads(pickle.dumps(portable(raw)))  # what a decode process gets: bytes, checked here
+        assert {k: bytes(v) for k, v in sent.members.items()} == {k: bytes(v) for k, v in raw.members.items()}
+
+
+@pytest.mark.parametrize("at", [257, 7])  # the first header's ustar magic; its name (another frame's)
+def test_a_frame_whose_tar_header_the_fast_path_refuses_is_read_and_checked_as_before(shards, tmp_path, at):
+    root = shutil.copytree(shards, tmp_path / "s")
+    index = EpisodeIndex.open(root)
+    shard, start, _ = index.episode("ep0001").frame_range(3)
+    path = root / index.shards[shard].name
+    data = bytearray(path.read_bytes())
+    data[start + at:start + at + 5] = b"00009"
+    path.write_bytes(bytes(data))
+    pipe = video_pipe(root, episodes=["ep0001"], batch_size=4, max_batches=10)
+    valid = [v for b in pipe for v in b["valid"].tolist()]  # its crc32 fails where the reader checks it
+    assert valid == [True] * 3 + [False] + [True] * 16 and pipe.stats["frames_corrupt"] == 2

@@ -86,6 +86,7 @@ class Decoder(BaseNode[dict]):
         self.fn = SampleDecode(self.options.resize, frames, transform)
         self._asked = (prefetch, chunk)
         self._batched = False  # a BatchStacker takes every sample (batch_rows): chunk tasks for every method
+        self._given = False  # and its rows are those of the ``slab`` given (a pipe's, kept across passes)
         self._share = share_frames
         self._memo: BatchMemo | None = None  # with batch rows and share_frames: a frame shown twice is decoded once
         self._sink = self._choose_sink(slab if transform is None else 0)
@@ -108,6 +109,11 @@ class Decoder(BaseNode[dict]):
         (prefetch, chunk), num_workers = self._asked, self.options.num_workers
         pickled = self.options.method == "process" and isinstance(self._sink, Allocate)
         chunked = pickled or self._batched
+        if self._batched and not pickled:  # a chunk holds at most a batch's rows, so rows in flight scale with it
+            rows = self._sink.slabs.size  # type: ignore[attr-defined]
+            # a pipe's own Slabs keeps a few slabs across passes: rows in flight beyond one batch (plus the one
+            # being filled and the consumer's) would take fresh slabs, a page fault per 4 KB of each
+            chunk = min(chunk, max(1, rows // (2 * num_workers)) if self._given else rows)
         self.prefetch = prefetch or (2 * chunk if chunked else 4) * num_workers
         self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if chunked else 1
         self._gops = GopKeys.of(self.fn.frames) if num_workers > 1 else None
@@ -126,9 +132,15 @@ class Decoder(BaseNode[dict]):
         Args:
             size: samples per batch (the stacker's ``batch_size``); rows are counted from each pass's start.
         """
-        if self._ex is None and size > 0 and isinstance(self._sink, Allocate) and self.fn.transform is None:
-            self._sink = self._choose_sink(Slabs(size))
-            self._batched = True
+        if self._ex is not None or size <= 0 or self.fn.transform is not None:
+            return
+        # a slab given already (a pipe's Slabs, kept across passes) stays, and is chunked alike when its rows are
+        # batches of ``size``
+        given = isinstance(self._sink, BatchRows) and self._sink.slabs.size == size
+        if given or isinstance(self._sink, Allocate):
+            if not given:
+                self._sink = self._choose_sink(Slabs(size))
+            self._batched, self._given = True, given
             self._memo = BatchMemo(size) if self._share else None
             self._plan()
 

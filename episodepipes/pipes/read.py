@@ -23,13 +23,15 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
+from episodepipes.pipes._mapped import MappedShards, frame_members
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.videoframes import attach_gop, checked, key_frame, packed_members, parse_packed, video_cameras
 from episodepipes.remote.ahead import ReadAhead
-from episodepipes.shardio import ByteSource, open_source
+from episodepipes.shardio import ByteSource, LocalSource, open_source
 from episodepipes.tarmembers import frame_fields
 
 
@@ -84,6 +86,9 @@ class ShardReader(BaseNode[RawSample]):
     close = shutdown  # the name callers used before torchdata's `shutdown`
 
     def _close_files(self) -> None:
+        mapped = self.__dict__.pop("_mapped", None)
+        if mapped is not None:  # samples still holding slices keep their mapping alive until they are gone
+            mapped.close()
         if self._own:
             self.source.close()
 
@@ -94,8 +99,13 @@ class ShardReader(BaseNode[RawSample]):
             ahead = ReadAhead(lambda k: self.source.read_ranges(calls[k][0], _spans(calls[k][1])),
                               lambda k: k + 1 if k + 1 < len(calls) else None, depth=self.READ_AHEAD)
         read = self._read_packed if self._packed else self._read_run
+        mapped = self._local_members()
         try:
             for k, (name, runs) in enumerate(calls):
+                if mapped is not None:
+                    for r in runs:
+                        yield from self._read_mapped(r, mapped, name)
+                    continue
                 datas = ahead.get(k) if ahead is not None else self.source.read_ranges(name, _spans(runs))
                 for r, data in zip(runs, datas):
                     yield from read(r, self.source, name, data)
@@ -152,15 +162,48 @@ class ShardReader(BaseNode[RawSample]):
         seen[episode, frame] = got
         return got
 
-    def _read_run(self, run: Run, source: ByteSource, name: str, data: bytes | None = None) -> Iterator[RawSample]:
+    def _local_members(self) -> MappedShards | None:
+        """The mappings of a local root's shards of the members layout with JPEG cameras only (the fast path of
+        `_read_mapped`), made once per pass; None for anything else: remote, packed, video cameras (whose GOPs
+        need each earlier frame's CRC32 checked here before a later frame takes its packets), or a source passed
+        in (the caller's: read through its ``read_ranges``)."""
+        if self.index.remote or self._packed or self._video or not self._own or not isinstance(self.source,
+                                                                                               LocalSource):
+            return None
+        mapped = self.__dict__.get("_mapped")
+        if mapped is None:
+            mapped = self._mapped = MappedShards(self.source)
+        return mapped
+
+    def _read_mapped(self, run: Run, mapped: MappedShards, name: str) -> Iterator[RawSample]:
+        """The samples of one run of a mapped local shard: members are slices of the mapping whose tar headers
+        `frame_members` parsed in place, with the frame's CRC32 left to the decode thread (`RawSample.checks`;
+        for processes `decode.portable` checks it here and copies the members to bytes); a frame it does not
+        parse, or past the file's end, goes through `_read_run`, whose checks name what is wrong."""
+        for k, item in enumerate(run.items):
+            a, b = run.bounds[k], run.bounds[k + 1]
+            view = mapped.frame(name, a, b)
+            got = None if view is None else frame_members(view, sample_key(item.episode, item.frame).encode() + b".")
+            if got is None or not got[0]:
+                yield from self._read_run(Run(run.shard, a, b, (item,), (a, b)), mapped, name)
+                continue
+            spans, n = got
+            self.stats.add("bytes_read", n)
+            self.stats.add("frames_read")
+            crc = self.index.episode(item.episode).frame_crc(item.frame)
+            members: dict[str, Any] = {f: view[s:e] for f, (s, e) in spans.items()}  # type: ignore[index]
+            yield RawSample(item, name, members, checks=() if crc is None else ((item.frame, view, crc),))
+
+    def _read_run(self, run: Run, source: ByteSource | MappedShards, name: str,
+                  data: bytes | memoryview | None = None) -> Iterator[RawSample]:
         """The samples of one run, from its bytes (``data``, read here if not given)."""
         if data is None:
             data = source.read(name, run.start, run.end - run.start)
         self.stats.add("bytes_read", len(data))
-        where = f"shard {os.path.join(str(source.root), name)}"
+        where = f"shard {os.path.join(str(self.source.root), name)}"
 
-        def pread(size: int, offset: int) -> bytes:  # the run is in memory: frames are slices of it
-            return data[offset - run.start:offset - run.start + size]
+        def pread(size: int, offset: int) -> bytes:  # the run is in memory: frames are slices of it (bytes)
+            return bytes(data[offset - run.start:offset - run.start + size])
 
         view = memoryview(data)
         seen: dict[tuple[str, int], dict[str, bytes]] = {}  # this run's frames, for video cameras' GOPs
