@@ -104,28 +104,36 @@ def test_a_private_cache_dir_still_serves_and_is_made_private(shards, proxy, tmp
     assert folder.stat().st_mode & 0o077 == 0
 
 
+class _Answering(BaseHTTPRequestHandler):
+    """The hostile test servers' quiet handler: `answer` sends a status, headers and a body (none to a HEAD)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body)
+
+
 class _BodyServer(Served):
     """A real HTTP server on 127.0.0.1 that answers a ranged GET 206 with the right Content-Range but a body
     ``extra`` bytes longer (or, negative, shorter) than that range: a broken server or proxy in between."""
 
     def __init__(self, data: bytes, extra: int) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
+        class Handler(_Answering):
             def do_GET(self) -> None:
                 m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
-                a, b = (int(m.group(1)), int(m.group(2)) + 1) if m else (0, len(data))
-                body = data[a:b + extra] if m else data
-                self.send_response(206 if m else 200)
-                if m:
-                    self.send_header("Content-Range", f"bytes {a}-{b - 1}/{len(data)}")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command == "GET":
-                    self.wfile.write(body)
+                if not m:
+                    return self.answer(200, data)
+                a, b = int(m.group(1)), int(m.group(2)) + 1
+                self.answer(206, data[a:b + extra], {"Content-Range": f"bytes {a}-{b - 1}/{len(data)}"})
 
             do_HEAD = do_GET
 
@@ -156,18 +164,9 @@ class _ErrorServer(Served):
     def __init__(self, status: int) -> None:
         body = self.BODY
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
+        class Handler(_Answering):
             def do_GET(self) -> None:
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command == "GET":
-                    self.wfile.write(body)
+                self.answer(status, body)
 
             do_HEAD = do_GET
 
