@@ -59,6 +59,7 @@ class ShardReader(BaseNode[RawSample]):
         self._own = source is None
         self.source = source if source is not None else open_source(index.root)
         self._it: Iterator[RawSample] | None = None
+        self._mapped: MappedShards | None = None  # a local root's shards, mapped for this pass (`_local_members`)
         self._pos = 0
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -86,7 +87,7 @@ class ShardReader(BaseNode[RawSample]):
     close = shutdown  # the name callers used before torchdata's `shutdown`
 
     def _close_files(self) -> None:
-        mapped = self.__dict__.pop("_mapped", None)
+        mapped, self._mapped = self._mapped, None
         if mapped is not None:  # samples still holding slices keep their mapping alive until they are gone
             mapped.close()
         if self._own:
@@ -170,10 +171,9 @@ class ShardReader(BaseNode[RawSample]):
         if self.index.remote or self._packed or self._video or not self._own or not isinstance(self.source,
                                                                                                LocalSource):
             return None
-        mapped = self.__dict__.get("_mapped")
-        if mapped is None:
-            mapped = self._mapped = MappedShards(self.source)
-        return mapped
+        if self._mapped is None:
+            self._mapped = MappedShards(self.source)
+        return self._mapped
 
     def _read_mapped(self, run: Run, mapped: MappedShards, name: str) -> Iterator[RawSample]:
         """The samples of one run of a mapped local shard: members are slices of the mapping whose tar headers
