@@ -127,6 +127,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
         self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # the cached steps' frames (_located)
         self._prefixes: dict[int, bytes] = {}  # episode position -> its member names' prefix (`_plain_sample`)
+        self._mapped: MappedShards | None = None  # a local root's shards, mapped on first use (`_shards`)
         self._starts = np.asarray(self.table.starts, np.int64)  # each episode's first flat frame
         self._row_starts = np.asarray([e.rows.start for e in self.episodes], np.int64)  # its first index row
 
@@ -206,13 +207,16 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         raw.checks = tuple(checks)
         return raw
 
+    def _shards(self) -> MappedShards:
+        """The local root's shard mappings, made at the first frame read in place and dropped by `close`."""
+        if self._mapped is None:
+            self._mapped = MappedShards(self.source)
+        return self._mapped
+
     def _plain_sample(self, e: int, t: int, shard: int, start: int, end: int, crc: int | None) -> RawSample | None:
         """`_sample` of a frame without windows in a mapped local shard whose members `frame_members` parses (the
         usual case), with none of the window bookkeeping; None for anything else, which `_sample` then reads."""
-        mapped = self.__dict__.get("_mapped")
-        if mapped is None:
-            mapped = self._mapped = MappedShards(self.source)
-        view = mapped.frame(self._names[shard], start, end)
+        view = self._shards().frame(self._names[shard], start, end)
         prefix = self._prefixes.get(e)
         if prefix is None:
             prefix = self._prefixes[e] = self.episodes[e].id.encode() + b"/"
@@ -341,15 +345,12 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             crc = crc if whole else None
         name, path = self._names[shard], self._where[shard]
         if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
-            mapped = self.__dict__.get("_mapped")
-            if mapped is None:
-                mapped = self._mapped = MappedShards(self.source)
-            view = mapped.frame(name, start, end)
+            view = self._shards().frame(name, start, end)
             got = None if view is None else frame_members(view, sample_key(ep.id, step).encode() + b".",
                                                           want if crc is None else None)
             if got is not None:  # plain members: parsed in place (anything else takes frame_fields below)
                 return self._mapped_fields(step, view, got, path, start, crc, into, checks)
-            read = mapped.read
+            read = self._shards().read
         else:
             read = self.source.read
         if fetched is not None:
