@@ -144,11 +144,11 @@ class WriteResult:
 class DiskFullError(OSError):
     """The output's filesystem is full; the message says how much is kept and how to resume."""
 
+    ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # EFBIG: a file size limit (a quota, RLIMIT_FSIZE)
+
     def __str__(self) -> str:
         return str(self.args[0])
 
-
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def job_dir(out: Path, job_index: int) -> Path:
@@ -245,7 +245,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
             if remote is not None:
                 remote.finish(target)
     except OSError as e:
-        if e.errno not in _FULL:
+        if e.errno not in DiskFullError.ERRNOS:
             raise
         kept = writer.shards if writer is not None else []
         where = f": {e.filename}" if e.filename else ""
