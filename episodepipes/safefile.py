@@ -119,15 +119,23 @@ def write_files(files: list[tuple[Path, bytes]]) -> None:
     of them is written before the first fsync, so the disk flushes them together. A leftover ``.tmp`` of a crashed
     run is replaced; a link or special file at a temp name is refused, so nothing outside the folder is written."""
     tmps = [path.with_name(path.name + ".tmp") for path, _ in files]
-    with contextlib.ExitStack() as stack:
-        opened = []
-        for tmp, (_, data) in zip(tmps, files):
-            f = stack.enter_context(open_new(tmp))
-            f.write(data)
-            f.flush()
-            opened.append(f)
-        for f in opened:
-            os.fsync(f.fileno())
+    made: list[Path] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            opened = []
+            for tmp, (_, data) in zip(tmps, files):
+                f = stack.enter_context(open_new(tmp))
+                made.append(tmp)
+                f.write(data)
+                f.flush()
+                opened.append(f)
+            for f in opened:
+                os.fsync(f.fileno())
+    except BaseException:  # a refused or failed temp name: the ones made before it hold space and no meaning
+        for tmp in made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
     for tmp, (path, _) in zip(tmps, files):
         os.replace(tmp, path)
 

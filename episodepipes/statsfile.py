@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from episodepipes import _leb128 as leb128
+from episodepipes import safefile
 from episodepipes.format import npy_bytes
 from episodepipes.normstats import KEY_LIMIT, MAX_DIMS, SUB_BITS, ArrayStats, StatsTable
 
@@ -239,9 +240,7 @@ def write(path: Path, stats: Mapping[tuple[str, str], ArrayStats], missing: Mapp
 
 def write_raw(path: Path, raw: bytes) -> dict:
     """Write `encode`'s bytes ``raw`` as the side file at ``path`` atomically; returns the index field naming them."""
-    from episodepipes.indexv2 import atomic_write_bytes
-
-    atomic_write_bytes(path, raw)
+    safefile.write_file(path, raw)
     return descriptor(raw)
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from episodepipes.format import COLUMNS, INDEX_NAME
 from episodepipes.index import EpisodeIndex
-from episodepipes.indexv2 import atomic_write_files
+from episodepipes.safefile import UnsafePathError
+from episodepipes.safefile import write_files as atomic_write_files
 from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.sharding.writer import write_index
@@ -26,14 +27,14 @@ def test_no_index_file_takes_its_name_until_every_one_is_written(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / (INDEX_NAME + ".tmp")).mkdir()
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(UnsafePathError, match="is a folder"):
         write_index(out, shards, episodes, data["options"])
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tmp")) == []
 
 
 def test_atomic_write_files_renames_only_after_all_are_written(tmp_path):
     (tmp_path / "c.tmp").mkdir()  # the third file cannot be opened
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(UnsafePathError, match="is a folder"):
         atomic_write_files([(tmp_path / "a", b"1"), (tmp_path / "b", b"2"), (tmp_path / "c", b"3")])
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     atomic_write_files([(tmp_path / "a", b"1"), (tmp_path / "b", b"2")])

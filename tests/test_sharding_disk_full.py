@@ -37,17 +37,27 @@ def _run(limit, *argv):
                           text=True, timeout=120)
 
 
-def test_full_disk_with_two_workers_is_one_line_and_resumes(tmp_path, small_disk):
-    argv = ["--format", "syn", "--workers", "2", "--shard-size", "300kB"]
+def _one_line_naming(res, out):
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr and "BufferError" not in res.stderr
+    assert str(out) in res.stderr and "the disk is full" in res.stderr, res.stderr
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _full_write_then_resume(tmp_path, small_disk, argv, *, size, limit):
+    """``write`` into an OUT whose disk fills mid-run (a ``size`` tmpfs, else files limited to ``limit`` bytes):
+    one line naming OUT, nothing torn, and the same command resumes to the bytes of an uninterrupted run."""
     ref = tmp_path / "ref"
     assert _run(0, "write", str(tmp_path), str(ref), *argv).returncode == 0
     out = (small_disk or tmp_path) / "out"
-    limit = 0 if small_disk else 200_000
-    res = _run(limit, "write", str(tmp_path), str(out), *argv)
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr and "BufferError" not in res.stderr
-    assert str(out) in res.stderr and "the disk is full" in res.stderr and "finished shards" in res.stderr
-    assert "re-run the same command to resume" in res.stderr
+    if small_disk:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(small_disk)], check=True)
+    res = _run(0 if small_disk else limit, "write", str(tmp_path), str(out), *argv)
+    _one_line_naming(res, out)
+    assert "finished shards" in res.stderr and "re-run the same command to resume" in res.stderr
     # nothing written is torn: every shard under its final name is one the progress file records, whole
     prog = json.loads((out / "_progress.json").read_text())
     names = sorted(p.name for p in out.glob("shard-*.tar"))
@@ -60,8 +70,39 @@ def test_full_disk_with_two_workers_is_one_line_and_resumes(tmp_path, small_disk
         subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
     done = _run(0, "write", str(tmp_path), str(out), *argv)
     assert done.returncode == 0 and "resumed" in done.stdout, done.stderr
-    files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
-    assert files == {p.name: p.read_bytes() for p in sorted(ref.iterdir()) if p.is_file()}
+    assert _files(out) == _files(ref)
+
+
+def test_full_disk_with_two_workers_is_one_line_and_resumes(tmp_path, small_disk):
+    argv = ["--format", "syn", "--workers", "2", "--shard-size", "300kB"]
+    _full_write_then_resume(tmp_path, small_disk, argv, size="2m", limit=200_000)
+
+
+def test_full_disk_during_an_h264_write_is_one_line_and_resumes(tmp_path, small_disk):
+    # the video encoder's output goes through the packed writer (chunks, GOPs): no torn chunk survives either
+    argv = ["--format", "syn", "--codec", "h264", "--shard-size", "100kB"]
+    _full_write_then_resume(tmp_path, small_disk, argv, size="300k", limit=60_000)
+
+
+def test_full_disk_during_merge_names_out_keeps_the_jobs_and_resumes(tmp_path, small_disk):
+    argv = ["--format", "syn", "--codec", "h264", "--shard-size", "300kB"]
+    ref = tmp_path / "ref"
+    assert _run(0, "write", str(tmp_path), str(ref), *argv).returncode == 0
+    out = (small_disk or tmp_path) / "out"
+    for j in range(2):
+        job = ["--num-jobs", "2", "--job-index", str(j)]
+        assert _run(0, "write", str(tmp_path), str(out), *argv, *job).returncode == 0
+    if small_disk:  # room for the jobs and less than one merged shard
+        used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        subprocess.run(["mount", "-o", f"remount,size={used // 1024 + 150}k", str(small_disk)], check=True)
+    res = _run(0 if small_disk else 100_000, "merge", str(out))
+    _one_line_naming(res, out)
+    assert "re-run the same merge" in res.stderr and not (out / "index.json").exists()
+    assert sorted(p.name for p in (out / "_jobs").iterdir()) == ["job-0000", "job-0001"]
+    if small_disk:
+        subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
+    assert _run(0, "merge", str(out)).returncode == 0
+    assert _files(out) == _files(ref) and not (out / "_jobs").exists()
 
 
 def test_a_shard_whose_progress_cannot_be_recorded_keeps_no_final_name(tmp_path):

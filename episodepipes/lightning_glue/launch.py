@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from episodepipes import safefile
+
 log = logging.getLogger(__name__)
 
 
@@ -99,7 +101,7 @@ def run_ranks(cmd: Sequence[str | os.PathLike], *, nprocs: int, log_dir: str | o
             "NODE_RANK": "0", "WORLD_SIZE": str(nprocs)}
     procs: list[subprocess.Popen] = []
     for r in range(nprocs):
-        with open(logs / f"rank{r}.log", "wb") as out:  # the child keeps its own descriptor
+        with safefile.open_new(logs / f"rank{r}.log") as out:  # the child keeps its own descriptor; no link
             # a session per rank: stopping it stops whatever the rank started (decode workers) too
             procs.append(subprocess.Popen([str(c) for c in cmd], env={**base, "LOCAL_RANK": str(r)}, cwd=cwd,
                                           stdout=out, stderr=subprocess.STDOUT, start_new_session=True))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import cv2
 
+from episodepipes import safefile
 from episodepipes.format import safe_field
 from episodepipes.sharding.encode import EncodedEpisode, encode_episode
 from episodepipes.sharding.episode import EpisodeError
@@ -113,7 +114,7 @@ def _encode_one(task: tuple, slot: int | None = None) -> tuple[tuple, bool]:
     if slot is not None and _slots is not None and (nbytes := _slots.put(slot, enc)) is not None:
         return ("ok", enc.meta, (("slot", slot, nbytes), enc.sizes), origin, stats), framed
     path = Path(spool) / f"{enc.meta['id']}.samples"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = safefile.create(path)  # the spool is OUT/_spool: a link planted there is refused
     try:
         _write_parts(fd, enc)
     finally:

@@ -18,6 +18,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from episodepipes import safefile
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "_write.lock"
@@ -54,7 +56,7 @@ def write_lock(folder: Path) -> Iterator[None]:
     path = folder / LOCK_NAME
     host = socket.gethostname()
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = safefile.open_kept(path, os.O_RDWR)  # a planted link or FIFO is refused by name
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -22,6 +22,7 @@ from episodepipes.indexopen import MAX_INDEX_BYTES, read_regular
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import JOBS_DIR, clear
 from episodepipes.sharding.recompute import recompute
+from episodepipes.sharding.write import DiskFullError
 from episodepipes.sharding.writer import ShardWriter
 from episodepipes.shardio import ByteSource, is_url, open_source
 from episodepipes.statsfields import StatsFields, has_stats
@@ -157,8 +158,15 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False, staging: str | Path 
     with write_lock(out):
         jobs = _job_indexes(str(out / JOBS_DIR), _local_jobs(out))
         clear(out, jobs=False)
-        with ShardWriter(out, **writer_options(jobs, out)) as writer:
-            copy_jobs(jobs, writer)
+        try:
+            with ShardWriter(out, **writer_options(jobs, out)) as writer:
+                copy_jobs(jobs, writer)
+        except OSError as e:
+            if e.errno not in DiskFullError.ERRNOS:
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            raise DiskFullError(f"{out}: the disk is full ({e.strerror}{where}) during merge; the job outputs are "
+                                "kept: free space (or move OUT) and re-run the same merge") from e
         shutil.rmtree(out / JOBS_DIR)
     log.info("merged %d jobs into %s", len(jobs), out)
     return json.loads((out / INDEX_NAME).read_text())

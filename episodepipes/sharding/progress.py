@@ -20,11 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from episodepipes import statsfile
+from episodepipes import safefile, statsfile
 from episodepipes._indexcheck import SHARD_NAME, Where, _episode, _segments, check_extras, check_shards
 from episodepipes.format import INDEX_NAME, shard_name
 from episodepipes.indexopen import read_regular
-from episodepipes.sharding.writer import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ class Progress:
     stats_log: list = field(default_factory=list)  # each STATS_LOG record's {"bytes", "sha256"}, in order
 
     def save(self, out: Path) -> None:
-        atomic_write_bytes(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())
+        safefile.write_file(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())
 
 
 def finish(out: Path) -> None:

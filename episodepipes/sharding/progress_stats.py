@@ -14,7 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from episodepipes import statsfile
+from episodepipes import safefile, statsfile
 from episodepipes.indexopen import read_regular
 from episodepipes.sharding.progress import PROGRESS_NAME, STATS_LOG, Progress
 from episodepipes.statsfields import StatsFields, check_steps
@@ -50,7 +50,7 @@ class StatsLog:
                 since.add(split, stats, failed)
             new.append(since.encode())
         if new:
-            with open(self.path, "ab") as f:
+            with os.fdopen(safefile.open_kept(self.path, os.O_WRONLY | os.O_APPEND), "ab") as f:
                 f.truncate(sum(r["bytes"] for r in self.records))  # a torn tail from a crash after an append
                 for raw in new:
                     f.write(raw)

@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from episodepipes import statsfile
+from episodepipes import safefile, statsfile
 from episodepipes.format import INDEX_NAME, npy_header
 from episodepipes.index import EpisodeIndex, mapped
 from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.progress import PROGRESS_NAME, Progress
 from episodepipes.sharding.progress_stats import read_log
-from episodepipes.sharding.writer import atomic_write_bytes
 from episodepipes.statsfields import MISSING, STATS, StatsFields, episode_part
 from episodepipes.tarmembers import frame_fields
 
@@ -135,5 +134,5 @@ def add_stats(out: str | Path) -> dict[str, Any]:
         fields = recompute(root, data["shards"], data["episodes"]).write(root / statsfile.NAME)
         base = index.meta if index.version == 2 else data
         new = dict({k: v for k, v in base.items() if k not in (STATS, MISSING, statsfile.FIELD)}, **fields)
-        atomic_write_bytes(root / INDEX_NAME, json.dumps(new, sort_keys=True, separators=(",", ":")).encode())
+        safefile.write_file(root / INDEX_NAME, json.dumps(new, sort_keys=True, separators=(",", ":")).encode())
     return fields

@@ -20,12 +20,12 @@ import os
 import re
 from pathlib import Path
 
+from episodepipes import safefile
 from episodepipes.format import INDEX_NAME
 from episodepipes.indexopen import MAX_INDEX_BYTES
 from episodepipes.remote.source import parse_root
 from episodepipes.remote.store import RemoteStore
 from episodepipes.sharding.progress import JOBS_DIR, PROGRESS_NAME, STATS_LOG, clear
-from episodepipes.sharding.writer import atomic_write_bytes
 from episodepipes.shardio import ShardMissingError
 from episodepipes.statsfile import NAME as STATS_NAME
 
@@ -102,8 +102,8 @@ class RemoteOut:
                                  f"{', '.join(changed)}); re-run with the same options to resume, or pass "
                                  "--overwrite to start over")
             if STATS_LOG in names:  # the finished episodes' statistics, which the progress lists by sha256
-                atomic_write_bytes(target / STATS_LOG, store.read_file(STATS_LOG, limit=MAX_INDEX_BYTES))
-            atomic_write_bytes(target / PROGRESS_NAME, raw)
+                safefile.write_file(target / STATS_LOG, store.read_file(STATS_LOG, limit=MAX_INDEX_BYTES))
+            safefile.write_file(target / PROGRESS_NAME, raw)
             return True
         if any(_SHARD.fullmatch(n) for n in names):
             raise ValueError(f"{store.root} holds shards but no {INDEX_NAME} or {PROGRESS_NAME}, so it is not a "

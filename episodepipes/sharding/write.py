@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from episodepipes import safefile
 from episodepipes.format import INDEX_NAME, safe_episode_id
 from episodepipes.sharding.encode import EncodeOptions
 from episodepipes.sharding.encoders import encoded, samples
@@ -143,11 +144,11 @@ class WriteResult:
 class DiskFullError(OSError):
     """The output's filesystem is full; the message says how much is kept and how to resume."""
 
+    ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # EFBIG: a file size limit (a quota, RLIMIT_FSIZE)
+
     def __str__(self) -> str:
         return str(self.args[0])
 
-
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def job_dir(out: Path, job_index: int) -> Path:
@@ -216,7 +217,10 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
     state["source"] = source  # resuming from another episode list would mix two sources
     writer: ShardWriter | None = None
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        if num_jobs > 1:  # folders made inside OUT: a link planted in their place would take every file elsewhere
+            safefile.make_dir(target.parent)
+            safefile.make_dir(target)
         with write_lock(target):
             if remote is not None:  # the remote state (finished? progress?) into the cleared staging folder
                 remote.prepare(target, state, overwrite=overwrite, job=num_jobs > 1)
@@ -241,7 +245,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
             if remote is not None:
                 remote.finish(target)
     except OSError as e:
-        if e.errno not in _FULL:
+        if e.errno not in DiskFullError.ERRNOS:
             raise
         kept = writer.shards if writer is not None else []
         where = f": {e.filename}" if e.filename else ""
@@ -286,7 +290,7 @@ class _Run:
         spool = target / "_spool"
         shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
         if workers > 1:
-            spool.mkdir()
+            safefile.make_dir(spool)  # a link in its place (which rmtree leaves) is refused
         override = opts.val_episodes is not None  # --val-fraction only fills in episodes without a split
         tasks = [(self.reader, self.ids[p], self.splits[self.ids[p]], override, enc_opts,
                   str(spool) if workers > 1 else None) for p in self.block[prog.position:]]

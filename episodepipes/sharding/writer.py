@@ -18,17 +18,16 @@ from typing import BinaryIO
 
 import numpy as np
 
-from episodepipes import indexv2
+from episodepipes import indexv2, safefile
 from episodepipes.codec import chunk
 from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, TAR_END, shard_name
-from episodepipes.indexv2 import atomic_write_bytes
 from episodepipes.sharding._writeback import start_writeback
 from episodepipes.sharding.encode import EncodedEpisode
 
 _WRITEBACK = 8 * 2**20  # bytes written between writeback requests
 
 
-__all__ = ["ShardWriter", "atomic_write_bytes", "frame_crcs", "index_json", "is_packed", "write_index"]
+__all__ = ["ShardWriter", "frame_crcs", "index_json", "is_packed", "write_index"]
 
 
 def frame_crcs(data: memoryview, sizes: list[int]) -> list[int]:
@@ -58,7 +57,7 @@ def write_index(out: Path, shards: list[dict], episodes: list[dict], options: di
         if layout != "members":
             raise ValueError(f"{layout=} needs index version 2; version 1 holds only the members layout")
         raw = index_json(shards, episodes, options, **(extra or {}))
-        atomic_write_bytes(out / INDEX_NAME, raw)
+        safefile.write_file(out / INDEX_NAME, raw)
         return raw
     if version != 2:
         raise ValueError(f"{version=} should be 1 or 2")
@@ -217,7 +216,7 @@ class ShardWriter:
 
     def _write(self, data: bytes) -> None:
         if self._file is None:
-            self._file = open(self.out / (shard_name(self.next_shard) + ".tmp"), "wb")
+            self._file = safefile.open_new(self.out / (shard_name(self.next_shard) + ".tmp"))
         self._file.write(data)
         self._hash.update(data)
         self._pos += len(data)
