@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import os
 import re
 from array import array
 from pathlib import Path
@@ -182,6 +183,22 @@ def check_extras(w: Where, data: dict) -> None:
 def check_id(w: Where, eid: str, where: str) -> None:
     if not _ID.fullmatch(eid) or eid[0] == "." or eid[-1] == ".":  # what `format.safe_episode_id` keeps
         raise w.fail(where, "the id is not a tar-safe episode id (letters, digits, '_', '-', '.')")
+
+
+def memory_bound() -> int:
+    """Half of this machine's physical memory: what checking or reading an index may take at most. Any larger need
+    comes from counts a crafted index declares (a sparse column costs no disk), so it is refused before it is
+    allocated instead of ending in a MemoryError or taking the machine."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
+def check_memory(file: Path | str, what: str, need: int) -> None:
+    """Refuse, naming ``file``, an index whose ``what`` would take ``need`` bytes, more than `memory_bound`."""
+    bound = memory_bound()
+    if need > bound:
+        raise IndexFormatError(f"{file}: {what} would take {need / 2**30:.1f} GiB of memory, more than the "
+                               f"{bound / 2**30:.1f} GiB bound (half of this machine's); the counts it declares "
+                               f"are crafted or damaged: {_FIX} (a genuine dataset this large: split it in two)")
 
 
 def check_fps(w: Where, fps: Any, where: str) -> None:
