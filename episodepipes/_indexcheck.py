@@ -22,7 +22,7 @@ import numpy as np
 
 from episodepipes import episode_attrs
 from episodepipes.episode_attrs import BUILTIN
-from episodepipes.format import finite
+from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range
 
 SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")  # what `format.shard_name` writes (ASCII digits: \d takes any)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -202,8 +202,9 @@ def check_memory(file: Path | str, what: str, need: int) -> None:
 
 
 def check_fps(w: Where, fps: Any, where: str) -> None:
-    if type(fps) not in (int, float) or not finite(fps) or fps <= 0:
-        raise w.fail(where, f"fps={fps!r} should be a positive finite number")
+    if type(fps) not in (int, float) or not finite(fps) or not fps_in_range(fps):
+        raise w.fail(where, f"fps={fps!r} should be a number of frames per second from {MIN_FPS} to {MAX_FPS} "
+                            "(what a video container stores)")
 
 
 VIDEO_CODECS = ("av1", "h264", "hevc", "vp9")  # codec.stream.DECODERS' keys (not imported: it pulls in PyAV)

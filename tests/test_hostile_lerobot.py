@@ -267,7 +267,8 @@ def test_image_cells_of_the_wrong_type_are_refused(src):
 ])
 def test_bad_fps_is_refused_by_name(src, value, match):
     _info(src, fps=value)
-    _refused(src, r"meta/info.json: " + match + r" a finite number > 0 \(frames per second\); fix meta/info.json")
+    _refused(src, r"meta/info.json: " + match + r" a finite number > 0 \(frames per second\) from 0.001 to 1000, "
+             r"what a video container stores; fix meta/info.json")
 
 
 @pytest.mark.parametrize(("features", "match"), [

@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from episodepipes.format import finite
+from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range
 
 V3 = "v3.0"
 LEGACY = ("v2.0", "v2.1")
@@ -101,8 +101,9 @@ def check_info(info: object, where: str) -> tuple[str, float, dict[str, dict]]:
 
 
 def fps(value: object, where: str) -> float:
-    if type(value) not in (int, float) or not finite(value) or value <= 0:
-        raise ValueError(f"{where}: fps={value!r} must be a finite number > 0 (frames per second); fix meta/info.json")
+    if type(value) not in (int, float) or not finite(value) or not fps_in_range(value):
+        raise ValueError(f"{where}: fps={value!r} must be a finite number > 0 (frames per second) from {MIN_FPS} "
+                         f"to {MAX_FPS}, what a video container stores; fix meta/info.json")
     return float(value)
 
 
