@@ -185,6 +185,16 @@ def unique(episodes: list[Episode], where: str) -> dict[int, Episode]:
     return out
 
 
+def check_total(info: dict, listed: int, where: str) -> None:
+    """info.json's ``total_episodes`` equals the episodes the metadata lists: LeRobot takes ``range(total_episodes)``
+    as the episodes of a v2 dataset and counts the episodes by it, so a mismatch means files lost or added since it
+    was written (an absent count is left alone, as LeRobot's own writer always gives one)."""
+    total = info.get("total_episodes", listed)
+    if type(total) is not int or total != listed:
+        raise ValueError(f"{where}: total_episodes={_short(total)} but the episode metadata lists {listed} episodes; "
+                         "the metadata is inconsistent, re-download or re-convert the dataset")
+
+
 def _short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
