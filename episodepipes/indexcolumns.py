@@ -59,8 +59,8 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
 def _size_mismatch(where: str, size: int, start: int, dtype: str, shape: tuple[int, ...], file: str) -> None:
     want = start + _nbytes(dtype, shape)
     if size != want:
-        raise IndexFormatError(f"{where} is not a {dtype} column of shape {list(shape)}, what {file} says: it holds "
-                               f"{size} bytes, and its header and that data take {want}; restore it or re-shard")
+        raise IndexFormatError(f"{where} holds {size} bytes: it is not a {dtype} column of shape {list(shape)}, what "
+                               f"{file} says, which takes {want} with its header; restore it or re-shard")
 
 
 def _mapping(path: Path, missing: str) -> mmap.mmap:
