@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import os
 import re
 from array import array
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 
 from episodepipes import episode_attrs
 from episodepipes.episode_attrs import BUILTIN
-from episodepipes.format import finite
+from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range
 
 SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")  # what `format.shard_name` writes (ASCII digits: \d takes any)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -184,9 +185,26 @@ def check_id(w: Where, eid: str, where: str) -> None:
         raise w.fail(where, "the id is not a tar-safe episode id (letters, digits, '_', '-', '.')")
 
 
+def memory_bound() -> int:
+    """Half of this machine's physical memory: what checking or reading an index may take at most. Any larger need
+    comes from counts a crafted index declares (a sparse column costs no disk), so it is refused before it is
+    allocated instead of ending in a MemoryError or taking the machine."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
+def check_memory(file: Path | str, what: str, need: int) -> None:
+    """Refuse, naming ``file``, an index whose ``what`` would take ``need`` bytes, more than `memory_bound`."""
+    bound = memory_bound()
+    if need > bound:
+        raise IndexFormatError(f"{file}: {what} would take {need / 2**30:.1f} GiB of memory, more than the "
+                               f"{bound / 2**30:.1f} GiB bound (half of this machine's); the counts it declares "
+                               f"are crafted or damaged: {_FIX} (a genuine dataset this large: split it in two)")
+
+
 def check_fps(w: Where, fps: Any, where: str) -> None:
-    if type(fps) not in (int, float) or not finite(fps) or fps <= 0:
-        raise w.fail(where, f"fps={fps!r} should be a positive finite number")
+    if type(fps) not in (int, float) or not finite(fps) or not fps_in_range(fps):
+        raise w.fail(where, f"fps={fps!r} should be a number of frames per second from {MIN_FPS} to {MAX_FPS} "
+                            "(what a video container stores)")
 
 
 VIDEO_CODECS = ("av1", "h264", "hevc", "vp9")  # codec.stream.DECODERS' keys (not imported: it pulls in PyAV)

@@ -71,6 +71,17 @@ def safe_episode_id(name: str) -> str:
     return out
 
 
+# Frame rates an episode may have: what a video container stores as a frame duration (an mp4 time scale is a 32-bit
+# count of ticks per second, and a writer's timestamps are frame numbers over the rate). Both bounds are exact in
+# binary floating point up to the decimal a user types; a rate outside them is refused where it is read.
+MIN_FPS, MAX_FPS = 0.001, 1000
+
+
+def fps_in_range(value: float) -> bool:
+    """``MIN_FPS <= value <= MAX_FPS``: False for NaN, infinities and an int past a float's range too."""
+    return MIN_FPS <= value <= MAX_FPS
+
+
 def finite(value: float) -> bool:
     """``math.isfinite(value)``, False for an int past a float's range instead of an OverflowError: JSON reads ``1``
     and 400 zeros as that exact int, which no fps or time in seconds can be."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from episodepipes import indexv2
+from episodepipes import indexcolumns, indexv2
 from episodepipes._indexcheck import IndexFormatError, check_index
 from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, VERSIONS
 from episodepipes.shardio import ByteSource, ShardMissingError, ShardTooLargeError, open_regular, open_source
@@ -104,8 +104,8 @@ def tables(root: Path | str, data: Any, file: Path | str,
     w, sizes, samples = indexv2.check_meta(data, file)
     for name in data["columns"] if source is None else ():  # np.load would block on a FIFO, read a device forever
         regular_file(Path(root) / COLUMNS[name][0], "restore it or re-shard")
-    cols = (indexv2.load_columns(root, data, file) if source is None
-            else indexv2.read_columns(source, data, file))
+    cols = (indexcolumns.load_columns(root, data, file) if source is None
+            else indexcolumns.read_columns(source, data, file))
     indexv2.check_tables(w, data, cols, sizes, samples)
     return version, data, None, cols, np.zeros(len(cols["segments"]), bool)
 

@@ -4,7 +4,7 @@ Version 1 keeps every frame's offset in the JSON, so opening costs time and memo
 frames (seconds and hundreds of MB at ten million frames, again in every rank and worker). Version 2
 keeps only what is proportional to episodes or smaller in the JSON (shards, schemas, splits, prompts,
 fps values, episode ids and extra attributes) and every number in columns with fixed file names
-(`format.COLUMNS`), opened with ``np.load(mmap_mode="r", allow_pickle=False)``: the pages are shared
+(`format.COLUMNS`), mapped read-only once their headers are checked (`episodepipes.indexcolumns`): the pages are shared
 through the page cache by every process on a machine, and nothing per frame is parsed or copied.
 
 Tables: ``episodes`` (one row per episode: first frame row, length, first segment, schema, split, prompt
@@ -39,7 +39,6 @@ the shard, non-zero sizes) are checked per episode on its first frame lookup, an
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import re
@@ -58,19 +57,19 @@ from episodepipes._indexcheck import (
     check_extras,
     check_fps,
     check_id,
+    check_memory,
     check_schema,
     check_shards,
 )
 from episodepipes.episode_attrs import BUILTIN, problem
 from episodepipes.format import BLOCK, COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, MAX_BACK, PACKED_COLUMNS, npy_bytes
-from episodepipes.shardio import ByteSource, ShardMissingError, ShardTooLargeError
 
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
 SHARD, ROW, COUNT = range(3)  # columns of the segments table
 EPISODE_KEYS = BUILTIN  # v1 entry fields; no episode attribute takes their names
 V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "columns")
 _MAX_FRAMES = 2**40
-_NPY_HEADER = 1 << 16  # above any .npy header numpy writes for a column's dtype and shape (a version 1.0 header)
+_BLOCK_ROWS = 1 << 20  # frames `frame_problem` checks at a time (a few tens of MB)
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
 
 
@@ -263,54 +262,22 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
                 or (width and shape[1] != width) or (rows is not None and shape[0] != rows):
             raise w.fail(at, f"shape={shape!r} should be [{rows if rows is not None else 'segments'}"
                              f"{', ' + str(width) if width else ''}]")
+    # A frame takes at least a tar header (members) or a byte (a packed record) of its shard, and frames do not
+    # overlap (`frame_problem`): so the shard sizes bound every count the columns declare, before any is mapped.
+    least = BLOCK if data["layout"] == "members" else 1
+    if sum(samples) != frames:
+        raise w.fail("the index", f"frames={frames}, but the shards hold samples={sum(samples)} in all")
+    for i, (size, count) in enumerate(zip(sizes, samples)):
+        if count * least > size:
+            raise w.fail(f"shard {i}", f"samples={count} frames of at least {least} bytes each do not fit in its "
+                                       f"bytes={size}")
+    segs, most = cols["segments"]["shape"][0], min(frames, len(ids) * len(sizes))
+    if not len(ids) <= segs <= most:  # every episode has a segment per shard it is in, of a frame at least
+        raise w.fail("column 'segments'", f"shape[0]={segs} should be at least the {len(ids)} episodes and at most "
+                                          f"{most}, the frames and the episodes times the shards")
+    check_memory(file, "checking its tables", 64 * len(ids) + 48 * segs
+                 + (160 * frames if data["layout"] == "packed" else 0))  # what check_tables allocates
     return w, sizes, samples
-
-
-def load_columns(root: Path, data: dict, file: Path) -> dict[str, np.ndarray]:
-    """Map each column (its fixed file name beside the index) and check it is what the JSON says."""
-    out = {}
-    for name, c in data["columns"].items():
-        path = root / COLUMNS[name][0]
-        shape = tuple(c["shape"])
-        try:
-            arr = np.load(path, mmap_mode="r" if 0 not in shape else None, allow_pickle=False)
-        except FileNotFoundError:
-            raise IndexFormatError(f"{path} is missing, and {file} needs it; restore it or re-shard") from None
-        except (ValueError, OSError, EOFError) as e:  # not .npy, a pickle, cut short
-            raise IndexFormatError(f"{path} is not a {c['dtype']} column of shape {list(shape)} ({e}); "
-                                   "restore it or re-shard") from None
-        end = getattr(arr, "offset", 0) + arr.nbytes
-        if arr.dtype.str != c["dtype"] or arr.shape != shape or (0 not in shape and path.stat().st_size != end):
-            raise IndexFormatError(f"{path} holds {arr.dtype.str} {list(arr.shape)}, {file} says {c['dtype']} "
-                                   f"{list(shape)}; restore it or re-shard")
-        out[name] = arr.view(np.ndarray)  # a plain array over the map: numpy's memmap subclass is slower to index
-    return out
-
-
-def read_columns(source: ByteSource, data: dict, file: str) -> dict[str, np.ndarray]:
-    """Each column read whole through a remote root's byte source (one GET each), checked as `load_columns` does."""
-    out = {}
-    for name, c in data["columns"].items():
-        col = COLUMNS[name][0]
-        where, shape = f"{source.root}/{col}", tuple(c["shape"])
-        limit = _NPY_HEADER + int(np.prod(shape, dtype=object)) * np.dtype(c["dtype"]).itemsize
-        try:
-            raw = source.read_file(col, limit=limit)  # a larger object is refused by its size, not downloaded
-        except ShardMissingError:
-            raise IndexFormatError(f"{where} is missing, and {file} needs it; upload it or re-shard") from None
-        except ShardTooLargeError as e:
-            raise IndexFormatError(str(e)) from None
-        buf = io.BytesIO(raw)
-        try:
-            arr = np.load(buf, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:  # not .npy, a pickle, cut short
-            raise IndexFormatError(f"{where} is not a {c['dtype']} column of shape {list(shape)} ({e}); "
-                                   "restore it or re-shard") from None
-        if arr.dtype.str != c["dtype"] or arr.shape != shape or buf.tell() != len(raw):  # nothing after the data
-            raise IndexFormatError(f"{where} holds {arr.dtype.str} {list(arr.shape)}, {file} says {c['dtype']} "
-                                   f"{list(shape)}; restore it or re-shard")
-        out[name] = arr
-    return out
 
 
 def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[int], samples: list[int]) -> None:
@@ -406,19 +373,36 @@ def step_bytes(schema: dict) -> int:
 
 def frame_problem(cols: dict[str, np.ndarray], j: int, shard_bytes: int, least: int = 0) -> str | None:
     """Why segment ``j``'s frames cannot be read as given (overlapping, backwards, empty, past the shard's end, or
-    smaller than ``least``, one step of their arrays, which the pipes would allocate from the schema alone)."""
+    smaller than ``least``, one step of their arrays, which the pipes would allocate from the schema alone).
+
+    Checked a block of frames at a time: a segment's count comes from a column, and a crafted one (a sparse file)
+    may say 2**33 frames, so what this allocates does not grow with it."""
     r0, count = int(cols["segments"][j, ROW]), int(cols["segments"][j, COUNT])
-    off = cols["offset"][r0:r0 + count]
-    end = off + cols["size"][r0:r0 + count]
+    last_end = None
+    for a in range(0, count, _BLOCK_ROWS):
+        b = min(a + _BLOCK_ROWS, count)
+        why = _block_problem(cols["offset"][r0 + a:r0 + b], cols["size"][r0 + a:r0 + b], least, last_end, a)
+        if why:
+            return why
+        last_end = int(cols["offset"][r0 + b - 1]) + int(cols["size"][r0 + b - 1])
+    if last_end is not None and last_end > shard_bytes:
+        return f"its frames end at byte {last_end}, after the shard's {shard_bytes} bytes"
+    return None
+
+
+def _block_problem(off: np.ndarray, size: np.ndarray, least: int, last_end: int | None, a: int) -> str | None:
+    """`frame_problem` for frames ``a ..`` of a segment, the one before them ending at ``last_end``."""
+    end = off + size
     if not (end > off).all():
-        return f"frame {int(np.argmax(~(end > off)))} of the segment has no bytes or wraps"
-    small = cols["size"][r0:r0 + count] < least
+        return f"frame {a + int(np.argmax(~(end > off)))} of the segment has no bytes or wraps"
+    small = size < least
     if small.any():
         k = int(np.argmax(small))
-        return (f"frame {k} of the segment holds {int(cols['size'][r0 + k])} bytes, fewer than one step of its "
+        return (f"frame {a + k} of the segment holds {int(size[k])} bytes, fewer than one step of its "
                 f"arrays ({least} bytes by their shapes)")
-    if not (off[1:] >= end[:-1]).all():
-        return f"frame {int(np.argmax(~(off[1:] >= end[:-1]))) + 1} of the segment starts before the one before ends"
-    if int(end[-1]) > shard_bytes:
-        return f"its frames end at byte {int(end[-1])}, after the shard's {shard_bytes} bytes"
+    if last_end is not None and int(off[0]) < last_end:
+        return f"frame {a} of the segment starts before the one before ends"
+    back = ~(off[1:] >= end[:-1])
+    if back.any():
+        return f"frame {a + int(np.argmax(back)) + 1} of the segment starts before the one before ends"
     return None

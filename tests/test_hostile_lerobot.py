@@ -267,7 +267,8 @@ def test_image_cells_of_the_wrong_type_are_refused(src):
 ])
 def test_bad_fps_is_refused_by_name(src, value, match):
     _info(src, fps=value)
-    _refused(src, r"meta/info.json: " + match + r" a finite number > 0 \(frames per second\); fix meta/info.json")
+    _refused(src, r"meta/info.json: " + match + r" a finite number > 0 \(frames per second\) from 0.001 to 1000, "
+             r"what a video container stores; fix meta/info.json")
 
 
 @pytest.mark.parametrize(("features", "match"), [
@@ -489,3 +490,28 @@ def test_reader_refuses_a_bad_tolerance(src):
     for bad in (0, -1e-4, float("nan"), float("inf"), True, "0.1"):
         with pytest.raises(ValueError, match=r"tolerance_s=.* must be a finite number of seconds > 0"):
             LeRobotReader(src, tolerance_s=bad)
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v3.0"])
+@pytest.mark.parametrize("copy", [False, True])
+def test_an_mp4_with_more_or_fewer_frames_than_its_parquet_rows(tmp_path, version, copy):
+    """Held (issue 23): an mp4 longer than its episode gives the rows' frames, found by timestamp as LeRobot finds
+    them (the extra frames are never read); a shorter one is one line naming the episode, camera, file and row."""
+    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+
+    enc = available_encoders(("h264",))[0]
+    short, long = tmp_path / "short", tmp_path / "long"
+    for root, n in ((short, 6), (long, 14)):
+        make_lerobot(root, num_episodes=1, length=n, height=32, width=48, encoder=enc, version=version,
+                     image_feature=False)
+    for a, b in zip(sorted(short.rglob("*.mp4")), sorted(long.rglob("*.mp4"))):
+        six, fourteen = a.read_bytes(), b.read_bytes()
+        a.write_bytes(fourteen)  # short/ now has 14-frame videos, long/ 6-frame ones
+        b.write_bytes(six)
+    options = EncodeOptions(codec="copy") if copy else EncodeOptions()
+    more = LeRobotReader(short, copy=copy)
+    assert encode_episode(more.read("episode_000000"), options).meta["length"] == 6
+    fewer = LeRobotReader(long, copy=copy)
+    with pytest.raises(Exception, match=r"episode .episode_000000. camera .* row 6 .* has no frame") as e:
+        encode_episode(fewer.read("episode_000000"), options)
+    assert "\n" not in str(e.value) and type(e.value).__name__ == "EpisodeError"

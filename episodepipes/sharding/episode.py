@@ -35,7 +35,7 @@ import numpy as np
 
 from episodepipes import episode_attrs
 from episodepipes.codec.stream import DECODERS, Packets
-from episodepipes.format import finite, safe_field
+from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range, safe_field
 
 # Fields a camera or array must not become once tar-safe: the per-frame ``json`` member, the batch keys
 # the pipes add (pipes.builders.RESERVED) and, as any name starting with "__", webdataset's ``__key__``/``__url__``.
@@ -76,11 +76,12 @@ def safe_names(keys: Iterable[str], where: object) -> dict[str, str]:
 
 
 def check_fps(fps: object, where: object) -> float:
-    """A positive, finite frame rate; ``true``, strings, 0, NaN and Infinity are refused."""
+    """A frame rate a video container stores (`format.MIN_FPS` to `format.MAX_FPS`); ``true``, strings, 0, NaN,
+    Infinity and 1e308 are refused."""
     if isinstance(fps, bool) or not isinstance(fps, (int, float, np.integer, np.floating)) \
-            or not finite(fps) or not fps > 0:
-        raise EpisodeError(f"{where}: fps={fps!r} is not a positive, finite number of frames per second; "
-                           "set it to the frame rate, e.g. 10")
+            or not finite(fps) or not fps_in_range(fps):
+        raise EpisodeError(f"{where}: fps={fps!r} is not a positive, finite number of frames per second from "
+                           f"{MIN_FPS} to {MAX_FPS} (what a video container stores); set it to the frame rate, e.g. 10")
     return float(fps)
 
 
@@ -158,8 +159,8 @@ class EpisodeData:
     """One episode as a reader returns it; checked on construction, so every reader gets the same checks.
 
     Names must stay distinct once made tar-safe (``wrist.left`` and ``wrist_left`` would share a member name),
-    arrays hold numbers or booleans, ``fps`` is a finite positive number, ``prompt`` and ``split`` are text and
-    ``extra`` holds JSON scalars; anything else is an `EpisodeError` naming the episode.
+    arrays hold numbers or booleans, ``fps`` is a frame rate a video container stores, ``prompt`` and ``split``
+    are text and ``extra`` holds JSON scalars; anything else is an `EpisodeError` naming the episode.
 
     Attributes:
         id: the episode id (any text; shard member names use a tar-safe form of it).

@@ -96,6 +96,7 @@ class LeRobotReader:
         if skipped:
             log.info("%s: skipping non-numeric features %s", self.root, skipped)
         self.episodes = self._load_episodes()
+        meta.check_total(self.info, len(self.episodes), where)
         self._last_use: dict[str, int] = {}  # video file -> the last episode (by index) that shows it
         for i, ep in sorted(self.episodes.items()):
             for rel, _, _ in ep.videos.values():

@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from episodepipes.format import finite
+from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range
 
 V3 = "v3.0"
 LEGACY = ("v2.0", "v2.1")
@@ -101,8 +101,9 @@ def check_info(info: object, where: str) -> tuple[str, float, dict[str, dict]]:
 
 
 def fps(value: object, where: str) -> float:
-    if type(value) not in (int, float) or not finite(value) or value <= 0:
-        raise ValueError(f"{where}: fps={value!r} must be a finite number > 0 (frames per second); fix meta/info.json")
+    if type(value) not in (int, float) or not finite(value) or not fps_in_range(value):
+        raise ValueError(f"{where}: fps={value!r} must be a finite number > 0 (frames per second) from {MIN_FPS} "
+                         f"to {MAX_FPS}, what a video container stores; fix meta/info.json")
     return float(value)
 
 
@@ -182,6 +183,16 @@ def unique(episodes: list[Episode], where: str) -> dict[int, Episode]:
                              "re-download or re-convert the dataset")
         out[e.index] = e
     return out
+
+
+def check_total(info: dict, listed: int, where: str) -> None:
+    """info.json's ``total_episodes`` equals the episodes the metadata lists: LeRobot takes ``range(total_episodes)``
+    as the episodes of a v2 dataset and counts the episodes by it, so a mismatch means files lost or added since it
+    was written (an absent count is left alone, as LeRobot's own writer always gives one)."""
+    total = info.get("total_episodes", listed)
+    if type(total) is not int or total != listed:
+        raise ValueError(f"{where}: total_episodes={_short(total)} but the episode metadata lists {listed} episodes; "
+                         "the metadata is inconsistent, re-download or re-convert the dataset")
 
 
 def _short(value: object, limit: int = 60) -> str:

@@ -14,6 +14,7 @@ read. A store whose files or folders link outside SRC is refused, so zarr never 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from episodepipes._indexcheck import memory_bound
 from episodepipes.episode_attrs import BUILTIN
 from episodepipes.sharding.episode import (
     EpisodeData,
@@ -85,6 +87,31 @@ def _check_links(store: Path, root: Path, where: str) -> None:
                                    "by the chunk it should be, or re-write the store")
 
 
+def _check_shapes(store: Path, cams: list[tuple[str, object]], found: list[tuple[str, object]], where: str) -> None:
+    """What the metadata declares, before a byte is read: a ``.zarray``/``zarr.json`` may say any shape for no disk
+    (missing chunks read as the fill value), so every camera is (T, H, W, 3) uint8, every array has T steps, and the
+    episode's arrays and one chunk of each fit in `memory_bound`, or the store is refused naming the array."""
+    steps = int(cams[0][1].shape[0]) if len(cams[0][1].shape) else 0
+    if steps == 0:
+        raise EpisodeError(f"{where}: empty episode (0 frames in {store}/{cams[0][0]}); remove it or pass --skip-bad")
+    need = 0
+    for name, arr in [*cams, *found]:
+        shape, chunks = tuple(arr.shape), tuple(getattr(arr, "chunks", ()) or ())
+        if name.startswith("images/") and (arr.dtype != np.uint8 or len(shape) != 4 or shape[-1] != 3):
+            raise EpisodeError(f"{where}: {store}/{name} is {arr.dtype} {shape}; images must be uint8 (T, H, W, 3) RGB")
+        if not shape or shape[0] != steps:
+            what = "frames" if name.startswith("images/") else "steps"
+            raise EpisodeError(f"{where}: {store}/{name} declares {shape[0] if shape else 'no'} {what} but "
+                               f"{store}/{cams[0][0]} has {steps} frames; every array's first dimension must equal "
+                               "the frame count: re-write the store")
+        need += (math.prod(shape) + math.prod(chunks)) * arr.dtype.itemsize
+    bound = memory_bound()
+    if need > bound:
+        raise EpisodeError(f"{where}: {store} declares arrays of {need / 2**30:.1f} GiB (with a chunk of each), more "
+                           f"than the {bound / 2**30:.1f} GiB an episode may take (half this machine's memory); "
+                           "re-write it as smaller episodes, or pass --skip-bad")
+
+
 @dataclass(frozen=True)
 class ZarrReader:
     """`EpisodeReader` over ``root/<episode_id>.zarr`` groups (the layout is in this module's docstring).
@@ -115,6 +142,7 @@ class ZarrReader:
             found = list(_arrays(g))
             for name, arr in found:  # before reading: a text array is refused without decoding it
                 check_dtype(name, arr.dtype, f"{where} {store}")
+            _check_shapes(store, [(f"images/{c}", images[c]) for c in cams], found, where)
             arrays = {name: np.asarray(arr[:]) for name, arr in found}
             attrs = dict(g.attrs)
         except EpisodeError:
