@@ -20,8 +20,10 @@ RAW = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but \t and \n, DEL, C1
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "episodepipes.sharding.cli", *args], capture_output=True,
-                          timeout=300, env=None, encoding="utf-8", errors="surrogateescape")
+    """Run the CLI; its output decoded by hand (text mode's universal newlines would turn a raw \\r into \\n)."""
+    got = subprocess.run([sys.executable, "-m", "episodepipes.sharding.cli", *args], capture_output=True, timeout=300)
+    got.stdout, got.stderr = (b.decode("utf-8", "surrogateescape") for b in (got.stdout, got.stderr))
+    return got
 
 
 def _clean(text: str) -> str:
@@ -88,3 +90,15 @@ def test_verify_prints_nothing_raw(out):
     got = _cli("verify", str(out))
     assert got.returncode == 0, got.stderr
     _clean(got.stdout + got.stderr)
+
+
+def test_a_warning_quoting_a_lock_files_holder_is_escaped(out, tmp_path):
+    """``_write.lock`` is a file in the dataset folder: the take-over warning quotes its pid field."""
+    import shutil
+    import socket
+
+    copy = shutil.copytree(out, tmp_path / "copy")
+    (copy / "_write.lock").write_text(json.dumps({"pid": HOSTILE, "host": socket.gethostname()}))
+    got = _cli("stats", str(copy), "--recompute")
+    assert got.returncode == 0, got.stderr
+    assert r"taking over the lock of pid go\x1b]0;pwned\x07" in _clean(got.stderr)

@@ -250,6 +250,14 @@ def _run(a: argparse.Namespace) -> int:
     return 0
 
 
+class _Printable(logging.Formatter):
+    """Log lines with no character that acts on a terminal: a warning may quote a dataset's names, a lock file's
+    holder or a reader's error."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
+
+
 def _error(msg: str) -> None:
     """One line, even when the message quotes a library's multi-line error (OpenCV's, for one), with no character
     that acts on a terminal (a name or a server's words may carry escape sequences)."""
@@ -259,7 +267,9 @@ def _error(msg: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 verify failed, 2 input error)."""
     a = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Printable("%(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, handlers=[handler])
     try:
         return _run(a)
     except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:
