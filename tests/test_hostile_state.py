@@ -73,11 +73,14 @@ def test_the_loading_pipes_epochs_win_over_the_saved_count(index):
     assert got == _keys(train_pipe(index, **KW, epochs=1))[4 * 3:]  # the same batches as an uninterrupted run
 
 
-def test_a_run_saved_at_2_epochs_is_extended_to_5(index):
-    """save at epochs=2 (in epoch 1), load into epochs=5: the pass runs on to the end of epoch 4."""
+def test_a_run_saved_at_2_epochs_is_extended_to_5(index, caplog):
+    """save at epochs=2 (in epoch 1), load into epochs=5: the pass runs on to the end of epoch 4 (logged)."""
     state = _saved(train_pipe(index, **KW, epochs=2), PER + 5)
     pipe = _loaded(index, state, epochs=5)
-    got = _keys(pipe)
+    with caplog.at_level("INFO", logger="episodepipes.pipes.train_state"):
+        got = _keys(pipe)
+    assert caplog.text.count("resuming a pass of epochs 0 to 1 saved with epochs=2: with epochs=5 it ends before "
+                             "epoch 5") == 1
     assert len(got) == (len(pipe) - PER - 5) * 3 == (5 * PER - PER - 5) * 3
     assert got == _keys(train_pipe(index, **KW, epochs=5))[(PER + 5) * 3:]
     assert _cursor(pipe.state_dict())["epoch"] == 5  # and the next iter() starts the next pass there
@@ -89,6 +92,12 @@ def test_a_position_past_this_pipes_pass_is_refused(index):
                                          r"pass \(epochs=1: epochs 0 to 0\); build the pipe with epochs >= 3"):
         _loaded(index, state, epochs=1)
     _loaded(index, state, epochs=3)  # its own epochs hold it
+
+
+def test_another_runs_state_is_named_by_what_differs_before_its_position(index):
+    state = _saved(train_pipe(index, **KW, epochs=3), 2 * PER + 1)
+    with pytest.raises(ValueError, match=r"does not fit this pipe: seed=4 in the state, 5 here"):
+        _loaded(index, state, epochs=1, seed=5)
 
 
 def test_a_state_at_the_end_of_a_shorter_pass_starts_the_next_pass(index):

@@ -93,12 +93,14 @@ def state_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[tu
     return out
 
 
-def pass_span(state: Mapping[str, Any], *, epochs: int | None, epoch: int, pos: int) -> tuple[int, int | None]:
+def pass_span(state: Mapping[str, Any], *, epochs: int | None, epoch: int, pos: int,
+              note: bool = False) -> tuple[int, int | None]:
     """``(start, stop)`` of the pass a reader of ``epochs`` epochs per pass continues ``state`` in, at ``(epoch, pos)``.
 
     The pass keeps its first epoch (``start``) and ends after this reader's ``epochs`` (the saved ``stop`` was
     the saving pipe's), so ``len()`` minus the batches already done is what the pass still yields, and a run
     saved at ``epochs=2`` finishes 5 in a pipe of ``epochs=5``. A position this pass does not hold is refused.
+    ``note`` logs a changed end (once, when the state is taken, not when it is checked).
     """
     stop = state[STOP]
     if START not in state:  # saved before states carried it: its pass had this pipe's epochs, or it is refused
@@ -125,7 +127,7 @@ def pass_span(state: Mapping[str, Any], *, epochs: int | None, epoch: int, pos: 
                          f"past the end of this pipe's pass (epochs={epochs}: epochs {start} to {end - 1}); build "
                          f"the pipe with epochs >= {epoch - start + (pos > 0)} to finish that pass, or start the "
                          "run afresh")
-    if stop is not None and stop != end:
+    if note and stop is not None and stop != end:
         log.info("resuming a pass of epochs %d to %d saved with epochs=%d: with epochs=%d it ends before epoch %d",
                  start, stop - 1, stop - start, epochs, end)
     return int(start), end
@@ -168,7 +170,6 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     if not (count(rank) and rank < world):
         raise ValueError(f"the saved train state has rank={rank!r}, not a rank of its world_size={world}; pass the "
                          "pipe's own state_dict()")
-    start, _ = pass_span(state, epochs=epochs, epoch=epoch, pos=pos)
     mine = {SEED: seed, **setup, SHUFFLE: setup.get(SHUFFLE, FULL)}
     state = {**state, SHUFFLE: state.get(SHUFFLE, FULL)}
     if on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
@@ -177,6 +178,7 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     if diffs:
         raise ValueError(f"the saved train state does not fit this pipe: {'; '.join(d for d, _ in diffs)}. "
                          f"{' '.join(dict.fromkeys(f for _, f in diffs))}")
+    start, _ = pass_span(state, epochs=epochs, epoch=epoch, pos=pos, note=skip)
     if (world, batch) == (world_size, batch_size):
         return int(epoch), int(pos), start
     if pos % batch:
