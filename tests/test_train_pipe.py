@@ -202,7 +202,7 @@ def test_state_is_a_small_cursor_and_the_settings_it_depends_on(index):
     next(iter(pipe))
     cursor = dict(pipe.state_dict()["root"]["source"]["source"])
     assert len(cursor.pop("plan")) == 16  # a fingerprint of the episode ids and lengths
-    assert cursor == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1, "consumed": 4, "world_size": 1, "rank": 0,
+    assert cursor == {"seed": 5, "epoch": 0, "pos": 4, "stop": 1, "start": 0, "consumed": 4, "world_size": 1, "rank": 0,
                       "batch_size": 4, "global_batch": 4, "frames": 39, "windows": {"state": [-2, 0]}}
 
 

@@ -26,6 +26,7 @@ from torchdata.nodes import BaseNode
 from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes._mapped import MappedShards, frame_members
+from episodepipes.pipes._saved import saved_position
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
@@ -65,7 +66,7 @@ class ShardReader(BaseNode[RawSample]):
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self.shutdown()
-        self._pos = initial_state[self.POS_KEY] if initial_state else 0
+        self._pos = saved_position(initial_state[self.POS_KEY], end=len(self.items)) if initial_state else 0
         self._it = self._samples(self.items[self._pos:])
 
     def next(self) -> RawSample:

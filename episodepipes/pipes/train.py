@@ -3,9 +3,9 @@
 Graph: `TrainReader` (keyed permutation, read by seeking through the byte-range index) -> `Decoder`
 (its `SampleDecode` runs the transform in the workers too) -> `BatchStacker`.
 The graph persists across passes: a new ``iter()`` continues with the next epoch, as Lightning expects
-of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop, consumed}``
-and the settings it is valid under, which ``load_state_dict`` checks, allowing another world size at the same
-global batch (`TrainReader`; the checks are in `train_state`, with `TrainPipe`). A mapping of sources
+of a train loader it iterates once per epoch. The resume state is a cursor ``{seed, epoch, pos, stop, start,
+consumed}`` and the settings it is valid under, which ``load_state_dict`` checks, allowing another world size at
+the same global batch (`TrainReader`; the checks are in `train_state`, with `TrainPipe`). A mapping of sources
 is a mixture, built in `train_mix` from one `TrainReader` per source.
 """
 
@@ -62,11 +62,12 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
     rank takes the entries `rank_positions` gives it (every ``world_size``-th from ``rank``), so ``pos``
     samples on each rank are the first ``consumed = pos * world_size`` entries of the stream.
 
-    The state is that cursor, ``{seed, epoch, pos, stop, consumed}``, plus what it depends on:
-    ``world_size``, ``batch_size``, ``global_batch``, ``frames`` and ``plan`` (`FrameTable.fingerprint`),
-    ``windows`` (key -> [first, last]) and ``rank``. `check_state` refuses a state that differs in
-    ``seed``, ``frames``, ``plan`` or ``windows``. ``rank`` may differ (Lightning saves rank 0's state and
-    every rank loads it), and so may ``world_size`` and ``batch_size`` at the same ``global_batch``: the
+    The state is that cursor, ``{seed, epoch, pos, stop, start, consumed}`` (``start``: the pass's first epoch; a
+    restored pass keeps it and ends after this reader's own ``epochs``, `train_state.pass_span`), plus what it
+    depends on: ``world_size``, ``batch_size``, ``global_batch``, ``frames`` and ``plan``
+    (`FrameTable.fingerprint`), ``windows`` (key -> [first, last]) and ``rank``. `check_state` refuses a state
+    that differs in ``seed``, ``frames``, ``plan`` or ``windows``. ``rank`` may differ (Lightning saves rank 0's
+    state and every rank loads it), and so may ``world_size`` and ``batch_size`` at the same ``global_batch``: the
     global stream then continues at step ``consumed // G`` (elastic resume, exact, from a batch boundary).
     Another ``global_batch`` is refused unless ``on_resize`` is ``"next_step"`` or ``"next_epoch"``
     (`resume_point`: exact where the new ``G`` divides ``consumed``, else a logged skip).
@@ -458,6 +459,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     globally in the epoch) and what it depends on (seed, world size, batch size, their product the global
     batch, frame count and plan fingerprint, windows); see `TrainReader`. ``load_state_dict`` resumes it
     exactly, in any step, in a pipe of the same ``seed``, windows and episodes, and refuses others by name.
+    The pipe a state is loaded into decides where the pass ends: its own ``epochs`` after the saved pass's first
+    epoch (a run saved at ``epochs=2`` runs on to the end of 5 in a pipe of ``epochs=5``; what it yields is
+    ``len()`` minus the batches already done), and a position past that end, or a field of the wrong type or
+    out of range, is refused naming it.
     Elastic rule: the global stream depends on ``world_size * batch_size`` only, so a state saved at one
     world size resumes at another with the same product (any ``batch_size``), from a batch boundary, with no
     sample repeated or skipped against an uninterrupted run at the new size; any rank's state will do (every

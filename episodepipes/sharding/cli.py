@@ -39,6 +39,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from episodepipes.codec.copy import MAX_GOP
 from episodepipes.index import EpisodeIndex
@@ -194,8 +195,15 @@ def _write(a: argparse.Namespace) -> int:
     reader = FORMATS[fmt].factory(root, **options, **({"copy": True} if a.codec == "copy" else {}))
     res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
                        job_index=a.job_index, overwrite=a.overwrite, progress_bar=True, staging=a.staging)
-    print("\n".join(_summary(a, res)))
+    _say(_summary(a, res))
     return 0
+
+
+def _say(lines: str | list[str], *, file: TextIO | None = None) -> None:
+    """Print ``lines`` (a string's lines, or a list of them) with no character that acts on a terminal: they
+    quote a dataset's own text (ids, splits, prompts, attributes, errors), which anyone may have written."""
+    rows = lines.split("\n") if isinstance(lines, str) else lines
+    print("\n".join(printable(r) for r in rows), file=file)
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -210,36 +218,44 @@ def _run(a: argparse.Namespace) -> int:
         return _write(a)
     if a.command == "info":
         index = EpisodeIndex.open(a.out)
-        print(_table([("output", str(a.out)), *inspect.summarize(index)]))
+        _say(_table([("output", str(a.out)), *inspect.summarize(index)]))
         if a.episodes:
             rows = inspect.episode_rows(index)  # the last column (the task) is free text: not padded
             widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
-            print("\n".join("  ".join(f"{v:<{w}}" for v, w in zip(r, widths)) + "  " + r[-1] for r in rows))
+            _say(["  ".join(f"{v:<{w}}" for v, w in zip(r, widths)) + "  " + r[-1] for r in rows])
         return 0
     if a.command == "upgrade":
         from episodepipes.sharding.upgrade import upgrade
 
         index = upgrade(a.out, crc=a.crc)
-        print(f"upgraded {a.out} to index version 2: {len(index.episodes)} episodes, {index.frames} frames, "
+        _say(f"upgraded {a.out} to index version 2: {len(index.episodes)} episodes, {index.frames} frames, "
               f"{'crc32 per frame' if index.has_crc else 'no crc32 (upgrade --crc adds them)'}")
         return 0
     if a.command == "stats":
         from episodepipes.sharding.stats_cli import run
 
-        print("\n".join(run(a.out, recompute=a.recompute)))
+        _say(run(a.out, recompute=a.recompute))
         return 0
     if a.command == "verify":
         problems = inspect.verify(a.out)
-        for line in problems:
-            print(line, file=sys.stderr)
-        print(f"{a.out}: {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'}")
+        if problems:
+            _say(problems, file=sys.stderr)
+        _say(f"{a.out}: {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'}")
         return 1 if problems else 0
     from episodepipes.sharding.merge import merge_jobs
 
     merge_jobs(a.out, overwrite=a.overwrite, staging=a.staging)
     index = EpisodeIndex.open(a.out)
-    print(f"merged into {a.out}: {len(index.episodes)} episodes, {len(index.shards)} shards")
+    _say(f"merged into {a.out}: {len(index.episodes)} episodes, {len(index.shards)} shards")
     return 0
+
+
+class _Printable(logging.Formatter):
+    """Log lines with no character that acts on a terminal: a warning may quote a dataset's names, a lock file's
+    holder or a reader's error."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(printable(line) for line in super().format(record).split("\n"))
 
 
 def _error(msg: str) -> None:
@@ -251,7 +267,9 @@ def _error(msg: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 verify failed, 2 input error)."""
     a = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Printable("%(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, handlers=[handler])
     try:
         return _run(a)
     except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:

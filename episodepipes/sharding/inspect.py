@@ -1,4 +1,7 @@
-"""`summarize`, `episode_rows` and `verify` a shard folder (the ``info`` and ``verify`` commands)."""
+"""`summarize`, `episode_rows` and `verify` a shard folder (the ``info`` and ``verify`` commands).
+
+Every text they show from the dataset (ids, splits, prompts, attributes, camera and array names, errors) comes
+with its control characters escaped (`printable`): a dataset may carry terminal escape sequences."""
 
 from __future__ import annotations
 
@@ -10,12 +13,13 @@ import numpy as np
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.indexv2 import FIRST, FPS, SCHEMA, SPLIT
+from episodepipes.remote.retry import printable
 
 
 def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
     """(field, value) rows: format, episodes, frames and bytes per split, cameras, arrays, fps, skipped."""
     codes = index._ep[:, SPLIT]  # per split: a few vectorised passes over the tables, no Episode objects
-    names = index._splits
+    names = [printable(n) for n in index._splits]
     eps = np.bincount(codes.astype(np.int64), minlength=len(names))
     frames = np.bincount(codes.astype(np.int64), weights=index.lengths.astype(np.float64), minlength=len(names))
     per_ep = np.add.reduceat(index._size.astype(np.uint64), index._ep[:, FIRST].astype(np.int64)) if index.frames \
@@ -26,8 +30,8 @@ def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
     cams, arrays = Counter(), set()
     for k, (c, a) in enumerate(index._schemas):
         for name, cam in c.items():
-            cams[f"{name} {cam.height}x{cam.width}"] += schema_eps[k]
-        arrays |= {f"{name} {s.dtype}{s.shape}" for name, s in a.items()}
+            cams[f"{printable(name)} {cam.height}x{cam.width}"] += schema_eps[k]
+        arrays |= {f"{printable(name)} {s.dtype}{s.shape}" for name, s in a.items()}
     fps = Counter(f"{index._fps[k]:g}" for k in index._ep[:, FPS].tolist())
     size = sum(s.bytes for s in index.shards)
     crc = "crc32 per frame" if index.has_crc else "no per-frame crc32 (episodepipes-shard upgrade --crc adds them)"
@@ -43,22 +47,27 @@ def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
                   + ", ".join(f"{names[k]} {int(nbytes[k])}" for k in order) + ")"),
     ]
     skipped = index.meta.get("skipped", [])
-    rows.append(("skipped", f"{len(skipped)}" + "".join(f"\n  {s['id']}: {s['error']}" for s in skipped)))
+    rows.append(("skipped", f"{len(skipped)}" + "".join(f"\n  {printable(str(s['id']))}: {printable(str(s['error']))}"
+                                                      for s in skipped)))
     return rows
 
 
 def episode_rows(index: EpisodeIndex) -> list[tuple[str, ...]]:
     """A header and (id, split, length, task) of every episode, in index order (``info --episodes``); with an
-    ``attributes`` column before the task (``robot="franka" success=true``) when some episode has attributes."""
+    ``attributes`` column before the task (``robot="franka" success=true``) when some episode has attributes.
+    Each cell is one line with its control characters escaped."""
     meta = index._episode_meta  # episode number -> attributes, only for episodes that have some
     if not meta:
-        return [("id", "split", "length", "task"), *((e.id, e.split, str(e.length), e.prompt) for e in index.episodes)]
+        return [("id", "split", "length", "task"),
+                *((printable(e.id), printable(e.split), str(e.length), printable(e.prompt)) for e in index.episodes)]
     return [("id", "split", "length", "attributes", "task"),
-            *((e.id, e.split, str(e.length), _attributes(meta.get(e.number, {})), e.prompt) for e in index.episodes)]
+            *((printable(e.id), printable(e.split), str(e.length), _attributes(meta.get(e.number, {})),
+               printable(e.prompt)) for e in index.episodes)]
 
 
 def _attributes(attrs: dict) -> str:
-    return " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(attrs.items())) or "-"
+    # json.dumps escapes C0 controls in values but not C1 (\x9b) or DEL, and not the keys
+    return printable(" ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(attrs.items()))) or "-"
 
 
 def verify(out: str | Path) -> list[str]:

@@ -8,6 +8,7 @@ import numpy as np
 
 from episodepipes.format import INDEX_NAME
 from episodepipes.index import EpisodeIndex
+from episodepipes.remote.retry import printable
 from episodepipes.sharding.recompute import add_stats
 
 FIELDS = ("mean", "std", "min", "max", "q01", "q10", "q50", "q90", "q99")
@@ -21,15 +22,17 @@ def _row(values: np.ndarray) -> str:
 
 
 def table(index: EpisodeIndex) -> list[str]:
-    """A compact table per split and key: the count and shape, then one row per statistic."""
+    """A compact table per split and key: the count and shape, then one row per statistic (split and key names,
+    the dataset's text, with control characters escaped)."""
     lines = []
     for split, key in index.stats_keys() or ():
+        where = f"{printable(split)}/{printable(key)}"
         try:
             s = index.stats(key, split=split)
         except KeyError as e:
-            lines.append(f"{split}/{key}: no statistics: {e.args[0].split(': ', 1)[-1]}")
+            lines.append(f"{where}: no statistics: {printable(str(e.args[0]).split(': ', 1)[-1])}")
             continue
-        lines.append(f"{split}/{key}  count={s['count']}  shape={tuple(s['mean'].shape)}")
+        lines.append(f"{where}  count={s['count']}  shape={tuple(s['mean'].shape)}")
         lines += [f"  {name:<4} {_row(s[name])}" for name in FIELDS]
     return lines or ["no arrays: nothing to normalize"]
 
