@@ -39,13 +39,12 @@ PRELOAD_IF_LOADED = ("torch", "cv2", "lightning", "av")  # and these, when this 
 _preloaded = False
 
 
-def _init_process(ring: _slabs.Ring | None, owner: int) -> None:
+def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> None:
     """Make a decode process safe and fast.
 
     - Gone with the process running the pass (``owner``), even killed outright, and with its parent, the fork server
       (`_deathsig`).
     - Given the pass's shared batch rows (`_slabs.attach`), which a fork server's child cannot inherit.
-
     - One torch intra-op thread: the parent's OpenMP pool is not forked, and a parallel torch op
       (e.g. in a train ``transform``) would wait on it forever.
     - Default SIGTERM and ignored SIGINT: a handler inherited from the parent (Lightning installs one
@@ -55,8 +54,9 @@ def _init_process(ring: _slabs.Ring | None, owner: int) -> None:
 
     Do not call `cv2.setNumThreads` here: it was seen to wait forever on the parent's pool in a forked child.
     """
-    die_with(os.getppid())  # the fork server: long-lived, so it is still the parent this early
-    exit_with(owner)
+    if owner is not None:
+        die_with(os.getppid())  # the fork server: long-lived, so it is still the parent this early
+        exit_with(owner)
     if ring is not None:
         _slabs.attach(ring)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
