@@ -1,4 +1,4 @@
-"""TrainReader reads local shards through mappings: the same bytes as a read, and the byte source's errors."""
+"""TrainReader reads local shards a frame per pread: the same bytes as the source's read, and its errors."""
 
 import os
 
@@ -6,36 +6,34 @@ import pytest
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
-from episodepipes.pipes._mapped import MappedShards
+from episodepipes.pipes._mapped import ShardFrames
 from episodepipes.shardio import LocalSource, ShardMissingError, ShardTruncatedError
 
 
-def test_slices_of_a_mapped_shard_are_its_bytes(tmp_path):
+def test_frames_read_are_the_shards_bytes(tmp_path):
     idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=2, length=6, height=16, width=16))
     src = LocalSource(idx.root)
-    mapped = MappedShards(src)
+    mapped = ShardFrames(src)
     name = idx.shards[0].name
     for ep in idx.episodes:
         for t in range(ep.length):
             shard, a, b = ep.frame_range(t)
             got = mapped.read(idx.shards[shard].name, a, b - a)
             assert isinstance(got, memoryview) and bytes(got) == src.read(idx.shards[shard].name, a, b - a)
-    held = mapped.read(name, 0, 512)
-    mapped.close()  # a slice still held keeps its mapping
-    assert bytes(held) == src.read(name, 0, 512)
+    assert bytes(mapped.frame(name, 0, 512)) == src.read(name, 0, 512)
 
 
 def test_a_range_past_the_end_or_a_missing_shard_is_the_sources_error(tmp_path):
     idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=2, length=6, height=16, width=16))
     name = idx.shards[0].name
     size = os.path.getsize(idx.shard_path(0))
-    mapped = MappedShards(LocalSource(idx.root))
+    mapped = ShardFrames(LocalSource(idx.root))
     with pytest.raises(ShardTruncatedError, match=name):
         mapped.read(name, size - 10, 20)
     with pytest.raises(ShardMissingError, match="nope.tar"):
         mapped.read("nope.tar", 0, 1)
     with pytest.raises(ValueError, match="plain base name"):
-        MappedShards(LocalSource(idx.root)).read("../x.tar", 0, 1)
+        ShardFrames(LocalSource(idx.root)).read("../x.tar", 0, 1)
 
 
 def test_the_reader_leaves_crc_checks_to_the_decode_worker_which_refuses_a_mismatch(tmp_path):

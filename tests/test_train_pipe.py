@@ -253,11 +253,13 @@ def big_torch_op(sample):
     sample["norm"] = float((torch.ones(256, 256) * 2).sum())
     return sample
 
-x = torch.randn(512, 512)
-(x @ x).sum(), (x + 1).sum()  # the parent has used its OpenMP pool, as any training process has
-pipe = train_pipe(sys.argv[1], batch_size=4, seed=0, rank=0, world_size=1, method="process", transform=big_torch_op)
-assert [float(b["norm"][0]) for b in pipe] == [2 * 256 * 256] * len(pipe)
-print("ok")
+if __name__ == "__main__":  # process workers import the main module, as multiprocessing's spawned children do
+    x = torch.randn(512, 512)
+    (x @ x).sum(), (x + 1).sum()  # the parent has used its OpenMP pool, as any training process has
+    pipe = train_pipe(sys.argv[1], batch_size=4, seed=0, rank=0, world_size=1, method="process",
+                      transform=big_torch_op)
+    assert [float(b["norm"][0]) for b in pipe] == [2 * 256 * 256] * len(pipe)
+    print("ok")
 """
 
 

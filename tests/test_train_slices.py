@@ -11,7 +11,7 @@ from helpers import make_shards
 
 from episodepipes.format import sample_key
 from episodepipes.pipes import EpisodeIndex, train_pipe
-from episodepipes.pipes._mapped import MappedShards, ShardSlice, frame_members, resolve
+from episodepipes.pipes._mapped import ShardFrames, ShardSlice, frame_members, resolve
 from episodepipes.pipes.decode import portable
 from episodepipes.pipes.sample_decode import EpisodeSpec, SampleDecode
 from episodepipes.pipes.train import TrainReader
@@ -29,7 +29,7 @@ def idx(tmp_path_factory):
 def _frame(idx, ep, t):
     shard, a, b = ep.frame_range(t)
     name = idx.shards[shard].name
-    return MappedShards(LocalSource(idx.root)).frame(name, a, b), name, a, b
+    return ShardFrames(LocalSource(idx.root)).frame(name, a, b), name, a, b
 
 
 @pytest.mark.parametrize("want", [None, {"state.npy"}, {"front.jpg", "action.npy"}])

@@ -11,6 +11,8 @@ again once that reference is dead. A consumer may keep any batch as long as it l
 from __future__ import annotations
 
 import mmap
+import os
+import tempfile
 import weakref
 
 import numpy as np
@@ -24,8 +26,12 @@ class Lendable:
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype | type, *, shared: bool = False) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         size = max(1, int(np.prod(self.shape)) * self.dtype.itemsize)
-        # shared: forked decode workers write into it; private: only this process does
-        self.memory = mmap.mmap(-1, size) if shared else mmap.mmap(-1, size, **_PRIVATE)
+        # shared: decode processes write into it, over a descriptor passed to them when they start (they are forked
+        # by a fork server, not by this process, so they inherit nothing); private: only this process does
+        self.fd = _shared_fd(size) if shared else -1
+        if shared:
+            weakref.finalize(self, os.close, self.fd)
+        self.memory = mmap.mmap(self.fd, size) if shared else mmap.mmap(-1, size, **_PRIVATE)
         self._lease: weakref.ref[np.ndarray] | None = None
 
     def free(self) -> bool:
@@ -41,6 +47,17 @@ class Lendable:
         lease = self.view()
         self._lease = weakref.ref(lease)
         return lease
+
+
+def _shared_fd(size: int) -> int:
+    """A descriptor of ``size`` bytes of shared memory backed by no file on disk (a memfd where there is one)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("episodepipes-ring", os.MFD_CLOEXEC)
+    else:
+        fd, path = tempfile.mkstemp(prefix="episodepipes-ring-")
+        os.unlink(path)
+    os.ftruncate(fd, size)
+    return fd
 
 
 class BufferPool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -29,6 +30,7 @@ from episodepipes.pipes import _pool
 from episodepipes.pipes.stats import Stats
 
 T = TypeVar("T")
+STALL = 600.0  # seconds a pass waits on one task before it calls the worker stuck (a decode takes milliseconds)
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,12 @@ class InOrder(Generic[T]):
     docstring); otherwise one pool whose free workers take the next task.
     """
 
-    def __init__(self, method: str, num_workers: int, stats: Stats, *, chunk: int = 1, lanes: bool = False) -> None:
+    def __init__(self, method: str, num_workers: int, stats: Stats, *, chunk: int = 1, lanes: bool = False,
+                 ring: Any = None) -> None:
         self.chunk = chunk
         lanes = lanes and num_workers > 1
-        self._pools = [_pool.Pool(method, 1, stats) for _ in range(num_workers)] if lanes else [
-            _pool.Pool(method, num_workers, stats)]
+        self._pools = [_pool.Pool(method, 1, stats, ring) for _ in range(num_workers)] if lanes else [
+            _pool.Pool(method, num_workers, stats, ring)]
         self._queued: list[tuple[T, Callable[..., Any], tuple, Hashable | None]] = []  # a chunk being filled
         self._lane = 0  # the queued chunk's lane
         self._fresh = False  # the queued chunk started on a lane chosen for it (not a key's lane): new keys join
@@ -149,10 +152,35 @@ class InOrder(Generic[T]):
             if not live[1]:
                 del self._live[task.key]
         if task.pos is None:
-            return task.tag, task.future.result()
+            return task.tag, self._result(task)
         if task.future is not self._held[0]:  # a chunk's first call: its results, kept for the chunk's others
-            self._held = (task.future, task.future.result())
+            self._held = (task.future, self._result(task))
         return task.tag, self._held[1][task.pos]
+
+    def _result(self, task: _Task[T]) -> Any:
+        """The task's result, waiting at most `STALL` seconds; a worker that died or is stuck ends the pass with
+        `_pool.WorkerError` naming it (its pool killed first), never a wait without end."""
+        try:
+            return task.future.result(timeout=STALL)
+        except TimeoutError:
+            if task.future.done():  # the call itself raised TimeoutError: its own error
+                raise
+            pool = self._pools[task.lane]
+            who = pool.describe()
+            self.abort()
+            raise _pool.WorkerError(f"decode worker ({who}) returned nothing for {STALL:.0f} s: stuck (a lock "
+                                    "held forever, a transform that never returns?); the pass is stopped") from None
+        except BrokenProcessPool:
+            self.abort()
+            who = self._pools[task.lane].describe()
+            raise _pool.WorkerError(f"a decode worker died ({who}; exit code -9 is SIGKILL, often the out-of-memory "
+                                    "killer); the pass is stopped: lower num_workers or the batch size") from None
+
+    def abort(self) -> None:
+        """`close` for a pass that cannot go on: process workers are killed, not waited for."""
+        for pool in self._pools:
+            pool.abort()
+        self.close()
 
     @property
     def idle(self) -> bool:

@@ -1,23 +1,19 @@
-"""Local shards mapped read-only for `TrainReader`: a frame's bytes are a slice of the mapping.
+"""A local shard's frames for the readers: one ``pread`` per frame (or run of frames), its length checked.
 
-Why not ``os.pread``: the read itself is cheap, but every call releases the GIL, and the thread that
-reads samples (the one feeding the decode workers) then waits to get it back behind the decode threads'
-Python, once per read; a window of 16 array steps makes dozens of reads per sample. A slice of a mapping
-makes no call and copies nothing; the decoder reads the JPEG straight from the page cache.
+Why not a memory mapping (what this module made before): a shard cut short in place while a pass reads it (``cp`` over
+it, ``rsync --inplace``, a truncate) turns the next touch of a mapped page past the new end into SIGBUS, which kills
+the process from inside C code (the decoder, zlib) with no message, and Python cannot catch it. A read that comes back
+short is `ShardTruncatedError` naming the file instead; bytes rewritten in place fail the frame's CRC32
+(``valid=False``). The read costs one syscall and a copy of the frame (tens of KB) into a fresh ``bytes``: the
+samples hold slices of it until their decode ends, so a buffer reused across reads would need to know when that is.
 
-Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they
-resolve against mappings of their own (`resolve`): the frame's bytes never go through a pipe, and are
-never copied in the parent. A sample of such references travels as plain tuples (`to_wire`, `from_wire`).
-
-A mapping is dropped by `MappedShards.close` (the samples still holding slices keep theirs alive until
-they are gone). A range past the end of a file goes to the byte source, which raises its "truncated"
-error naming the file. The shards must not shrink while mapped: finished shards never change in place
-(they are written as ``.tmp`` and renamed), and a file cut short under a running reader would fault.
+Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they read
+themselves (`resolve`) through descriptors of their own: the frame's bytes never go through a pipe. A sample of
+such references travels as plain tuples (`to_wire`, `from_wire`).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from collections import OrderedDict
@@ -26,11 +22,11 @@ from typing import NamedTuple
 from episodepipes.format import BLOCK
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
-from episodepipes.shardio import LocalSource, ShardIOError, open_regular
+from episodepipes.shardio import LocalSource, ShardIOError, ShardTruncatedError, open_regular
 
 _USTAR = struct.Struct("100s24x12s20xc100x5s")  # name, size, type, magic of a tar header, read in place
-MAX_MAPS = 64  # shards a decode process keeps mapped (`resolve`)
-_MAPS: OrderedDict[str, memoryview] = OrderedDict()
+MAX_OPEN = 64  # shards a decode process keeps open (`resolve`)
+_FDS: OrderedDict[str, int] = OrderedDict()
 _CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
 _SIZES: dict[bytes, int] = {}
 _FIELDS: dict[bytes, str] = {}
@@ -44,42 +40,19 @@ class ShardSlice(NamedTuple):
     size: int
 
 
-class MappedShards:
-    """``read(name, offset, size)`` of `LocalSource`, as memoryviews of mappings made on first use."""
+class ShardFrames:
+    """A `LocalSource`'s frames as memoryviews over ``bytes`` read whole (one ``pread``, its length checked)."""
 
     def __init__(self, source: LocalSource) -> None:
         self.source = source
-        self._maps: dict[str, memoryview] = {}
 
-    def read(self, name: str, offset: int, size: int) -> memoryview | bytes:
-        view = self._maps.get(name)
-        if view is None:
-            view = self._map(name)
-        if offset < 0 or size < 0 or offset + size > len(view):
-            return self.source.read(name, offset, size)  # its error names the file and the range
-        return view[offset:offset + size]
+    def read(self, name: str, offset: int, size: int) -> memoryview:
+        """``size`` bytes at ``offset``; the source's `ShardTruncatedError` naming the file where it has fewer."""
+        return memoryview(self.source.read(name, offset, size))
 
-    def frame(self, name: str, start: int, end: int) -> memoryview | None:
-        """The mapped bytes ``[start, end)`` of shard ``name``, or None where the file is shorter (the caller
-        then reads through `read`, whose error names the file)."""
-        view = self._maps.get(name)
-        if view is None:
-            view = self._map(name)
-        return view[start:end] if 0 <= start <= end <= len(view) else None
-
-    def _map(self, name: str) -> memoryview:
-        size = self.source.size(name)  # a missing file is the source's error
-        if size == 0:
-            view = memoryview(b"")
-        else:
-            # the source's own descriptor, checked to be a regular file: a FIFO opened again by name would block
-            view = memoryview(mmap.mmap(self.source.fileno(name), size, access=mmap.ACCESS_READ))
-        self._maps[name] = view
-        return view
-
-    def close(self) -> None:
-        """Forget the mappings (each is unmapped once no slice of it is left)."""
-        self._maps = {}
+    def frame(self, name: str, start: int, end: int) -> memoryview:
+        """The bytes ``[start, end)`` of shard ``name`` (a frame, or a run of them)."""
+        return memoryview(self.source.read(name, start, end - start))
 
 
 def frame_members(buf: memoryview, prefix: bytes,
@@ -129,33 +102,29 @@ def frame_members(buf: memoryview, prefix: bytes,
 
 
 def resolve(s: ShardSlice) -> memoryview:
-    """In a decode process: the bytes ``s`` names, a slice of this process's mapping of its shard."""
-    return _slice(_mapping(s.path), s.path, s.offset, s.size)
+    """In a decode process: the bytes ``s`` names, read through this process's descriptor of its shard."""
+    return memoryview(_pread(s.path, s.offset, s.size))
 
 
-def _mapping(path: str) -> memoryview:
-    """This process's mapping of the shard file at ``path`` (the last `MAX_MAPS` kept)."""
-    view = _MAPS.get(path)
-    if view is None:
-        fd, st = open_regular(path, "put the shard back (it was replaced while the pass ran)", ShardIOError)
-        try:
-            size = st.st_size
-            view = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
-        finally:
-            os.close(fd)
-        _MAPS[path] = view
-        while len(_MAPS) > MAX_MAPS:
-            _MAPS.popitem(last=False)
+def _fd(path: str) -> int:
+    """This process's descriptor of the shard file at ``path`` (the last `MAX_OPEN` kept open)."""
+    fd = _FDS.get(path)
+    if fd is None:
+        fd, _ = open_regular(path, "put the shard back (it was replaced while the pass ran)", ShardIOError)
+        _FDS[path] = fd
+        while len(_FDS) > MAX_OPEN:
+            os.close(_FDS.popitem(last=False)[1])
     else:
-        _MAPS.move_to_end(path)
-    return view
+        _FDS.move_to_end(path)
+    return fd
 
 
-def _slice(view: memoryview, path: str, offset: int, size: int) -> memoryview:
-    if offset + size > len(view):
-        raise ValueError(f"{path} ends before byte {offset + size}, where its index puts a frame: truncated "
-                         "while reading? re-shard it or check with verify=True")
-    return view[offset:offset + size]
+def _pread(path: str, offset: int, size: int) -> bytes:
+    data = os.pread(_fd(path), size, offset)
+    if len(data) != size:
+        raise ShardTruncatedError(f"{path} ends at byte {offset + len(data)}, where its index puts a frame up to "
+                                  f"{offset + size}: cut short while the pass read it? put it back or re-shard it")
+    return data
 
 Wire = tuple  # (episode, frame, valid, shard, path, fields, spans, checks): see `to_wire`
 
@@ -186,9 +155,11 @@ def to_wire(raw: RawSample) -> Wire | None:
 
 
 def from_wire(wire: Wire) -> RawSample:
-    """In a decode process: the `RawSample` `to_wire` sent, its references resolved to this process's mappings."""
+    """In a decode process: the `RawSample` `to_wire` sent, its references read in one ``pread`` of their span."""
     episode, frame, valid, shard, path, fields, spans, checks = wire
-    view = _mapping(path)  # one shard: looked up once, not per member
-    members = {f: _slice(view, path, spans[2 * i], spans[2 * i + 1]) for i, f in enumerate(fields)}
+    lo = min([*spans[::2], *(a for _, a, _, _ in checks)])
+    hi = max([*(a + n for a, n in zip(spans[::2], spans[1::2])), *(a + n for _, a, n, _ in checks)])
+    view = memoryview(_pread(path, lo, hi - lo))  # a frame: its members and its whole bytes for the crc32
+    members = {f: view[spans[2 * i] - lo:spans[2 * i] - lo + spans[2 * i + 1]] for i, f in enumerate(fields)}
     return RawSample(Item(episode, frame, valid), shard, members,  # type: ignore[arg-type]
-                     checks=tuple((s, _slice(view, path, a, n), c) for s, a, n, c in checks))
+                     checks=tuple((s, view[a - lo:a - lo + n], c) for s, a, n, c in checks))

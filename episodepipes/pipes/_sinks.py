@@ -3,7 +3,7 @@
 - `Allocate`: fresh arrays per frame (the collator then stacks them);
 - `BatchRows`: threads decode straight into rows of reused ``[batch, 3, H, W]`` buffers, so a batch is a
   view of one buffer and collation copies no pixels;
-- `SharedRing`: forked processes decode into a ring of shared buffers they inherited; only the
+- `SharedRing`: processes decode into a ring of shared buffers they were given; only the
   sample's small fields travel back pickled.
 
 A sink hands out a `Claim` per sample, in sample order, from the thread that reads the source.
@@ -37,7 +37,7 @@ NOWHERE = Claim()
 
 class FrameSink(Protocol):
     def start(self, shapes: Shapes, in_flight: int) -> None:
-        """A pass begins (before its workers start: forked ones inherit what this makes)."""
+        """A pass begins (before its workers start: processes are given what this makes)."""
         ...
 
     def claim(self, shapes: Shapes) -> Claim:
@@ -80,7 +80,7 @@ class BatchRows:
 
 
 class SharedRing(BatchRows):
-    """Frames into a ring of shared batch buffers made before the worker processes fork."""
+    """Frames into a ring of shared batch buffers made before the worker processes start (`Slabs.ring`)."""
 
     def start(self, shapes: Shapes, in_flight: int) -> None:
         # enough slabs for the frames in flight, the batch being built and two the consumer holds

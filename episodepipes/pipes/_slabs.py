@@ -1,17 +1,20 @@
 """Batch-shaped buffers that decode workers write frames into, so collation copies no pixels.
 
 A slab is one ``[slab, 3, H, W]`` uint8 array per camera; sample ``i`` of a batch is row ``i``.
-Threads share memory, so any array works. Forked decode processes write into a fixed ring of
-anonymous shared mappings made before the workers fork (they inherit them); a worker names its row
-by ``(ring, slab, row)``. A slab is reused only once nothing the consumer holds points into it: the
-consumer gets leases of the ring's memory (`episodepipes.pipes._buffers`), the workers write through
-arrays of their own over the same memory.
+Threads share memory, so any array works. Decode processes write into a fixed ring of shared
+memory made before they start, whose descriptors they are given when they start (`Ring`, `attach`: they come
+from a fork server and inherit nothing); a worker names its row by ``(ring, slab, row)``. A slab is reused
+only once nothing the consumer holds points into it: the consumer gets leases of the ring's memory
+(`episodepipes.pipes._buffers`), the workers write through arrays of their own over the same memory.
 """
 
 from __future__ import annotations
 
 import itertools
+import mmap
+import os
 import weakref
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
@@ -19,12 +22,43 @@ import numpy as np
 from episodepipes.pipes._buffers import BufferPool, Lendable
 
 Shapes = dict[str, tuple[int, ...]]  # camera -> its row's shape: [3, H, W], or [steps, 3, H, W] (a window)
-_RINGS: dict[int, list[dict[str, np.ndarray]]] = {}  # the workers' arrays over the ring, inherited when they fork
+_RINGS: dict[int, list[dict[str, np.ndarray]]] = {}  # arrays over each ring: the parent's, or a worker's (`attach`)
 _tokens = itertools.count()
 
 
+class Ring:
+    """A ring's memory as a decode process gets it: pickled while the process starts, its descriptors passed along
+    (`multiprocessing.reduction.DupFd`), mapped again there by `attach`."""
+
+    def __init__(self, token: int, slabs: list[dict[str, tuple[int, tuple[int, ...]]]]) -> None:
+        self.token, self.slabs = token, slabs  # per slab: camera -> (descriptor, shape)
+
+    def __reduce__(self) -> tuple:
+        return _rebuild, (self.token, [{c: (reduction.DupFd(fd), shape) for c, (fd, shape) in s.items()}
+                                       for s in self.slabs])
+
+
+def _rebuild(token: int, slabs: list[dict[str, tuple[Any, tuple[int, ...]]]]) -> Ring:
+    return Ring(token, [{c: (dup.detach(), shape) for c, (dup, shape) in s.items()} for s in slabs])
+
+
+def attach(ring: Ring) -> None:
+    """In a decode process, as it starts: map ``ring``'s memory, for `worker_rows`."""
+    arrays = []
+    for slab in ring.slabs:
+        got = {}
+        for c, (fd, shape) in slab.items():
+            size = max(1, int(np.prod(shape)))
+            try:
+                got[c] = np.ndarray(shape, np.uint8, buffer=mmap.mmap(fd, size))
+            finally:
+                os.close(fd)
+        arrays.append(got)
+    _RINGS[ring.token] = arrays
+
+
 def worker_rows(addr: tuple[int, int, int]) -> dict[str, np.ndarray]:
-    """In a decode process: the rows named by ``addr`` in the inherited ring."""
+    """In a decode process: the rows named by ``addr`` in the ring it was given (`attach`)."""
     ring, slab, row = addr
     return {c: a[row] for c, a in _RINGS[ring][slab].items()}
 
@@ -45,7 +79,7 @@ class Slabs:
 
     def share(self, shapes: Shapes, count: int) -> None:
         """Have a ring of ``count`` shared slabs for ``shapes`` (kept from the last pass if it fits);
-        call before forking the workers, which inherit it."""
+        call before starting the workers, which are given it (`ring`)."""
         ring = self._ring
         if ring is None or len(ring) < count or {c: b.shape[1:] for c, b in ring[0].items()} != shapes:
             self.drop_ring()
@@ -55,6 +89,12 @@ class Slabs:
             _RINGS[self._token] = [{c: b.view() for c, b in slab.items()} for slab in self._ring]
             weakref.finalize(self, _RINGS.pop, self._token, None)
         self._cur, self._row, self._sharing = {}, self.size, True
+
+    def ring(self) -> Ring | None:
+        """What decode processes need to write into this pass's ring (`attach`), or None when there is none."""
+        if self._ring is None or not self._sharing:
+            return None
+        return Ring(self._token, [{c: (b.fd, b.shape) for c, b in slab.items()} for slab in self._ring])
 
     def unshare(self) -> None:
         """End of a pass: the next one starts a fresh slab (the ring stays for the next pass's workers)."""

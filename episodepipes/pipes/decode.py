@@ -56,7 +56,7 @@ class Decoder(BaseNode[dict]):
         slab: the batch size, to have workers decode into batch rows; a `Slabs` keeps those buffers across
             passes (a pipe gives one to every pass's decoder). Not used with a ``transform``.
         chunk: samples per task for processes whose frames come back pickled (a ``transform``, no
-            ``slab``, or no fork), and for every method when a `BatchStacker` asked for batch rows
+            ``slab``, or no fork server), and for every method when a `BatchStacker` asked for batch rows
             (`batch_rows`); every other case sends one sample per task.
         share_frames: once a `BatchStacker` asked for batch rows (`batch_rows`), decode a camera frame that
             several samples of a batch show (overlapping windows) once, and copy it into the others
@@ -150,8 +150,9 @@ class Decoder(BaseNode[dict]):
             return Allocate()
         if self.options.method == "thread":
             return BatchRows(slabs)
-        # processes find the shared ring by inheriting it: without fork their frames come back pickled
-        return SharedRing(slabs) if _pool.start_method() == "fork" else Allocate()
+        # processes are given the shared ring's descriptors as they start; where they cannot be (no fork server),
+        # their frames come back pickled
+        return SharedRing(slabs) if _pool.shares_memory() else Allocate()
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -225,8 +226,9 @@ class Decoder(BaseNode[dict]):
             shapes = self._shapes(spec, raw)
             if self._ex is None:  # first sample of the pass: workers start now, not at reset
                 self._sink.start(shapes, self.reach)
+                ring = self._sink.slabs.ring() if isinstance(self._sink, SharedRing) else None
                 self._ex = InOrder(self.options.method, self.options.num_workers, self.stats, chunk=self.chunk,
-                                   lanes=self._gops is not None)
+                                   lanes=self._gops is not None, ring=ring)
             claim = self._sink.claim(shapes)
             sent = raw if self._memo is None else self._memo.plan(raw, list(spec.cameras))
             work = portable(sent) if self.options.method == "process" else sent

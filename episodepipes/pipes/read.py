@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes._mapped import MappedShards, frame_members
+from episodepipes.pipes._mapped import ShardFrames, frame_members
 from episodepipes.pipes._saved import saved_position
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
@@ -50,6 +50,7 @@ class ShardReader(BaseNode[RawSample]):
     POS_KEY = "pos"
     BATCH_BYTES = 32 << 20  # runs of one shard handed to read_ranges at once (a remote source overlaps their GETs)
     READ_AHEAD = 2  # calls a remote root's reader fetches ahead of the one it yields
+    PIECE = 4 << 20  # bytes of a local run's whole frames read per call (`_read_mapped`)
 
     def __init__(self, index: EpisodeIndex, items: Sequence[Item], *, stats: Stats | None = None,
                  source: ByteSource | None = None) -> None:
@@ -60,7 +61,7 @@ class ShardReader(BaseNode[RawSample]):
         self._own = source is None
         self.source = source if source is not None else open_source(index.root)
         self._it: Iterator[RawSample] | None = None
-        self._mapped: MappedShards | None = None  # a local root's shards, mapped for this pass (`_local_members`)
+        self._mapped: ShardFrames | None = None  # a local root's frame reads, for this pass (`_local_members`)
         self._pos = 0
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -88,9 +89,7 @@ class ShardReader(BaseNode[RawSample]):
     close = shutdown  # the name callers used before torchdata's `shutdown`
 
     def _close_files(self) -> None:
-        mapped, self._mapped = self._mapped, None
-        if mapped is not None:  # samples still holding slices keep their mapping alive until they are gone
-            mapped.close()
+        self._mapped = None
         if self._own:
             self.source.close()
 
@@ -164,8 +163,8 @@ class ShardReader(BaseNode[RawSample]):
         seen[episode, frame] = got
         return got
 
-    def _local_members(self) -> MappedShards | None:
-        """The mappings of a local root's shards of the members layout with JPEG cameras only (the fast path of
+    def _local_members(self) -> ShardFrames | None:
+        """The frame reads of a local root's shards of the members layout with JPEG cameras only (the fast path of
         `_read_mapped`), made once per pass; None for anything else: remote, packed, video cameras (whose GOPs
         need each earlier frame's CRC32 checked here before a later frame takes its packets), or a source passed
         in (the caller's: read through its ``read_ranges``)."""
@@ -173,29 +172,38 @@ class ShardReader(BaseNode[RawSample]):
                                                                                                LocalSource):
             return None
         if self._mapped is None:
-            self._mapped = MappedShards(self.source)
+            self._mapped = ShardFrames(self.source)
         return self._mapped
 
-    def _read_mapped(self, run: Run, mapped: MappedShards, name: str) -> Iterator[RawSample]:
-        """The samples of one run of a mapped local shard: members are slices of the mapping whose tar headers
-        `frame_members` parsed in place, with the frame's CRC32 left to the decode thread (`RawSample.checks`;
-        for processes `decode.portable` checks it here and copies the members to bytes); a frame it does not
-        parse, or past the file's end, goes through `_read_run`, whose checks name what is wrong."""
-        for k, item in enumerate(run.items):
-            a, b = run.bounds[k], run.bounds[k + 1]
-            view = mapped.frame(name, a, b)
-            got = None if view is None else frame_members(view, sample_key(item.episode, item.frame).encode() + b".")
-            if got is None or not got[0]:
-                yield from self._read_run(Run(run.shard, a, b, (item,), (a, b)), mapped, name)
-                continue
-            spans, n = got
-            self.stats.add("bytes_read", n)
-            self.stats.add("frames_read")
-            crc = self.index.episode(item.episode).frame_crc(item.frame)
-            members: dict[str, Any] = {f: view[s:e] for f, (s, e) in spans.items()}  # type: ignore[index]
-            yield RawSample(item, name, members, checks=() if crc is None else ((item.frame, view, crc),))
+    def _read_mapped(self, run: Run, frames: ShardFrames, name: str) -> Iterator[RawSample]:
+        """The samples of one run of a local shard, read ``PIECE`` bytes of whole frames per ``pread`` (a file cut
+        short under the pass is the source's error naming it, never a fault): members are slices of those bytes
+        whose tar headers `frame_members` parsed in place, with the frame's CRC32 left to the decode thread
+        (`RawSample.checks`; for processes `decode.portable` checks it here and copies the members to bytes); a
+        frame it does not parse goes through `_read_run`, whose checks name what is wrong."""
+        bounds, n, k = run.bounds, len(run.items), 0
+        while k < n:
+            j = k + 1
+            while j < n and bounds[j + 1] - bounds[k] <= self.PIECE:
+                j += 1
+            first = bounds[k]
+            piece = frames.frame(name, first, bounds[j])
+            for i in range(k, j):
+                item, a, b = run.items[i], bounds[i], bounds[i + 1]
+                view = piece[a - first:b - first]
+                got = frame_members(view, sample_key(item.episode, item.frame).encode() + b".")
+                if got is None or not got[0]:
+                    yield from self._read_run(Run(run.shard, a, b, (item,), (a, b)), frames, name, view)
+                    continue
+                spans, size = got
+                self.stats.add("bytes_read", size)
+                self.stats.add("frames_read")
+                crc = self.index.episode(item.episode).frame_crc(item.frame)
+                members: dict[str, Any] = {f: view[s:e] for f, (s, e) in spans.items()}  # type: ignore[index]
+                yield RawSample(item, name, members, checks=() if crc is None else ((item.frame, view, crc),))
+            k = j
 
-    def _read_run(self, run: Run, source: ByteSource | MappedShards, name: str,
+    def _read_run(self, run: Run, source: ByteSource | ShardFrames, name: str,
                   data: bytes | memoryview | None = None) -> Iterator[RawSample]:
         """The samples of one run, from its bytes (``data``, read here if not given)."""
         if data is None:

@@ -25,7 +25,7 @@ from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes import block_order as bo
 from episodepipes.pipes import block_read
 from episodepipes.pipes import train_state as ts
-from episodepipes.pipes._mapped import MappedShards, ShardSlice, frame_members
+from episodepipes.pipes._mapped import ShardFrames, ShardSlice, frame_members
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.block_order import BlockOrder
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
@@ -128,7 +128,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
         self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # the cached steps' frames (_located)
         self._prefixes: dict[int, bytes] = {}  # episode position -> its member names' prefix (`_plain_sample`)
-        self._mapped: MappedShards | None = None  # a local root's shards, mapped on first use (`_shards`)
+        self._mapped: ShardFrames | None = None  # a local root's frames, read whole (`_shards`)
         self._starts = np.asarray(self.table.starts, np.int64)  # each episode's first flat frame
         self._row_starts = np.asarray([e.rows.start for e in self.episodes], np.int64)  # its first index row
 
@@ -162,7 +162,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         """Close shard files; they are reopened on demand."""
         if not self.index.remote:
             self.source.close()
-            self._mapped = None  # the slices samples still hold keep their mappings alive
+            self._mapped = None
         if self._ahead is not None:
             self._ahead.close()
 
@@ -208,14 +208,14 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         raw.checks = tuple(checks)
         return raw
 
-    def _shards(self) -> MappedShards:
-        """The local root's shard mappings, made at the first frame read in place and dropped by `close`."""
+    def _shards(self) -> ShardFrames:
+        """The local root's frame reads (one checked ``pread`` a frame: `_mapped` says why not a mapping)."""
         if self._mapped is None:
-            self._mapped = MappedShards(self.source)
+            self._mapped = ShardFrames(self.source)
         return self._mapped
 
     def _plain_sample(self, e: int, t: int, shard: int, start: int, end: int, crc: int | None) -> RawSample | None:
-        """`_sample` of a frame without windows in a mapped local shard whose members `frame_members` parses (the
+        """`_sample` of a frame without windows of a local shard whose members `frame_members` parses (the
         usual case), with none of the window bookkeeping; None for anything else, which `_sample` then reads."""
         view = self._shards().frame(self._names[shard], start, end)
         prefix = self._prefixes.get(e)
@@ -345,7 +345,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             shard, start, end, crc = at
             crc = crc if whole else None
         name, path = self._names[shard], self._where[shard]
-        if fetched is None and not self.index.remote:  # slices of mapped shards: no read call, no copy
+        if fetched is None and not self.index.remote:  # the frame in one read, its members parsed in place
             view = self._shards().frame(name, start, end)
             got = None if view is None else frame_members(view, sample_key(ep.id, step).encode() + b".",
                                                           want if crc is None else None)
@@ -380,7 +380,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
     def _mapped_fields(self, step: int, view: memoryview, got: tuple[dict[str, tuple[int, int]], int], path: str,
                        start: int, crc: int | None, into: dict[int, dict[str, bytes]],
                        checks: list[tuple[int, bytes, int]] | None) -> str | None:
-        """`_read` of a frame of a mapped shard whose members `frame_members` parsed: slices of the mapping, or
+        """`_read` of a frame of a local shard whose members `frame_members` parsed: slices of its bytes, or
         `ShardSlice` references to it where decode processes read the frames (`send_slices`)."""
         spans, n = got
         self.stats.add("bytes_read", n)
@@ -398,7 +398,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
 
     def send_slices(self) -> None:
         """Hand frames of local shards out as `ShardSlice` references, which a decode process resolves against
-        its own mapping of the shard (`Decoder` asks this of its source for ``method="process"``): no frame
+        a read of its own (`Decoder` asks this of its source for ``method="process"``): no frame
         bytes are copied or pickled. Frames read otherwise (a remote root, a member layout the fast path does
         not parse) still come as bytes."""
         self._slices = True
@@ -435,7 +435,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     with ``world_size`` ranks each one transfers about ``world_size`` times its own frames' bytes (the whole
     dataset per epoch). Ranks of one machine that share ``RemoteOptions(cache_dir=...)`` fetch each block once
     between them: one claims it, the others wait for its cache entry (`remote.cache.RangeCache`).
-    Local shards are memory-mapped and read in place, in the same order.
+    Local shards are read a frame per call (a file cut short under a pass is an error naming it), in the same order.
 
     Windows (see `episodepipes.pipes.window`): ``history={"state": K}`` gives steps ``t-K+1..t`` (the
     current step last), ``horizon={"action": H}`` gives ``t..t+H-1`` (the current step first), both

@@ -11,25 +11,22 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import ctypes
 import itertools
 import mmap
 import multiprocessing as mp
 import os
-import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
 
 from episodepipes import safefile
+from episodepipes._deathsig import die_with
 from episodepipes.format import safe_field
 from episodepipes.sharding.encode import EncodedEpisode, encode_episode
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.statsfields import episode_part
 
-_PR_SET_PDEATHSIG = 1  # prctl(2)
 _IOV_MAX = 1024  # POSIX's minimum IOV_MAX is 16, but Linux, macOS and the BSDs take 1024
 _decode_threads = 0  # 0: the decoder's own choice (a thread per core); a worker gets its share of the cores
 SLOT_BYTES = 64 * 2**20  # a pooled episode up to this many tar bytes comes back in shared memory, a larger one spooled
@@ -155,23 +152,10 @@ def samples(payload: tuple) -> Iterator[tuple]:
     os.unlink(data)
 
 
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this worker when its parent dies (Linux): a writer killed by a timeout or a scheduler
-    would otherwise leave its encoders running, or blocked on their task queue, holding the output pipes open."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # no prctl in this libc: the worker lives on, as on other systems
-        return
-    if os.getppid() != parent:  # the parent died before the call: no signal will come
-        os._exit(1)
-
-
 def _init(threads: int, spawned: bool, parent: int | None = None, slots: Slots | None = None) -> None:
     global _decode_threads, _slots
     if parent is not None:
-        _die_with(parent)
+        die_with(parent)  # a writer killed outright leaves no encoder behind
     _decode_threads, _slots = threads, slots
     if spawned:
         cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool
