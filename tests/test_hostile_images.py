@@ -21,8 +21,9 @@ import pytest
 from helpers import write_raw
 
 from benchmarks.lerobot_data import IMAGE_KEY, available_encoders, make_lerobot
+from episodepipes.imagehead import header_size
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.imagehead import MAX_IMAGE_BYTES, header_size
+from episodepipes.sharding.imagehead import MAX_IMAGE_BYTES
 from episodepipes.sharding.lerobot import LeRobotReader
 from episodepipes.sharding.raw import RawReader
 from episodepipes.sharding.synthetic import SyntheticReader

@@ -10,6 +10,12 @@ A damaged packet gives None for its frame and every later frame of its GOP (they
 on bytes it cannot parse (libdav1d does for most damage), or flags the frame corrupt (the h264 decoder conceals
 errors and sets the flag). Damage that still parses as valid syntax decodes to a wrong frame without notice;
 the index's per-frame CRC32 is what catches that.
+
+A decoder is bounded to the index's frame size before it decodes: a keyframe of a few hundred bytes (its CRC32
+right) may declare 16000 x 16000, which FFmpeg would allocate and conceal at that size (seconds, 400 MB a frame)
+before the size check below sees the frame. FFmpeg's ``max_pixels`` option caps every decoder's frames (libdav1d's
+included), and an h264 SPS that declares more (in a packet or the extradata) is refused before the decoder sees
+it (`episodepipes.codec.sps`), since h264 sizes its tables by the SPS before that cap applies.
 """
 
 from __future__ import annotations
@@ -22,9 +28,16 @@ import av
 import cv2
 import numpy as np
 
+from episodepipes.codec.sps import avcc_length, declared_pixels
 from episodepipes.codec.stream import DECODERS
 
 log = logging.getLogger(__name__)
+
+
+def pixel_limit(size: tuple[int, int]) -> int:
+    """The most pixels a decoder of ``size`` frames may allocate a frame for: the size padded as decoders pad it
+    (macroblocks of 16, field pairs of 32 rows, strides aligned to 64), far below any bomb."""
+    return (size[0] + 32) * (size[1] + 64)
 
 
 _GONE = object()  # a frame `PacketDecoder.frame` dropped for a forward reader: asking again decodes its GOP again
@@ -49,7 +62,12 @@ class PacketDecoder:
         self.codec, self.size, self.keep = codec, size, keep
         self._older: OrderedDict[Hashable, list] = OrderedDict()  # earlier GOPs, oldest first
         self._ctx = av.CodecContext.create(DECODERS[codec], "r")
-        if extradata:
+        self._limit = pixel_limit(size) if size is not None else None
+        self._nal_length = avcc_length(extradata) if codec == "h264" else 0
+        self._refused = self._oversized(extradata, extradata=True)  # every frame then: not worth a decoder
+        if self._limit is not None:
+            self._ctx.options = {"max_pixels": str(self._limit)}
+        if extradata and not self._refused:
             self._ctx.extradata = extradata
         self._ctx.thread_count = threads
         self._ctx.thread_type = "SLICE" if threads > 1 else "NONE"
@@ -122,13 +140,24 @@ class PacketDecoder:
         self._gop, self._frames, self._pending = gop, [], {}
         self._fed, self._drained, self._bad = 0, False, None
 
+    def _oversized(self, data: bytes, *, extradata: bool = False) -> bool:
+        """Whether ``data`` holds an h264 SPS declaring more than the pixel limit (`episodepipes.codec.sps`)."""
+        if self.codec != "h264" or self._limit is None or not data:
+            return False
+        return declared_pixels(data, self._nal_length, extradata=extradata) > self._limit
+
     def _feed(self, packets: Sequence[bytes], upto: int) -> None:
         for i in range(self._fed, upto + 1):
-            if self._bad is not None and i >= self._bad:  # depends on a damaged frame: not worth decoding
+            data = None if self._refused or self._bad is not None and i >= self._bad else bytes(packets[i])
+            if data is not None and self._oversized(data):
+                log.debug("%s packet %d of GOP %r declares frames beyond %s", self.codec, i, self._gop, self.size)
+                data = None
+            if data is None:  # too big, or depends on a damaged frame: not worth decoding
+                self._mark_bad(i)
                 self._fed = i + 1
                 self._collect()
                 continue
-            pkt = av.Packet(bytes(packets[i]))
+            pkt = av.Packet(data)
             pkt.pts = pkt.dts = i
             self._decode(pkt, i)
             self._fed = i + 1

@@ -4,6 +4,10 @@
 frame; `JpegFrames` (``cv2.imdecode``) is the one shards hold today, and video packets plug in beside it.
 Where the target size is at most 1/2, 1/4 or 1/8 of the source, libjpeg's reduced decode
 (`cv2.IMREAD_REDUCED_COLOR_*`) does most of the resize for free.
+
+A frame's bytes are checked against the index's size by their header (`episodepipes.imagehead`) before
+``cv2.imdecode`` sees them: a 2 KB JPEG may declare 30000 x 30000, which OpenCV would allocate (2.7 GB) before
+finding the data missing, and a CRC32 that matches says nothing about that.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Protocol
 
 import cv2
 import numpy as np
+
+from episodepipes.imagehead import header_size
 
 _REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
 
@@ -63,8 +69,9 @@ def _reduced(src: tuple[int, int], dst: tuple[int, int] | None) -> tuple[int, in
 def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
                 out: np.ndarray | None = None) -> np.ndarray | None:
     """uint8 RGB ``[3, H, W]`` at ``size`` (or the source size), written into ``out`` if given;
-    None when the bytes do not decode, or decode to another size than ``src`` (the index's): such a
-    frame is not the one the index describes, so it is corrupt, never resized into place.
+    None when the bytes are not a PNG or JPEG whose header declares ``src`` (checked before decoding), do not
+    decode, or decode to another size than ``src`` (the index's): such a frame is not the one the index
+    describes, so it is corrupt, never resized into place.
 
     Args:
         data: the JPEG file's bytes.
@@ -74,6 +81,9 @@ def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | No
         out: a uint8 ``[3, H, W]`` array to write into (a batch buffer's row); used only when its shape
             is the result's, else a new array is returned.
     """
+    head = header_size(data)
+    if head is None or (head != tuple(src) and head != (src[1], src[0])):  # (EXIF may turn it: decoded, checked)
+        return None
     flag, f = _reduced(src, size)
     bgr = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     if bgr is None or bgr.shape[0] != -(-src[0] // f) or bgr.shape[1] != -(-src[1] // f):

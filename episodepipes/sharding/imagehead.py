@@ -12,49 +12,15 @@ content, whatever the file's name) are refused: the readers take PNG and JPEG fr
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
+from episodepipes.imagehead import header_size
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.shardio import open_regular
 
 MAX_SIDE = 65500  # libjpeg's limit, which the index also holds every camera to (sharding.write_plan.JPEG_MAX)
 MAX_PIXELS = 1 << 26  # 8192 x 8192 (as codec.stream.MAX_SIDE for videos): 192 MiB decoded as BGR
 MAX_IMAGE_BYTES = 1 << 28  # above an uncompressed 8-bit 8192 x 8192 RGB PNG; a frame file is KB to a few MB
-_PNG = b"\x89PNG\r\n\x1a\n"
-_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers (DHT, JPG and DAC are not)
-_ALONE = frozenset([0x01, *range(0xD0, 0xD8)])  # markers without a length field (TEM, RSTn)
-
-
-def header_size(data: bytes | memoryview) -> tuple[int, int] | None:
-    """(height, width) a PNG's IHDR or a JPEG's first SOFn declares, or None if ``data`` is neither (or is cut
-    before its header ends)."""
-    if data[:8] == _PNG:
-        if len(data) < 24 or data[12:16] != b"IHDR":
-            return None
-        w, h = struct.unpack_from(">II", data, 16)
-        return h, w
-    if data[:2] != b"\xff\xd8":
-        return None
-    i = 2
-    while i + 4 <= len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte before a marker
-            i += 1
-            continue
-        if marker in _ALONE:
-            i += 2
-            continue
-        if marker in (0xD9, 0xDA):  # the end, or the scan, before any frame header
-            return None
-        if marker in _SOF:
-            return struct.unpack_from(">HH", data, i + 5) if i + 9 <= len(data) else None
-        i += 2 + struct.unpack_from(">H", data, i + 2)[0]
-    return None
-
-
 def check_header(data: bytes | memoryview, what: str, first: tuple[int, int] | None, i: int) -> tuple[int, int]:
     """The (height, width) of frame ``i``'s image bytes, refused by an `EpisodeError` naming ``what`` unless its
     header is PNG or JPEG, within `MAX_SIDE` a side and `MAX_PIXELS`, and the size of the camera's ``first`` frame."""
