@@ -21,6 +21,7 @@ import numpy as np
 
 from episodepipes import episode_attrs
 from episodepipes.episode_attrs import BUILTIN
+from episodepipes.errors import IndexFormatError  # noqa: F401 (re-export)
 from episodepipes.format import finite
 
 SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")  # what `format.shard_name` writes (ASCII digits: \d takes any)
@@ -32,10 +33,6 @@ _MAX_SIDE = 65500  # libjpeg's limit (sharding.write_plan.JPEG_MAX): no camera t
 _MAX_COUNT = 2**63  # bytes and samples of a shard, a source's sides: what the int64 columns and numpy hold
 _FIX = "re-shard with write --overwrite"
 _U32 = next(c for c in "ILQ" if array(c).itemsize == 4)  # the C type code of an unsigned 32-bit int
-
-
-class IndexFormatError(ValueError):
-    """An index that cannot be used; the message names the file, the field and the fix."""
 
 
 class Where:

@@ -18,13 +18,11 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from episodepipes.errors import LockedError  # noqa: F401 (re-export)
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "_write.lock"
-
-
-class LockedError(ValueError):
-    """Another process writes the same folder."""
 
 
 def _holder(fd: int) -> dict:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from episodepipes.errors import DiskFullError  # noqa: F401 (re-export)
 from episodepipes.format import INDEX_NAME, safe_episode_id
 from episodepipes.sharding.encode import EncodeOptions
 from episodepipes.sharding.encoders import encoded, samples
@@ -138,13 +139,6 @@ class WriteResult:
     seconds: float = 0.0
     frames_written: int = 0
     split_origins: dict = field(default_factory=dict)
-
-
-class DiskFullError(OSError):
-    """The output's filesystem is full; the message says how much is kept and how to resume."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
