@@ -2,14 +2,14 @@
 
 The tars are the same in both versions. Version 1 keeps every frame's byte offset in ``index.json``;
 version 2 keeps a small ``index.json`` (shards, schemas, per-episode attributes) and the per-frame and
-per-episode numbers in ``.npy`` columns beside it, memory-mapped at open (see `episodepipes.indexv2`).
+per-episode numbers in ``.npy`` columns beside it, memory-mapped at open (see `episodepipes.index.v2`).
 
 In the ``members`` layout (JPEG shards) one sample is one frame of one episode. Its tar members are named
 ``<episode_id>/<frame:06d>.<field>`` so that webdataset's ``base_plus_ext`` groups them by
 ``<episode_id>/<frame:06d>``. Fields are ``<camera>.jpg``, ``<array_key>.npy`` and ``json``.
 
 In the ``packed`` layout (h264/AV1/copied packets, index v2 only) one member ``<episode_id>/<first:06d>.epk`` holds
-a chunk of an episode's frames, one record each (`episodepipes.codec.chunk`; the columns in `episodepipes.indexv2`),
+a chunk of an episode's frames, one record each (`episodepipes.codec.chunk`; the columns in `episodepipes.index.v2`),
 so the 512-byte header and padding are paid per chunk, not per frame and field.
 """
 

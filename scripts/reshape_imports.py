@@ -118,6 +118,12 @@ def _all_of(face: str) -> set[str]:
     return set()
 
 
+def _is_module(mod: str) -> bool:
+    """Whether ``mod`` names a module or package file of this checkout."""
+    base = ROOT.joinpath(*mod.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
 def module_of(path: Path) -> str | None:
     """The dotted module name of a file under episodepipes/, or None."""
     rel = path.relative_to(ROOT)
@@ -189,7 +195,8 @@ def rewrite_from(m: re.Match, here: str | None, old_here: str | None, faces: dic
             new = moved(full)
             parent, leaf = new.rsplit(".", 1)
             groups.setdefault(parent, []).append((leaf, alias or (name if leaf != name else None)))
-        elif mod in FACES and (name not in faces[mod] or (here or "").startswith(mod + ".") or here == mod):
+        elif mod in FACES and not _is_module(full) and (
+                name not in faces[mod] or (here or "").startswith(mod + ".") or here == mod):
             groups.setdefault(FACES[mod], []).append((name, alias))
         else:
             groups.setdefault(moved(mod), []).append((name, alias))

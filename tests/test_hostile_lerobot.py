@@ -22,7 +22,7 @@ import pytest
 import episodepipes
 from benchmarks.lerobot_data import IMAGE_KEY, available_encoders, make_lerobot
 from episodepipes.sharding import cli
-from episodepipes.sharding.lerobot import LeRobotReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
 
 REPO = Path(episodepipes.__file__).resolve().parents[1]
 META = "meta/episodes/chunk-000/file-000.parquet"

@@ -15,9 +15,9 @@ from benchmarks.lerobot_data import available_encoders, make_lerobot
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
-from episodepipes.sharding.lerobot import LeRobotReader
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 HUGE = 10**400  # an int JSON reads exactly (and writes back as 1 and 400 zeros)
 

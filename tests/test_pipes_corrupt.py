@@ -15,9 +15,9 @@ import pytest
 from helpers import as_v1, make_shards
 
 from episodepipes.pipes import metric_pipe, video_pipe
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 METHODS = ["thread", "process"]
 # the reader says so when it checks a frame, the decode worker when it does (local shards)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from helpers import make_shards
 
-from episodepipes.pipes import _pool, video_pipe
+from episodepipes.pipes import video_pipe
+from episodepipes.pipes._decode import pool as _pool
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ def test_transform_on_h264_shards_in_both_pipes(tmp_path, method):
     from helpers import write_raw
 
     from episodepipes.sharding.cli import main
-    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
 
     src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=3, length=8, height=32, width=32))
     assert main(["write", str(src), str(tmp_path / "out"), "--workers", "1", "--codec", "h264", "--gop", "4"]) == 0

@@ -19,7 +19,7 @@ from episodepipes.pipes.train import train_pipe
 from episodepipes.remote import RemoteOptions
 from episodepipes.remote.store import RemoteStore
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.shardio import ShardIOError
 

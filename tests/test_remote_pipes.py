@@ -16,7 +16,7 @@ from episodepipes.pipes.plan import metric_items, read_runs
 from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 BUCKET = "pipes"
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)

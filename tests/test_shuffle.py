@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from episodepipes.pipes.order.shuffle import FrameTable, batches_per_epoch, epoch_permutation, rank_order, rank_slice
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, epoch_permutation, rank_order, rank_slice
 
 
 @given(n=st.integers(0, 300), world=st.integers(1, 8), seed=st.integers(0, 2**32), epoch=st.integers(0, 50))

@@ -24,7 +24,7 @@ import av
 import numpy as np
 
 from episodepipes.codec.stream import DECODERS, Packets
-from episodepipes.sharding.video import DEMUXERS
+from episodepipes.sharding.formats.video import DEMUXERS
 
 MAX_GOP = 30
 

@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes._mapped import MappedShards, frame_members
+from episodepipes.pipes._decode.mapped import MappedShards, frame_members
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats

@@ -18,14 +18,14 @@ from pathlib import Path
 
 from episodepipes.format import INDEX_NAME
 from episodepipes.index import EpisodeIndex
-from episodepipes.indexopen import MAX_INDEX_BYTES, read_regular
-from episodepipes.sharding.lock import write_lock
-from episodepipes.sharding.progress import JOBS_DIR, clear
+from episodepipes.index.load import MAX_INDEX_BYTES, read_regular
+from episodepipes.normstats.fields import StatsFields, has_stats
+from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.sharding.recompute import recompute
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.write.lock import write_lock
+from episodepipes.sharding.write.progress import JOBS_DIR, clear
+from episodepipes.sharding.write.writer import ShardWriter
 from episodepipes.shardio import ByteSource, is_url, open_source
-from episodepipes.statsfields import StatsFields, has_stats
-from episodepipes.statsfile import NAME as STATS_NAME
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """`merge` on a remote OUT: the jobs wrote ``OUT/_jobs/job-NNNN`` in the object store, and are merged from there.
 
 Jobs of a multi-machine run share no disk, so their outputs live under the remote OUT (each written
-through its own staging folder, `episodepipes.sharding.remote_out`). The merge reads every job's index
+through its own staging folder, `episodepipes.sharding.write.remote_out`). The merge reads every job's index
 and frames by byte range (each frame checked against its crc32 as it is copied), re-packs them through
 a `ShardWriter` in a local staging folder exactly as a local merge does (so the merged objects are
 byte-identical to a single-job write), uploads each merged shard as it finishes, the index last, and
@@ -16,11 +16,11 @@ import os
 import re
 
 from episodepipes.format import INDEX_NAME
-from episodepipes.sharding.lock import write_lock
 from episodepipes.sharding.merge import _Job, _job_indexes, copy_jobs, writer_options
-from episodepipes.sharding.progress import JOBS_DIR
-from episodepipes.sharding.remote_out import RemoteOut, clear_staging, written
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.write.lock import write_lock
+from episodepipes.sharding.write.progress import JOBS_DIR
+from episodepipes.sharding.write.remote_out import RemoteOut, clear_staging, written
+from episodepipes.sharding.write.writer import ShardWriter
 
 log = logging.getLogger(__name__)
 _JOB = re.compile(rf"{JOBS_DIR}/(job-[0-9]{{4}})/.+")

@@ -1,0 +1,17 @@
+"""The training pipe (the public path ``episodepipes.pipes.train``): `train_pipe` builds a `TrainReader` graph.
+
+`reader` holds the `TrainReader` node and `train_pipe`; `mix` and `mix_reader` the mixture of sources; `packed` the
+video-codec reads; `state` the resumable state every train pipe shares.
+"""
+
+from episodepipes.pipes.train.reader import (
+    READ_AHEAD,
+    SHUFFLES,
+    STEPS_AHEAD,
+    TrainReader,
+    block_options,
+    task_chunk,
+    train_pipe,
+)
+
+__all__ = ["READ_AHEAD", "SHUFFLES", "STEPS_AHEAD", "TrainReader", "block_options", "task_chunk", "train_pipe"]
