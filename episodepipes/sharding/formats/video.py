@@ -16,6 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from episodepipes.codec.stream import DEMUXERS  # noqa: F401 (re-export: codec owns the table)
 from episodepipes.sharding.episode import EpisodeError
 
 try:
@@ -24,7 +25,6 @@ try:
 except ImportError:  # the `lerobot` extra brings PyAV; OpenCV decodes the common containers too
     av = None
 
-DEMUXERS = {".mp4": "mov", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska", ".avi": "avi"}
 _MP4_BOXES = (b"ftyp", b"moov", b"mdat", b"wide", b"free", b"skip")
 
 
