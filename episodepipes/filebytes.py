@@ -1,5 +1,5 @@
 """A local file's bytes, hashed in chunks or memory-mapped: how the index, verify, upgrade and recompute read whole
-shards and columns without holding a copy of them.
+shards and columns without holding a copy of them; and the atomic writes of the index and its side files.
 """
 
 from __future__ import annotations
@@ -30,3 +30,28 @@ def mapped(path: Path) -> Iterator[memoryview]:
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
             yield view
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`atomic_write_files` of one file."""
+    atomic_write_files([(path, data)])
+
+
+def atomic_write_files(files: list[tuple[Path, bytes]]) -> None:
+    """Write each file to ``<name>.tmp``, fsync them all, then give each its name, in order: every file is durable
+    before any is renamed, so the last one (an index) never names files that a crash could lose. The data of
+    all of them is written before the first fsync, so the disk flushes them together."""
+    tmps = [path.with_name(path.name + ".tmp") for path, _ in files]
+    opened = []
+    try:
+        for tmp, (_, data) in zip(tmps, files):
+            opened.append(open(tmp, "wb"))
+            opened[-1].write(data)
+            opened[-1].flush()
+        for f in opened:
+            os.fsync(f.fileno())
+    finally:
+        for f in opened:
+            f.close()
+    for tmp, (path, _) in zip(tmps, files):
+        os.replace(tmp, path)

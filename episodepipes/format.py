@@ -186,3 +186,13 @@ def npy_load(data: bytes) -> np.ndarray:
     """The array an .npy member holds, in native byte order: torch takes no other, and the swap is exact."""
     array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
     return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"file name {name!r} is not a plain base name inside the dataset folder")
+    return name

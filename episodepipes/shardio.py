@@ -9,7 +9,6 @@ another file is opened. Sources own their handle cache and the "missing" / "trun
 from __future__ import annotations
 
 import os
-import re
 import stat
 import threading
 from collections.abc import Sequence
@@ -22,19 +21,10 @@ from episodepipes.errors import (  # noqa: F401 (re-export)
     ShardTooLargeError,
     ShardTruncatedError,
 )
+from episodepipes.format import check_name  # noqa: F401 (re-export)
 
 if TYPE_CHECKING:
     from .remote import RemoteOptions
-
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
-
-
-def check_name(name: str) -> str:
-    """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise ValueError(f"file name {name!r} is not a plain base name inside the dataset folder")
-    return name
-
 
 def open_regular(path: str | os.PathLike, fix: str, error: type[Exception]) -> tuple[int, os.stat_result]:
     """A read-only descriptor of ``path`` and its stat, if it is a regular file (through links); otherwise ``error``

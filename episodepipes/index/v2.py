@@ -42,7 +42,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import re
 from array import array
 from pathlib import Path
@@ -51,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from episodepipes.episode_attrs import BUILTIN, problem
+from episodepipes.filebytes import atomic_write_bytes, atomic_write_files  # noqa: F401 (re-export)
 from episodepipes.format import BLOCK, COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, MAX_BACK, PACKED_COLUMNS, npy_bytes
 from episodepipes.index.check import (
     _SHA256,
@@ -72,30 +72,6 @@ V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "fra
 _MAX_FRAMES = 2**40
 _NPY_HEADER = 1 << 16  # above any .npy header numpy writes for a column's dtype and shape (a version 1.0 header)
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write_files([(path, data)])
-
-
-def atomic_write_files(files: list[tuple[Path, bytes]]) -> None:
-    """Write each file to ``<name>.tmp``, fsync them all, then give each its name, in order: every file is durable
-    before any is renamed, so the last one (an index) never names files that a crash could lose. The data of
-    all of them is written before the first fsync, so the disk flushes them together."""
-    tmps = [path.with_name(path.name + ".tmp") for path, _ in files]
-    opened = []
-    try:
-        for tmp, (_, data) in zip(tmps, files):
-            opened.append(open(tmp, "wb"))
-            opened[-1].write(data)
-            opened[-1].flush()
-        for f in opened:
-            os.fsync(f.fileno())
-    finally:
-        for f in opened:
-            f.close()
-    for tmp, (path, _) in zip(tmps, files):
-        os.replace(tmp, path)
 
 
 def _code(table: dict, key: Any, value: Any, values: list) -> int:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from episodepipes.filebytes import sha256_file
 from episodepipes.format import COLUMNS, INDEX_NAME
 from episodepipes.index.check import IndexFormatError
 from episodepipes.normstats import sidefile as statsfile
@@ -27,8 +28,6 @@ Problem = tuple[type[Exception], str]
 
 def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: bool = False) -> list[Problem]:
     """(exception type, one line) for every problem, in the order a reader would meet them."""
-    from episodepipes.index.episode_index import sha256_file
-
     out: list[Problem] = []
     for name, c in sorted(ix.meta.get("columns", {}).items()) if ix.version == 2 else ():
         col = COLUMNS[name][0]

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from episodepipes.errors import IndexFormatError
+from episodepipes.filebytes import atomic_write_bytes
 from episodepipes.format import npy_bytes
 from episodepipes.normstats import _leb128 as leb128
 from episodepipes.normstats.exact import KEY_LIMIT, MAX_DIMS, SUB_BITS, ArrayStats, StatsTable
@@ -239,16 +241,12 @@ def write(path: Path, stats: Mapping[tuple[str, str], ArrayStats], missing: Mapp
 
 def write_raw(path: Path, raw: bytes) -> dict:
     """Write `encode`'s bytes ``raw`` as the side file at ``path`` atomically; returns the index field naming them."""
-    from episodepipes.index.v2 import atomic_write_bytes
-
     atomic_write_bytes(path, raw)
     return descriptor(raw)
 
 
 def problems(ix: EpisodeIndex) -> list[tuple[type[Exception], str]]:
     """`verify`'s check of the statistics: the side file read whole, its sha256 and every field checked."""
-    from episodepipes.index.check import IndexFormatError
-
     try:
         ix._load_stats()
     except IndexFormatError as e:
