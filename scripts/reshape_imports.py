@@ -83,6 +83,8 @@ MOVES: dict[str, str] = {
     "episodepipes.sharding.remote_out": "episodepipes.sharding.write.remote_out",
     "episodepipes.sharding._writeback": "episodepipes.sharding.write._writeback",
     "episodepipes.sharding.meter": "episodepipes.sharding.write.meter",
+    # sharding/: merge is one module (remote_merge folded in)
+    "episodepipes.sharding.remote_merge": "episodepipes.sharding.merge",
 }
 
 # old module that is now a package face -> the module its code moved to (the face re-exports its `__all__`)
