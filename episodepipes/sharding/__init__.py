@@ -22,7 +22,7 @@ from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.write.writer import ShardWriter
 
 # Module paths the README names that moved in the reshape (issue 24): the same module objects under the old names,
-# so `import episodepipes.sharding.formats.readers` and plugin code that registers formats there keep working.
+# so `import episodepipes.sharding.readers` and plugin code registering formats there keep working (reshape: keep).
 sys.modules.setdefault(f"{__name__}.readers", sys.modules["episodepipes.sharding.formats.readers"])
 sys.modules.setdefault(f"{__name__}.lock", _lock)
 
