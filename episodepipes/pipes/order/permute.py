@@ -9,8 +9,8 @@ so an epoch's order is a pure function of ``(seed, epoch)``, and nothing proport
 
 The elastic order: epoch ``e``'s global stream is ``perm_e(0), perm_e(1), ...``. Global step ``s`` at
 world size ``W`` and per-rank batch ``B`` consumes the block ``[s*G, (s+1)*G)`` with ``G = W*B``; rank
-``r`` takes ``s*G + i*W + r`` for ``i < B`` (ranks interleaved, as the strided slices of
-``shuffle.rank_order`` do). So the blocks, and with them the stream, depend on ``G`` only, and a run
+``r`` takes ``s*G + i*W + r`` for ``i < B`` (ranks interleaved: strided slices of each global
+block). So the blocks, and with them the stream, depend on ``G`` only, and a run
 that has consumed ``c`` samples of an epoch resumes exactly at any size whose ``G'`` divides ``c``.
 Drop-last: an epoch has ``n // G`` steps, the same on every rank.
 """
