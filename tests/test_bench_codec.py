@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks.bench_codec import psnr
 from benchmarks.codec_section import GOALS, ceiling, measure, write, yuv420_round_trip
 from episodepipes.codec import CodecOptions
 from episodepipes.sharding.formats.synthetic import SyntheticReader
+
+pytestmark = pytest.mark.slow  # the benchmark harness: `pytest -m 'not slow'` leaves it out; `make test` runs it
 
 
 def _episodes(n=3, length=12):
