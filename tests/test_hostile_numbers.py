@@ -9,7 +9,7 @@ import os
 import shutil
 
 import pytest
-from helpers import as_v1, make_shards, write_raw
+from helpers import as_v1, write_raw
 
 from benchmarks.lerobot_data import available_encoders, make_lerobot
 from episodepipes.index import EpisodeIndex, IndexFormatError
@@ -23,8 +23,8 @@ HUGE = 10**400  # an int JSON reads exactly (and writes back as 1 and 400 zeros)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("numbers") / "s", num_episodes=2, length=4, height=16, width=24)
+def shards(shard_folder):
+    return shard_folder("numbers", num_episodes=2, length=4, height=16, width=24)
 
 
 def _edit(path, change):

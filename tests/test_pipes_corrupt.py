@@ -12,7 +12,7 @@ import tarfile
 import cv2
 import numpy as np
 import pytest
-from helpers import as_v1, make_shards
+from helpers import as_v1
 
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.sharding.formats.synthetic import SyntheticReader
@@ -25,8 +25,8 @@ CRC = r"(crc32 mismatch|does not match its crc32)"
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("corrupt") / "s", num_episodes=3, length=8, height=48, width=64)
+def shards(shard_folder):
+    return shard_folder("corrupt", num_episodes=3, length=8, height=48, width=64)
 
 
 def _members(root):

@@ -6,14 +6,13 @@ import threading
 import numpy as np
 import pytest
 import torch
-from helpers import make_shards
 
 from episodepipes.pipes import metric_pipe, video_pipe
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("transform") / "s", num_episodes=6, length=9, height=32, width=40)
+def shards(shard_folder):
+    return shard_folder("transform", num_episodes=6, length=9, height=32, width=40)
 
 
 def plus_frame(sample):

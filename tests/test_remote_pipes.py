@@ -24,8 +24,8 @@ WINDOWS = dict(history={"state": 3, "front": 2}, horizon={"action": 4})
 
 
 @pytest.fixture(scope="module")
-def shards(moto, tmp_path_factory) -> Path:
-    out = make_shards(tmp_path_factory.mktemp("remote-pipes") / "s", shard_size=20_000, **SHAPE)
+def shards(moto, shard_folder) -> Path:
+    out = shard_folder("remote-pipes", shard_size=20_000, **SHAPE)
     moto.upload_dir(out, BUCKET, "v1")
     return out
 
