@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from episodepipes._moved import MOVED
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 NOT_MODULES = {"episodepipes.formats"}  # the entry-point group name, not a module
 PATHS = sorted(set(re.findall(r"(?<![\w.])episodepipes(?:\.[A-Za-z_]\w*)+", README.read_text())) - NOT_MODULES)
@@ -34,12 +36,7 @@ def test_every_module_path_the_readme_names_imports(path):
     assert resolve(path) is not None
 
 
-MOVED = [
-    ("episodepipes.sharding.readers", "episodepipes.sharding.formats.readers"),  # reshape: keep
-    ("episodepipes.sharding.lock", "episodepipes.sharding.write.lock"),  # reshape: keep
-]
-
-
-@pytest.mark.parametrize("old, new", MOVED)
+@pytest.mark.parametrize("old, new", sorted(MOVED.items()))
 def test_moved_paths_the_old_readme_named_are_the_same_modules(old, new):
     assert importlib.import_module(old) is importlib.import_module(new)
+    assert Path(importlib.import_module(old).__file__).is_relative_to(README.parent / "episodepipes")  # this checkout

@@ -8,8 +8,6 @@ and appends them with one `ShardWriter`, resumably and byte-reproducibly; `merge
 outputs. The CLI (`episodepipes.sharding.cli`, ``episodepipes-shard``) is a thin layer over these.
 """
 
-import sys
-
 from episodepipes.sharding.episode import EpisodeData, EpisodeError, EpisodeReader
 from episodepipes.sharding.formats.raw import RawReader
 from episodepipes.sharding.formats.readers import open_reader, register_format
@@ -17,14 +15,8 @@ from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.formats.zarr_reader import ZarrReader
 from episodepipes.sharding.merge import merge_jobs
 from episodepipes.sharding.write import WriteOptions, WriteResult, write_shards
-from episodepipes.sharding.write import lock as _lock
 from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.write.writer import ShardWriter
-
-# Module paths the README names that moved in the reshape (issue 24): the same module objects under the old names,
-# so `import episodepipes.sharding.readers` and plugin code registering formats there keep working (reshape: keep).
-sys.modules.setdefault(f"{__name__}.readers", sys.modules["episodepipes.sharding.formats.readers"])
-sys.modules.setdefault(f"{__name__}.lock", _lock)
 
 __all__ = [
     "EncodeOptions",
