@@ -15,7 +15,6 @@ import numpy as np
 from episodepipes.filebytes import sha256_file
 from episodepipes.format import COLUMNS, INDEX_NAME
 from episodepipes.index.check import IndexFormatError
-from episodepipes.normstats import sidefile as statsfile
 from episodepipes.tarmembers import frame_fields
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: 
         if sha != c["sha256"]:
             out.append((IndexFormatError, f"column {col}: sha256 mismatch with {INDEX_NAME}; the file "
                                           "changed: restore it or re-shard"))
-    out += statsfile.problems(ix)
+    out += stats_problems(ix)
     try:
         ix._check_segments(range(len(ix._seg)))  # every frame's offsets, before any is used to slice a shard
     except IndexFormatError as e:
@@ -109,4 +108,13 @@ def _check_packed(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg
             if len(row) != np.dtype(spec.dtype).itemsize * math.prod(spec.shape):
                 return [f"{where} frame {seg.first + k}: array {key!r} has {len(row)} bytes in its record, not one "
                         f"{spec.dtype} {tuple(spec.shape)} step; re-shard it"]
+    return []
+
+
+def stats_problems(ix: EpisodeIndex) -> list[tuple[type[Exception], str]]:
+    """`verify`'s check of the statistics: the side file read whole, its sha256 and every field checked."""
+    try:
+        ix._load_stats()
+    except IndexFormatError as e:
+        return [(IndexFormatError, str(e))]
     return []

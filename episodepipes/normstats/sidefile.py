@@ -23,18 +23,14 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from episodepipes.errors import IndexFormatError
 from episodepipes.filebytes import atomic_write_bytes
 from episodepipes.format import npy_bytes
 from episodepipes.normstats import _leb128 as leb128
 from episodepipes.normstats.exact import KEY_LIMIT, MAX_DIMS, SUB_BITS, ArrayStats, StatsTable
-
-if TYPE_CHECKING:
-    from episodepipes.index import EpisodeIndex
 
 NAME = "index.stats.bin"
 FIELD = "stats_file"  # index.json: {"bytes": size, "sha256": hex digest} of NAME
@@ -243,12 +239,3 @@ def write_raw(path: Path, raw: bytes) -> dict:
     """Write `encode`'s bytes ``raw`` as the side file at ``path`` atomically; returns the index field naming them."""
     atomic_write_bytes(path, raw)
     return descriptor(raw)
-
-
-def problems(ix: EpisodeIndex) -> list[tuple[type[Exception], str]]:
-    """`verify`'s check of the statistics: the side file read whole, its sha256 and every field checked."""
-    try:
-        ix._load_stats()
-    except IndexFormatError as e:
-        return [(IndexFormatError, str(e))]
-    return []
