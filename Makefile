@@ -22,6 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check episodepipes scripts tests benchmarks docs
+	$(BIN)/lint-imports  # the layers of DESIGN.md "Layout" (pyproject [tool.importlinter])
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

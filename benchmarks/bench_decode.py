@@ -22,9 +22,9 @@ import numpy as np
 
 from episodepipes.pipes import EpisodeIndex, ShardReader, video_pipe
 from episodepipes.pipes.plan import Item
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 BATCH = 16
 

@@ -42,8 +42,8 @@ SIZES = [10_000, 100_000, 1_000_000, 3_000_000, 10_000_000, 30_000_000]
 
 def synthetic_v2(root: Path, frames: int) -> Path:
     """A v2 index of ``frames // LENGTH`` episodes (every 10th val), its columns built with numpy."""
-    from episodepipes import indexv2
     from episodepipes.format import shard_name
+    from episodepipes.index import v2 as indexv2
 
     root.mkdir(parents=True, exist_ok=True)
     n = max(1, frames // LENGTH)
@@ -76,7 +76,7 @@ def synthetic_v2(root: Path, frames: int) -> Path:
 def as_v1(v2: Path, root: Path) -> Path:
     """The same index in format v1 (every offset in the JSON), as `ShardWriter(version=1)` writes it."""
     from episodepipes.index import EpisodeIndex
-    from episodepipes.sharding.writer import write_index
+    from episodepipes.sharding.write.writer import write_index
 
     root.mkdir(parents=True, exist_ok=True)
     d = EpisodeIndex.open(v2).data
@@ -148,9 +148,9 @@ def _measure(what: str, path: Path, *, cold: bool = False) -> dict:
 
 
 def _real_shards(workdir: Path) -> tuple[Path, Path]:
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
-    from episodepipes.sharding.synthetic import SyntheticReader
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
 
     reader = SyntheticReader(num_episodes=20, length=30, height=96, width=128)
     paths = []

@@ -30,7 +30,7 @@ from av.video.reformatter import VideoReformatter
 
 from benchmarks import lerobot_parity
 from benchmarks.lerobot_data import available_encoders, make_lerobot
-from episodepipes.sharding.lerobot import LeRobotReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 ROOT = Path(__file__).resolve().parent.parent

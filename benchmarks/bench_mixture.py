@@ -26,8 +26,8 @@ import numpy as np
 from benchmarks.bench_train import BATCH, make_data
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import Source, train_pipe
-from episodepipes.pipes.mixture import Mixture
-from episodepipes.pipes.permute import IndexShuffle
+from episodepipes.pipes.order.mixture import Mixture
+from episodepipes.pipes.order.permute import IndexShuffle
 
 BLOCK = 1 << 20
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.peers import venvs
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
 # name -> (script, venv or None for this interpreter)

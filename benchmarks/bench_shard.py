@@ -36,7 +36,7 @@ from pathlib import Path
 import cv2
 
 from episodepipes.sharding.episode import EpisodeData
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 _CACHE: dict[tuple, EpisodeData] = {}  # filled in the parent, inherited by forked workers

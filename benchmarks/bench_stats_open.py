@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from episodepipes import statsfile
 from episodepipes.index import EpisodeIndex
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
-from episodepipes.statsfields import StatsFields, episode_part
+from episodepipes.normstats import sidefile as statsfile
+from episodepipes.normstats.fields import StatsFields, episode_part
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 
 def write(out: Path, *, dims: int, arrays: int, episodes: int, length: int, inline: bool) -> tuple[StatsFields, tuple]:

@@ -33,11 +33,11 @@ import numpy as np
 
 from episodepipes.format import npy_load
 from episodepipes.index import EpisodeIndex
+from episodepipes.pipes.order.window import plan_windows
 from episodepipes.pipes.train import TrainReader, train_pipe
-from episodepipes.pipes.window import plan_windows
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 BATCH = 32
 

@@ -80,9 +80,9 @@ def write(out: Path, eps: list[np.ndarray], opts: object) -> tuple[int, int, lis
     shards store them as `--codec copy` does, in the same packed layout."""
     from episodepipes.codec.chunk import parse_record
     from episodepipes.index import EpisodeIndex
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
     from episodepipes.sharding.episode import EpisodeData
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
     from episodepipes.tarmembers import frame_fields
 
     shutil.rmtree(out, ignore_errors=True)
@@ -163,9 +163,9 @@ def train_shards(out: Path, eps: list[np.ndarray], units: list[list[bytes]], cod
     GOPs of a long-GOP format still held by the decoders from earlier samples of the pass, a hit rate no dataset
     larger than the decoders' cache gives. Video copies store the same packets (`--codec copy`), not re-encoded."""
     from episodepipes.codec.stream import Packets
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
     from episodepipes.sharding.episode import EpisodeData
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
 
     shutil.rmtree(out, ignore_errors=True)
     rng = np.random.default_rng(0)
@@ -255,7 +255,7 @@ def measure(workdir: Path, eps: list[np.ndarray], codecs: dict[str, CodecOptions
             source: str) -> dict:
     """JPEG q90 and each ``{name: CodecOptions}`` written from ``eps``, then ``rounds`` rounds of every format's
     passes in turn (see the module docstring)."""
-    from episodepipes.sharding.encode import EncodeOptions
+    from episodepipes.sharding.write.encode import EncodeOptions
 
     ids = [f"ep{k:03d}" for k in range(len(eps))]
     formats: dict[str, tuple[str | None, object]] = {JPEG: (None, EncodeOptions(jpeg_quality=90))}

@@ -28,9 +28,10 @@ import episodepipes.pipes.builders as builders_mod
 import episodepipes.pipes.train as train_mod
 from benchmarks import bench_decode as bd
 from benchmarks import bench_train as bt
-from episodepipes.pipes import BatchStacker, ShardReader, _pool
-from episodepipes.pipes._lifecycle import shutdown_node
-from episodepipes.pipes._sinks import decode_into
+from episodepipes.pipes import BatchStacker, ShardReader
+from episodepipes.pipes._decode import pool as _pool
+from episodepipes.pipes._decode.lifecycle import shutdown_node
+from episodepipes.pipes._decode.sinks import decode_into
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.plan import Item
 

@@ -20,7 +20,7 @@ from benchmarks.lerobot_data import make_lerobot
 from benchmarks.peers import venvs
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import video_pipe
-from episodepipes.sharding.lerobot import LeRobotReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 EPISODES, LENGTH, SIZE = 8, 45, 128

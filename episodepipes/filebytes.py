@@ -1,5 +1,5 @@
 """A local file's bytes, hashed in chunks or memory-mapped: how the index, verify, upgrade and recompute read whole
-shards and columns without holding a copy of them.
+shards and columns without holding a copy of them (writes go through `episodepipes.safefile`).
 """
 
 from __future__ import annotations
@@ -30,3 +30,4 @@ def mapped(path: Path) -> Iterator[memoryview]:
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
             yield view
+

@@ -2,14 +2,14 @@
 
 The tars are the same in both versions. Version 1 keeps every frame's byte offset in ``index.json``;
 version 2 keeps a small ``index.json`` (shards, schemas, per-episode attributes) and the per-frame and
-per-episode numbers in ``.npy`` columns beside it, memory-mapped at open (see `episodepipes.indexv2`).
+per-episode numbers in ``.npy`` columns beside it, memory-mapped at open (see `episodepipes.index.v2`).
 
 In the ``members`` layout (JPEG shards) one sample is one frame of one episode. Its tar members are named
 ``<episode_id>/<frame:06d>.<field>`` so that webdataset's ``base_plus_ext`` groups them by
 ``<episode_id>/<frame:06d>``. Fields are ``<camera>.jpg``, ``<array_key>.npy`` and ``json``.
 
 In the ``packed`` layout (h264/AV1/copied packets, index v2 only) one member ``<episode_id>/<first:06d>.epk`` holds
-a chunk of an episode's frames, one record each (`episodepipes.codec.chunk`; the columns in `episodepipes.indexv2`),
+a chunk of an episode's frames, one record each (`episodepipes.codec.chunk`; the columns in `episodepipes.index.v2`),
 so the 512-byte header and padding are paid per chunk, not per frame and field.
 """
 
@@ -197,3 +197,13 @@ def npy_load(data: bytes) -> np.ndarray:
     """The array an .npy member holds, in native byte order: torch takes no other, and the swap is exact."""
     array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
     return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"file name {name!r} is not a plain base name inside the dataset folder")
+    return name

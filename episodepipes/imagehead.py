@@ -1,7 +1,7 @@
 """The size a PNG or JPEG declares in its header, read before anything decodes it.
 
 A few hundred bytes of PNG or JPEG may declare 30000 x 30000 pixels, which OpenCV allocates (2.7 GB) before it
-finds the data missing. So the writer (`episodepipes.sharding.imagehead`) and the readers
+finds the data missing. So the writer (`episodepipes.sharding.formats.imagehead`) and the readers
 (`episodepipes.pipes.frames`) check this header first: it is PNG's IHDR, or a JPEG's first SOFn after the
 segments before it, found by their lengths alone (a few of them, microseconds per frame, nothing allocated).
 """

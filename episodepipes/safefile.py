@@ -20,18 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from episodepipes.errors import UnsafePathError  # noqa: F401 (re-export)
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-
-
-class UnsafePathError(ValueError):
-    """A name a command writes to is a symlink, FIFO, device or folder planted in its place; names the path."""
-
-    def __init__(self, path: str | os.PathLike, what: str) -> None:
-        super().__init__(f"{path} is {what}, not a regular file this command may write; remove it (nothing inside "
-                         "a dataset folder should be a link or a special file) and re-run")
-        self.path = Path(path)
 
 
 def _kind(mode: int) -> str:

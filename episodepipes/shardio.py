@@ -9,45 +9,22 @@ another file is opened. Sources own their handle cache and the "missing" / "trun
 from __future__ import annotations
 
 import os
-import re
 import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from episodepipes.errors import (  # noqa: F401 (re-export)
+    ShardIOError,
+    ShardMissingError,
+    ShardTooLargeError,
+    ShardTruncatedError,
+)
+from episodepipes.format import check_name  # noqa: F401 (re-export)
+
 if TYPE_CHECKING:
     from .remote import RemoteOptions
-
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
-
-
-class ShardIOError(OSError):
-    """A file of the dataset is missing, shorter than the index says, or could not be read; names the file."""
-
-
-class ShardMissingError(ShardIOError, FileNotFoundError):
-    """The file is not there (also a `FileNotFoundError`, as the readers raised before the byte source)."""
-
-
-class ShardTruncatedError(ShardIOError, ValueError):
-    """The file ends before a range the index points at (also a `ValueError`: the data disagrees with its index)."""
-
-
-class ShardTooLargeError(ShardIOError, ValueError):
-    """A file read whole holds more bytes than its reader allows (``size``: what it holds); refused before reading."""
-
-    def __init__(self, where: str, size: int, limit: int, fix: str) -> None:
-        super().__init__(f"{where} holds {size} bytes, more than the {limit} expected; {fix}")
-        self.size = size
-
-
-def check_name(name: str) -> str:
-    """``name`` if it is a plain file name inside the root (no separator, scheme, ``..`` or leading dot/dash)."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise ValueError(f"file name {name!r} is not a plain base name inside the dataset folder")
-    return name
-
 
 def open_regular(path: str | os.PathLike, fix: str, error: type[Exception]) -> tuple[int, os.stat_result]:
     """A read-only descriptor of ``path`` and its stat, if it is a regular file (through links); otherwise ``error``

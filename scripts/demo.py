@@ -27,7 +27,7 @@ from demo_data import write_raw_episodes  # noqa: E402
 from benchmarks.baselines import naive_pinned_pass  # noqa: E402
 from episodepipes.lightning_glue.launch import RanksFailed, check_ranks, run_ranks  # noqa: E402
 from episodepipes.pipes import EpisodeIndex  # noqa: E402
-from episodepipes.sharding.synthetic import SyntheticReader  # noqa: E402
+from episodepipes.sharding.formats.synthetic import SyntheticReader  # noqa: E402
 
 EPOCHS, EVERY = 4, 2
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 
 def write_raw_episodes(dst: Path, reader: SyntheticReader) -> Path:

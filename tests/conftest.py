@@ -59,3 +59,17 @@ def gcs_proxy(gcs, monkeypatch):  # noqa: ANN001
         monkeypatch.setenv(k, v)
     yield p
     p.close()
+
+
+@pytest.fixture(scope="session")
+def shard_folder(tmp_path_factory):
+    """The one shard-folder factory: ``shard_folder(name, **make_shards_options)`` writes synthetic episodes as a
+    fresh shard folder under a new temporary ``name`` folder and returns its path. A module's ``shards`` fixture
+    calls it with the shape it needs; every call writes a new folder, so a test that damages its copy harms no
+    other module."""
+    from helpers import make_shards
+
+    def make(name: str = "shards", **options):  # noqa: ANN202
+        return make_shards(tmp_path_factory.mktemp(name) / "s", **options)
+
+    return make

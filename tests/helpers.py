@@ -6,9 +6,9 @@ import contextlib
 import os
 from pathlib import Path
 
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 
 def make_shards(out: Path, *, shard_size: int = 1 << 20, quality: int = 90, **reader_kw: object) -> Path:
@@ -68,7 +68,7 @@ def as_v1(out: Path) -> Path:
     """Rewrite ``out``'s index as format version 1 (every offset in ``index.json``), as older episodepipes did."""
     from episodepipes.format import COLUMNS
     from episodepipes.index import EpisodeIndex
-    from episodepipes.sharding.writer import write_index
+    from episodepipes.sharding.write.writer import write_index
 
     d = EpisodeIndex.open(out).data
     rest = {k: v for k, v in d.items() if k not in ("format", "version", "options", "shards", "episodes")}

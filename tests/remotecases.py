@@ -11,7 +11,7 @@ from pathlib import Path
 
 from s3server import CREDENTIALS
 
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks.bench_codec import psnr
 from benchmarks.codec_section import GOALS, ceiling, measure, write, yuv420_round_trip
 from episodepipes.codec import CodecOptions
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+
+pytestmark = pytest.mark.slow  # the benchmark harness: `pytest -m 'not slow'` leaves it out; `make test` runs it
 
 
 def _episodes(n=3, length=12):
@@ -48,7 +51,7 @@ def test_codec_section_gives_ceilings_pipes_and_goals_side_by_side(tmp_path):
 def test_the_ceiling_decodes_every_frame_the_shards_hold_once(tmp_path):
     eps = _episodes(n=3, length=10)
     for codec, opts in ((None, {}), ("h264", {"codec": "h264", "gop": 4})):
-        from episodepipes.sharding.encode import EncodeOptions
+        from episodepipes.sharding.write.encode import EncodeOptions
 
         _, payload, units = write(tmp_path / str(codec), eps, EncodeOptions(**opts))
         assert [len(u) for u in units] == [10, 10, 10] and payload > sum(map(len, sum(units, [])))
@@ -66,7 +69,7 @@ def test_the_yuv420_round_trip_loses_rgb_more_than_luma_on_colour():
 def test_encoder_settings_the_writer_does_not_take_reach_the_shards_and_the_pipes(tmp_path):
     from episodepipes.codec import encode_frames
     from episodepipes.pipes import video_pipe
-    from episodepipes.sharding.encode import EncodeOptions
+    from episodepipes.sharding.write.encode import EncodeOptions
 
     eps = _episodes(n=2, length=8)
     fast = CodecOptions(codec="h264", gop=4, crf=18, fast_decode=True)

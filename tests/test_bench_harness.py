@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import make_shards
 
@@ -16,6 +17,8 @@ from benchmarks.bench_peers import _call, make_frames
 from benchmarks.peers import common
 from benchmarks.procs import held
 from episodepipes.pipes import EpisodeIndex
+
+pytestmark = pytest.mark.slow  # the benchmark harness: `pytest -m 'not slow'` leaves it out; `make test` runs it
 
 
 def test_flag_gated_baseline_decodes_nothing_closed_and_everything_open(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from episodepipes.pipes.block_order import BlockLayout, block_bounds
+from episodepipes.pipes.order.block_order import BlockLayout, block_bounds
 
 
 def _layout(shards, b, m):

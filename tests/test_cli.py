@@ -13,8 +13,8 @@ from helpers import as_v1, write_raw
 from episodepipes.index import EpisodeIndex
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.readers import FORMATS, Format
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.readers import FORMATS, Format
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = SyntheticReader(num_episodes=3, length=6, height=32, width=40)
@@ -106,7 +106,7 @@ sys.path.insert(0, {str(ROOT / 'tests')!r})
 from test_cli import SLOW_KW, SlowReader
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.readers import register_format
+from episodepipes.sharding.formats.readers import register_format
 
 reader = SlowReader(**SLOW_KW)
 object.__setattr__(reader, "delay", 0.08)
@@ -170,7 +170,7 @@ import sys
 sys.path.insert(0, {str(ROOT / 'tests')!r})
 from test_cli import GateReader
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.readers import register_format
+from episodepipes.sharding.formats.readers import register_format
 
 register_format("gate", lambda root: GateReader(num_episodes=3, length=4, height=16, width=16, gate=sys.argv[1]))
 sys.exit(main(sys.argv[2:]))

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
 from episodepipes.codec import PacketDecoder, copy_packets
 from episodepipes.codec.copy import copy_timed
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 LENGTHS = (5, 7, 6)  # at GOP 4 in one shared mp4, episodes 1 and 2 start mid-GOP (frames 5 and 12)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from episodepipes.codec import CodecOptions, PacketDecoder, encode_frames
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 CODECS = ("h264", "av1")
 

@@ -11,9 +11,9 @@ import numpy as np
 from episodepipes.codec.pack import unpack
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.videoframes import Gop, VideoFrames, packed_members, parse_packed, video_cameras
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 GOP = 8
 

@@ -13,10 +13,10 @@ from episodepipes.codec.chunk import spans
 from episodepipes.format import safe_field
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, video_pipe
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.episode import EpisodeData
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 LENGTHS = (5, 7, 6)  # at GOP 4 in one shared mp4, episodes 1 and 2 start mid-GOP (frames 5 and 12)
 

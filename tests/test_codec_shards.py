@@ -13,7 +13,7 @@ from helpers import write_raw
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 READER = SyntheticReader(num_episodes=6, length=9, height=48, width=64)
 

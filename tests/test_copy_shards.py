@@ -14,7 +14,7 @@ from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, make_lerobot
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 LENGTHS = (9, 7, 11)  # at GOP 4 in one shared mp4, episodes 1 and 2 start mid-GOP (frames 9 and 16)
 

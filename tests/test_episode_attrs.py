@@ -8,17 +8,17 @@ import torch
 import zarr
 from helpers import as_v1, write_raw, write_zarr
 
-from episodepipes._indexcheck import IndexFormatError
 from episodepipes.index import EpisodeIndex
+from episodepipes.index.check import IndexFormatError
 from episodepipes.pipes import metric_pipe, train_pipe, video_pipe
 from episodepipes.pipes.select import attributes
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.formats.zarr_reader import ZarrReader
 from episodepipes.sharding.upgrade import upgrade
-from episodepipes.sharding.writer import ShardWriter
-from episodepipes.sharding.zarr_reader import ZarrReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 READER = SyntheticReader(num_episodes=6, length=5, height=24, width=32)  # val: ep0002, ep0005
 
@@ -97,7 +97,7 @@ def test_zarr_attrs_become_attributes_and_builtin_named_ones_are_left_out(tmp_pa
 
 def test_lerobot_robot_type_becomes_an_attribute(tmp_path):
     from benchmarks.lerobot_data import available_encoders, make_lerobot
-    from episodepipes.sharding.lerobot import LeRobotReader
+    from episodepipes.sharding.formats.lerobot import LeRobotReader
 
     make_lerobot(tmp_path / "lr", num_episodes=2, length=6, encoder=available_encoders()[0])
     reader = LeRobotReader(tmp_path / "lr")

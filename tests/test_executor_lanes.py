@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from episodepipes.pipes._executor import InOrder
+from episodepipes.pipes._decode.executor import InOrder
 from episodepipes.pipes.stats import Stats
 
 

@@ -91,7 +91,7 @@ def test_npy_bytes_equals_numpy_save(arr):
 def test_encoded_npy_members_equal_npy_bytes_of_each_step(arr, transpose):
     # the encoder shares one header and slices one buffer per array: it must give npy_bytes(a[i, ...]) exactly,
     # whose dtype is the array's, byte order and width included (a 1-D array's numpy scalars would lose them)
-    from episodepipes.sharding.encode import _npy_rows
+    from episodepipes.sharding.write.encode import _npy_rows
 
     if transpose and arr.ndim > 1:
         arr = arr.swapaxes(0, -1)
@@ -121,7 +121,7 @@ class _BigEndianReader:
     """Synthetic episodes whose arrays are big-endian: '>f8' state, '>i4' counter (module level: picklable)."""
 
     def __init__(self) -> None:
-        from episodepipes.sharding.synthetic import SyntheticReader
+        from episodepipes.sharding.formats.synthetic import SyntheticReader
 
         self.inner = SyntheticReader(num_episodes=2, length=6, height=16, width=16)
 
@@ -140,8 +140,8 @@ class _BigEndianReader:
 def test_big_endian_arrays_round_trip_exactly_through_the_writer_and_the_pipes(tmp_path):
     # the index used to record dtype.name ("float64"), so '>f8' members were read as '<f8' garbage
     from episodepipes.pipes import metric_pipe, train_pipe
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
 
     reader = _BigEndianReader()
     with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:
@@ -174,9 +174,9 @@ def test_big_endian_arrays_round_trip_exactly_through_the_writer_and_the_pipes(t
     np.zeros(3, dtype="V4"),
 ])
 def test_arrays_that_npy_cannot_hold_exactly_are_refused_naming_episode_and_key(array):
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
     from episodepipes.sharding.episode import EpisodeError
-    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
 
     reader = SyntheticReader(num_episodes=1, length=3, height=16, width=16)
     ep = reader.read("ep0000")

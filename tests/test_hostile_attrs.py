@@ -10,11 +10,11 @@ import shutil
 import pytest
 from helpers import write_raw
 
-from episodepipes._indexcheck import IndexFormatError
 from episodepipes.index import EpisodeIndex
+from episodepipes.index.check import IndexFormatError
 from episodepipes.pipes.select import attributes, select
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 READER = SyntheticReader(num_episodes=3, length=4, height=16, width=24)
 NFD = "cafe\u0301"  # "café" decomposed: looks like the NFC "caf\u00e9", compares unequal

@@ -12,7 +12,7 @@ import sys
 import pytest
 from helpers import write_raw
 
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 HOSTILE = "go\x1b]0;pwned\x07 \x9b31m red\rX\x7f"
 SPLIT = "val\x1b[2J\x9b"

@@ -28,9 +28,9 @@ from episodepipes.format import COLUMNS
 from episodepipes.imagehead import header_size
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import decode_jpeg
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.episode import EpisodeData
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 H, W, N, GOP = 32, 48, 12, 4
 BOMB_FRAMES = (4, 5, 6, 7)  # the second GOP (its keyframe's SPS, or the JPEG frames themselves)

@@ -23,10 +23,10 @@ from helpers import write_raw
 from benchmarks.lerobot_data import IMAGE_KEY, available_encoders, make_lerobot
 from episodepipes.imagehead import header_size
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.imagehead import MAX_IMAGE_BYTES
-from episodepipes.sharding.lerobot import LeRobotReader
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.imagehead import MAX_IMAGE_BYTES
+from episodepipes.sharding.formats.lerobot import LeRobotReader
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 REPO = Path(__file__).resolve().parent.parent
 SYN = SyntheticReader(num_episodes=2, length=8, height=32, width=40)

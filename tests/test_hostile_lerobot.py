@@ -22,7 +22,7 @@ import pytest
 import episodepipes
 from benchmarks.lerobot_data import IMAGE_KEY, available_encoders, make_lerobot
 from episodepipes.sharding import cli
-from episodepipes.sharding.lerobot import LeRobotReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
 
 REPO = Path(episodepipes.__file__).resolve().parents[1]
 META = "meta/episodes/chunk-000/file-000.parquet"
@@ -497,7 +497,7 @@ def test_reader_refuses_a_bad_tolerance(src):
 def test_an_mp4_with_more_or_fewer_frames_than_its_parquet_rows(tmp_path, version, copy):
     """Held (issue 23): an mp4 longer than its episode gives the rows' frames, found by timestamp as LeRobot finds
     them (the extra frames are never read); a shorter one is one line naming the episode, camera, file and row."""
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
 
     enc = available_encoders(("h264",))[0]
     short, long = tmp_path / "short", tmp_path / "long"

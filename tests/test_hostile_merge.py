@@ -8,11 +8,11 @@ import shutil
 
 import pytest
 
-from episodepipes import statsfile
 from episodepipes.index import EpisodeIndex
+from episodepipes.normstats import sidefile as statsfile
 from episodepipes.sharding import cli
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.merge import merge_jobs
-from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 SYN = SyntheticReader(num_episodes=7, length=9, height=16, width=24, lengths=(9, 5, 12, 7, 9, 3, 10))

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.lerobot_data import VIDEO_KEYS, available_encoders, make_lerobot
 from episodepipes.sharding import cli
-from episodepipes.sharding.lerobot import LeRobotReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
 
 META = "meta/episodes/chunk-000/file-000.parquet"
 
@@ -83,8 +83,8 @@ def test_a_zarr_chunk_that_is_no_regular_file_is_refused_before_zarr_opens_it(tm
     from helpers import write_zarr
 
     from episodepipes.sharding.episode import EpisodeError
-    from episodepipes.sharding.synthetic import SyntheticReader
-    from episodepipes.sharding.zarr_reader import ZarrReader
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
+    from episodepipes.sharding.formats.zarr_reader import ZarrReader
 
     src = write_zarr(tmp_path / "src", SyntheticReader(num_episodes=1, length=4, height=16, width=24))
     chunk = src / "ep0000.zarr/action/c/0/0"
@@ -110,8 +110,8 @@ def test_a_raw_video_that_is_no_regular_file_is_refused_not_dropped(tmp_path, ca
     from helpers import write_raw
 
     from episodepipes.sharding.episode import EpisodeError
-    from episodepipes.sharding.raw import RawReader
-    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.formats.raw import RawReader
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
 
     src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=1, length=4, height=16, width=24))
     video = src / "ep0000" / "side.mp4"

@@ -9,22 +9,22 @@ import os
 import shutil
 
 import pytest
-from helpers import as_v1, make_shards, write_raw
+from helpers import as_v1, write_raw
 
 from benchmarks.lerobot_data import available_encoders, make_lerobot
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
-from episodepipes.sharding.lerobot import LeRobotReader
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 HUGE = 10**400  # an int JSON reads exactly (and writes back as 1 and 400 zeros)
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("numbers") / "s", num_episodes=2, length=4, height=16, width=24)
+def shards(shard_folder):
+    return shard_folder("numbers", num_episodes=2, length=4, height=16, width=24)
 
 
 def _edit(path, change):

@@ -13,9 +13,9 @@ from episodepipes.codec.chunk import parse_record
 from episodepipes.format import COLUMNS
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.pipes import metric_pipe, video_pipe
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from episodepipes.codec.chunk import parse_record
 from episodepipes.format import COLUMNS
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import video_pipe
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.recompute import add_stats
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from helpers import write_raw, write_zarr
 import episodepipes
 from episodepipes.pipes.builders import RESERVED
 from episodepipes.sharding.episode import RESERVED_FIELDS, EpisodeData, EpisodeError
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.formats.zarr_reader import ZarrReader
 from episodepipes.sharding.write import WriteOptions, write_shards
-from episodepipes.sharding.zarr_reader import ZarrReader
 
 SYN = SyntheticReader(num_episodes=2, length=8, height=32, width=40)
 REPO = Path(__file__).resolve().parent.parent
@@ -432,7 +432,7 @@ def test_cli_reports_reader_errors_in_one_line_with_exit_2(tmp_path, case):
 
 
 def test_opencv_fallback_names_truncated_videos_and_playlists_too(tmp_path, monkeypatch):
-    from episodepipes.sharding import video
+    from episodepipes.sharding.formats import video
 
     monkeypatch.setattr(video, "av", None)  # as without the optional PyAV: OpenCV decodes
     src = tmp_path / "src"

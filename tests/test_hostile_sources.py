@@ -16,10 +16,10 @@ from helpers import as_v1, make_shards, write_raw, write_zarr
 from benchmarks.lerobot_data import available_encoders, make_lerobot
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
-from episodepipes.sharding.lerobot import LeRobotReader
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.zarr_reader import ZarrReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.formats.zarr_reader import ZarrReader
 
 RATES = [1e308, 1001, 1e-300, 0.0005]  # finite and positive, but no mp4 time scale holds them
 
@@ -117,7 +117,7 @@ _ZARR_CHILD = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))
 from pathlib import Path
-from episodepipes.sharding.zarr_reader import ZarrReader
+from episodepipes.sharding.formats.zarr_reader import ZarrReader
 try:
     ZarrReader(Path(sys.argv[1])).read("ep0000")
     out = "read"

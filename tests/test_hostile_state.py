@@ -12,7 +12,7 @@ from helpers import make_shards, write_raw
 from episodepipes.pipes import EpisodeIndex, Source, metric_pipe
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)  # 39 frames: 13 batches of 3
 KW = dict(batch_size=3, seed=4, rank=0, world_size=1, num_workers=1)
@@ -77,7 +77,7 @@ def test_a_run_saved_at_2_epochs_is_extended_to_5(index, caplog):
     """save at epochs=2 (in epoch 1), load into epochs=5: the pass runs on to the end of epoch 4 (logged)."""
     state = _saved(train_pipe(index, **KW, epochs=2), PER + 5)
     pipe = _loaded(index, state, epochs=5)
-    with caplog.at_level("INFO", logger="episodepipes.pipes.train_state"):
+    with caplog.at_level("INFO", logger="episodepipes.pipes.train.state"):
         got = _keys(pipe)
     assert caplog.text.count("resuming a pass of epochs 0 to 1 saved with epochs=2: with epochs=5 it ends before "
                              "epoch 5") == 1

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from helpers import put_dev_zero, put_fifo, put_folder
 
-from episodepipes import statsfile
 from episodepipes.format import npy_bytes
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.normstats import ArrayStats
+from episodepipes.normstats import sidefile as statsfile
 from episodepipes.sharding import cli
-from episodepipes.sharding.progress import PROGRESS_NAME, STATS_LOG
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
+from episodepipes.sharding.write.progress import PROGRESS_NAME, STATS_LOG
 
 KW = {"num_episodes": 7, "length": 9, "height": 16, "width": 24, "lengths": (9, 5, 12, 7, 9, 3, 10)}
 SYN = SyntheticReader(**KW)

@@ -12,7 +12,7 @@ import pytest
 from helpers import make_shards
 
 from episodepipes.index import EpisodeIndex, IndexFormatError
-from episodepipes.sharding.progress import start
+from episodepipes.sharding.write.progress import start
 
 FULLWIDTH = "shard-" + "".join(chr(0xFF10 + int(c)) for c in "000000") + ".tar"  # looks like shard-000000.tar
 
@@ -45,8 +45,8 @@ def test_a_raw_frame_named_in_other_digits_is_ordered_by_name(tmp_path):
     import numpy as np
     from helpers import write_raw
 
-    from episodepipes.sharding.raw import RawReader
-    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.formats.raw import RawReader
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
 
     src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=1, length=3, height=16, width=24))
     eid = RawReader(src).episode_ids()[0]

@@ -14,7 +14,7 @@ from helpers import as_v1, make_shards, put_fifo, put_folder
 
 from episodepipes.safefile import UnsafePathError
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 SECRET = b"outside the dataset: must never be written\n"
@@ -82,7 +82,7 @@ def test_a_fifo_as_the_statistics_log_is_refused_instead_of_hanging(tmp_path):
     out.mkdir()
     put_fifo(out / "_progress.stats.log")
     script = ("import sys\n"
-              "from episodepipes.sharding.synthetic import SyntheticReader\n"
+              "from episodepipes.sharding.formats.synthetic import SyntheticReader\n"
               "from episodepipes.sharding.write import WriteOptions, write_shards\n"
               "write_shards(SyntheticReader(num_episodes=4, length=6, height=16, width=16), sys.argv[1],\n"
               "             WriteOptions(format='synthetic', shard_size=4096))\n")

@@ -110,9 +110,9 @@ def test_an_index_without_source_sizes_gives_the_stored_size(index, tmp_path):
 
 
 def test_resize_keeps_each_cameras_source_size(tmp_path):
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
-    from episodepipes.sharding.synthetic import SyntheticReader
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
 
     reader = SyntheticReader(num_episodes=1, length=3, height=40, width=64)
     with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:

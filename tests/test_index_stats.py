@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from episodepipes import statsfile
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.normstats import QUANTILES, REL_ERROR
+from episodepipes.normstats import sidefile as statsfile
+from episodepipes.normstats.fields import StatsFields
+from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.pipes.normalize import Normalize
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding import cli
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.merge import merge_jobs
-from episodepipes.sharding.progress import PROGRESS_NAME, STATS_LOG
-from episodepipes.sharding.progress_stats import read_log
-from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
-from episodepipes.statsfields import StatsFields
-from episodepipes.statsfile import NAME as STATS_NAME
+from episodepipes.sharding.write.progress import PROGRESS_NAME, STATS_LOG
+from episodepipes.sharding.write.progress_stats import read_log
 
 SYN = SyntheticReader(num_episodes=7, length=9, height=32, width=40, lengths=(9, 5, 12, 7, 9, 3, 10))
 OPTS = WriteOptions(format="synthetic", shard_size=20_000)

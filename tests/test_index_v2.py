@@ -11,10 +11,10 @@ from helpers import as_v1
 from episodepipes.format import COLUMNS, PACKED_COLUMNS
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.upgrade import upgrade
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 
 def _write(out, version, *, robot=True):

@@ -7,13 +7,13 @@ import pytest
 
 from episodepipes.format import COLUMNS, INDEX_NAME
 from episodepipes.index import EpisodeIndex
+from episodepipes.normstats.fields import StatsFields, episode_part
+from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.safefile import UnsafePathError
 from episodepipes.safefile import write_files as atomic_write_files
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
-from episodepipes.sharding.writer import write_index
-from episodepipes.statsfields import StatsFields, episode_part
-from episodepipes.statsfile import NAME as STATS_NAME
+from episodepipes.sharding.write.writer import write_index
 
 SYN = SyntheticReader(num_episodes=3, length=6, height=16, width=16)
 

@@ -13,10 +13,10 @@ from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, available_encoders, m
 from episodepipes.format import npy_load
 from episodepipes.pipes import EpisodeIndex
 from episodepipes.sharding import cli
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
-from episodepipes.sharding.lerobot import LeRobotReader, _closest, _match
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.lerobot import LeRobotReader, _closest, _match
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 ENCODERS = available_encoders()
 LENGTHS = (15, 12, 17)

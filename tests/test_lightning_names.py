@@ -10,9 +10,9 @@ from helpers import make_shards
 from episodepipes.lightning_glue import OverlayVideoWriter, ValLoaders
 from episodepipes.lightning_glue.names import MAX_STEM, video_stem
 from episodepipes.pipes import video_pipe
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 LONG = "robot-kitchen-" + "x" * 286  # 300 characters: a legal episode id, too long for a file name with a suffix
 

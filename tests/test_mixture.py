@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from episodepipes.pipes.mixture import Mixture
-from episodepipes.pipes.permute import IndexShuffle, rank_positions, steps_per_epoch
+from episodepipes.pipes.order.mixture import Mixture
+from episodepipes.pipes.order.permute import IndexShuffle, rank_positions, steps_per_epoch
 
 weights = st.lists(st.integers(1, 30), min_size=1, max_size=7)
 

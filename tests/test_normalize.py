@@ -9,7 +9,7 @@ from episodepipes.normstats import StatsTable
 from episodepipes.pipes import EpisodeIndex
 from episodepipes.pipes.normalize import Normalize, PerSource
 from episodepipes.pipes.train import train_pipe
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 RNG = np.random.default_rng(0)
 DATA = (RNG.normal(0, 1, (4000, 3)) * [1.0, 20.0, 0.01] + [0.0, 5.0, -3.0]).astype(np.float32)

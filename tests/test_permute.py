@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from episodepipes.pipes.permute import (
+from episodepipes.pipes.order.permute import (
     IndexShuffle,
     elastic_state,
     global_position,

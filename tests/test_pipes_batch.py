@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import torch
-from helpers import make_shards
 
 from episodepipes.pipes import collate, video_pipe
 from episodepipes.pipes.batch import BufferPool
@@ -58,8 +57,8 @@ def test_anything_made_from_a_lent_buffer_keeps_it_from_being_lent_again(keep):
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("batch") / "s", num_episodes=2, length=30, height=24, width=32)
+def shards(shard_folder):
+    return shard_folder("batch", num_episodes=2, length=30, height=24, width=32)
 
 
 def test_buffers_are_reused_when_the_consumer_lets_batches_go(shards):

@@ -12,12 +12,12 @@ import tarfile
 import cv2
 import numpy as np
 import pytest
-from helpers import as_v1, make_shards
+from helpers import as_v1
 
 from episodepipes.pipes import metric_pipe, video_pipe
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 METHODS = ["thread", "process"]
 # the reader says so when it checks a frame, the decode worker when it does (local shards)
@@ -25,8 +25,8 @@ CRC = r"(crc32 mismatch|does not match its crc32)"
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("corrupt") / "s", num_episodes=3, length=8, height=48, width=64)
+def shards(shard_folder):
+    return shard_folder("corrupt", num_episodes=3, length=8, height=48, width=64)
 
 
 def _members(root):

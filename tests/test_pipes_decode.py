@@ -9,16 +9,15 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from helpers import as_v1, make_shards
+from helpers import as_v1
 
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.pipes.frames import reduced_flag
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("dec") / "s", num_episodes=3, length=10, height=48, width=64,
-                       shard_size=1 << 22)
+def shards(shard_folder):
+    return shard_folder("dec", num_episodes=3, length=10, height=48, width=64, shard_size=1 << 22)
 
 
 def _jpegs(shards):

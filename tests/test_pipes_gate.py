@@ -2,15 +2,13 @@ import multiprocessing
 import threading
 
 import pytest
-from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex, Gate, video_pipe
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("gate") / "s", num_episodes=4, length=12, height=48, width=64,
-                       shard_size=40_000)
+def shards(shard_folder):
+    return shard_folder("gate", num_episodes=4, length=12, height=48, width=64, shard_size=40_000)
 
 
 def _workers():

@@ -8,14 +8,14 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import make_shards
 
-from episodepipes.pipes import _pool, video_pipe
+from episodepipes.pipes import video_pipe
+from episodepipes.pipes._decode import pool as _pool
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("life") / "s", num_episodes=2, length=12, height=32, width=48)
+def shards(shard_folder):
+    return shard_folder("life", num_episodes=2, length=12, height=32, width=48)
 
 
 def _workers() -> set:

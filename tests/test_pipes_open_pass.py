@@ -5,15 +5,14 @@ import tarfile
 import cv2
 import numpy as np
 import pytest
-from helpers import make_shards
 
-from episodepipes.pipes import _pool, video_pipe
+from episodepipes.pipes import video_pipe
+from episodepipes.pipes._decode import pool as _pool
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("open") / "s", num_episodes=3, length=10, height=48, width=64,
-                       shard_size=1 << 22)
+def shards(shard_folder):
+    return shard_folder("open", num_episodes=3, length=10, height=48, width=64, shard_size=1 << 22)
 
 
 def _jpegs(shards):

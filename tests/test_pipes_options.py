@@ -3,7 +3,6 @@
 import dataclasses
 
 import pytest
-from helpers import make_shards
 
 from episodepipes.pipes import Decoder, EpisodeIndex, ShardReader, metric_pipe, train_pipe, video_pipe
 from episodepipes.pipes.options import DecodeOptions, ReadOptions
@@ -11,8 +10,8 @@ from episodepipes.pipes.plan import Item
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("opt") / "s", num_episodes=2, length=6, height=16, width=24)
+def shards(shard_folder):
+    return shard_folder("opt", num_episodes=2, length=6, height=16, width=24)
 
 
 @pytest.mark.parametrize("kw, match", [

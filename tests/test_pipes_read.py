@@ -2,15 +2,13 @@ import shutil
 import threading
 
 import pytest
-from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex, metric_pipe, video_pipe
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("read") / "s", num_episodes=6, length=20, height=64, width=96,
-                       shard_size=400_000)
+def shards(shard_folder):
+    return shard_folder("read", num_episodes=6, length=20, height=64, width=96, shard_size=400_000)
 
 
 def _rchar():

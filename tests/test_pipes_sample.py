@@ -3,18 +3,18 @@
 import pytest
 
 from episodepipes.pipes import EpisodeIndex
+from episodepipes.pipes.order.window import plan_windows
 from episodepipes.pipes.sample import RawSample, StepWindow
 from episodepipes.pipes.train import TrainReader
-from episodepipes.pipes.window import plan_windows
 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
     import dataclasses
 
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
-    from episodepipes.sharding.synthetic import SyntheticReader
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
 
     out = tmp_path_factory.mktemp("sample") / "s"
     reader = SyntheticReader(num_episodes=2, length=5, height=16, width=24)

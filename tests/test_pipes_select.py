@@ -5,9 +5,9 @@ import pytest
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.builders import metric_pipe, video_pipe
 from episodepipes.pipes.train import train_pipe
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 LENGTHS = (9, 5, 12, 7, 9, 3, 10)  # ep0002 and ep0005 are val
 

@@ -6,14 +6,13 @@ import threading
 import numpy as np
 import pytest
 import torch
-from helpers import make_shards
 
 from episodepipes.pipes import metric_pipe, video_pipe
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return make_shards(tmp_path_factory.mktemp("transform") / "s", num_episodes=6, length=9, height=32, width=40)
+def shards(shard_folder):
+    return shard_folder("transform", num_episodes=6, length=9, height=32, width=40)
 
 
 def plus_frame(sample):
@@ -98,7 +97,7 @@ def test_transform_on_h264_shards_in_both_pipes(tmp_path, method):
     from helpers import write_raw
 
     from episodepipes.sharding.cli import main
-    from episodepipes.sharding.synthetic import SyntheticReader
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
 
     src = write_raw(tmp_path / "src", SyntheticReader(num_episodes=3, length=8, height=32, width=32))
     assert main(["write", str(src), str(tmp_path / "out"), "--workers", "1", "--codec", "h264", "--gop", "4"]) == 0

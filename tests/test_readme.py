@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from episodepipes.pipes import EpisodeIndex, metric_pipe, train_pipe, video_pipe
-from episodepipes.sharding import SyntheticReader, readers
+from episodepipes.sharding import SyntheticReader
+from episodepipes.sharding.formats import readers
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -154,7 +155,7 @@ def _digits_as_n(text: str) -> str:
 
 def test_readme_summary_and_progress_line_have_the_cli_s_shape(tmp_path, capsys):
     from episodepipes.sharding import cli
-    from episodepipes.sharding.meter import Meter
+    from episodepipes.sharding.write.meter import Meter
 
     src = tmp_path / "src"
     for i in range(4):  # the README's run: 4 raw episodes of 5 frames, one with "split" in meta.json

@@ -14,7 +14,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import video_pipe
 from episodepipes.remote import RemoteOptions, RemoteSource
 from episodepipes.sharding.episode import EpisodeData
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 BUCKET = "identity"

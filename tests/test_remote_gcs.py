@@ -10,7 +10,6 @@ from urllib.parse import unquote
 
 import pytest
 from gcsserver import CLIENT_EMAIL, PRIVATE_KEY_ID
-from helpers import make_shards
 from remotecases import plain
 
 from episodepipes.index import EpisodeIndex
@@ -19,7 +18,7 @@ from episodepipes.pipes.train import train_pipe
 from episodepipes.remote import RemoteOptions
 from episodepipes.remote.store import RemoteStore
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.shardio import ShardIOError
 
@@ -30,8 +29,8 @@ URL = f"gs://{BUCKET}/v1"
 
 
 @pytest.fixture(scope="module")
-def shards(gcs, tmp_path_factory) -> Path:
-    out = make_shards(tmp_path_factory.mktemp("gcs-pipes") / "s", shard_size=20_000, **SHAPE)
+def shards(gcs, shard_folder) -> Path:
+    out = shard_folder("gcs-pipes", shard_size=20_000, **SHAPE)
     gcs.upload_dir(out, BUCKET, "v1")
     return out
 

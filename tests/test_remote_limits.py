@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from episodepipes import indexopen, statsfile
 from episodepipes.index import EpisodeIndex, IndexFormatError
+from episodepipes.index import load as indexopen
+from episodepipes.normstats import sidefile as statsfile
 from episodepipes.remote import RemoteSource
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.shardio import ShardTooLargeError
 

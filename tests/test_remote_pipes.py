@@ -16,7 +16,7 @@ from episodepipes.pipes.plan import metric_items, read_runs
 from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 BUCKET = "pipes"
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)
@@ -24,8 +24,8 @@ WINDOWS = dict(history={"state": 3, "front": 2}, horizon={"action": 4})
 
 
 @pytest.fixture(scope="module")
-def shards(moto, tmp_path_factory) -> Path:
-    out = make_shards(tmp_path_factory.mktemp("remote-pipes") / "s", shard_size=20_000, **SHAPE)
+def shards(moto, shard_folder) -> Path:
+    out = shard_folder("remote-pipes", shard_size=20_000, **SHAPE)
     moto.upload_dir(out, BUCKET, "v1")
     return out
 

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import make_shards
 from httpserver import RangeServer
 from remotecases import Root, gcs_root, http_root, plain, s3_root
 
@@ -25,8 +24,8 @@ WINDOWS = dict(history={"state": 3, "front": 2}, horizon={"action": 4})
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("roots") / "s", shard_size=20_000, **SHAPE)
+def shards(shard_folder) -> Path:
+    return shard_folder("roots", shard_size=20_000, **SHAPE)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.shardio import ShardIOError
 

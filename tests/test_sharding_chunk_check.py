@@ -9,9 +9,9 @@ import struct
 import pytest
 
 from episodepipes.codec.chunk import spans
-from episodepipes.sharding.encode import EncodeOptions, encode_episode
-from episodepipes.sharding.synthetic import SyntheticReader
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+from episodepipes.sharding.write.writer import ShardWriter
 
 SYN = SyntheticReader(num_episodes=1, height=32, width=48, lengths=(150,), cameras=("front", "wrist"))
 

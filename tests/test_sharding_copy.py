@@ -15,9 +15,9 @@ from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
 from episodepipes.codec import PacketDecoder, Packets
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeData, EpisodeError
-from episodepipes.sharding.lerobot import LeRobotReader
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 LENGTHS = (9, 7, 11)  # at GOP 4 in one shared mp4, episodes 1 and 2 start mid-GOP (frames 9 and 16)

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.lerobot_data import make_lerobot
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.lerobot import LeRobotReader
+from episodepipes.sharding.formats.lerobot import LeRobotReader
 from episodepipes.sharding.merge import merge_jobs
 from episodepipes.sharding.write import WriteOptions, write_shards
 

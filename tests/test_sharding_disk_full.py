@@ -14,8 +14,8 @@ if limit:  # no mountable filesystem: a per-file size limit gives EFBIG instead 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.readers import register_format
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.readers import register_format
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 register_format("syn", lambda root: SyntheticReader(num_episodes=10, length=20, height=96, width=128))
 sys.exit(main(sys.argv[2:]))
 """
@@ -107,9 +107,9 @@ def test_full_disk_during_merge_names_out_keeps_the_jobs_and_resumes(tmp_path, s
 
 def test_a_shard_whose_progress_cannot_be_recorded_keeps_no_final_name(tmp_path):
     # the race CI hit: a worker renamed its shard into place, then the disk filled while saving _progress.json
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
-    from episodepipes.sharding.synthetic import SyntheticReader
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
 
     def full_disk(writer):
         raise OSError(28, "No space left on device")

@@ -14,8 +14,8 @@ from episodepipes.codec.chunk import parse_record
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import video_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.readers import FORMATS
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.readers import FORMATS
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 READER = SyntheticReader(num_episodes=3, length=8, height=48, width=64)

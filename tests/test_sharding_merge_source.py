@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.merge import merge_jobs
-from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 OPTS = WriteOptions(format="synthetic", shard_size=20_000)

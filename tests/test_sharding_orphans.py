@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import os, sys, time
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 class Stuck(SyntheticReader):

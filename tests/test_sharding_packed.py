@@ -10,8 +10,8 @@ import pytest
 from episodepipes.format import TAR_END
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import video_pipe
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.merge import merge_jobs
-from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 LENGTHS = (150, 20, 70, 9)  # ep0000 spans three chunks of 64 frames and more than one shard

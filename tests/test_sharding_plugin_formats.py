@@ -7,8 +7,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = '''
 from pathlib import Path
 
-from episodepipes.sharding.readers import Format
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.readers import Format
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 
 class PlugReader(SyntheticReader):

@@ -9,11 +9,11 @@ from helpers import write_raw, write_zarr
 from episodepipes.format import npy_load
 from episodepipes.pipes import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.readers import detect_format, open_reader
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.readers import detect_format, open_reader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.formats.zarr_reader import ZarrReader
 from episodepipes.sharding.write import WriteOptions, write_shards
-from episodepipes.sharding.zarr_reader import ZarrReader
 
 SYN = SyntheticReader(num_episodes=3, length=8, height=64, width=80)
 

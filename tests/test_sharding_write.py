@@ -7,11 +7,11 @@ from helpers import write_raw, write_zarr
 
 from episodepipes.pipes import EpisodeIndex
 from episodepipes.sharding.episode import EpisodeError
+from episodepipes.sharding.formats.raw import RawReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.formats.zarr_reader import ZarrReader
 from episodepipes.sharding.merge import merge_jobs
-from episodepipes.sharding.raw import RawReader
-from episodepipes.sharding.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
-from episodepipes.sharding.zarr_reader import ZarrReader
 
 SYN = SyntheticReader(num_episodes=7, length=9, height=64, width=80, lengths=(9, 5, 12, 7, 9, 3, 10))
 OPTS = WriteOptions(format="synthetic", shard_size=30_000, val_fraction=0.3, seed=3)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from episodepipes.sharding.episode import EpisodeError
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
-from episodepipes.sharding.writer import ShardWriter
+from episodepipes.sharding.write.writer import ShardWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 SYN = SyntheticReader(num_episodes=6, length=7, height=48, width=64, lengths=(7, 3, 9, 5, 8, 4))
@@ -78,7 +78,7 @@ import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit fails with EFBIG, as on a full disk
 limit = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import DiskFullError, WriteOptions, write_shards
 reader = SyntheticReader(num_episodes=6, length=7, height=48, width=64, lengths=(7, 3, 9, 5, 8, 4))
 try:

@@ -7,10 +7,10 @@ import tarfile
 
 import pytest
 
-from episodepipes.sharding.encode import EncodeOptions
-from episodepipes.sharding.encoders import encoded, samples
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
+from episodepipes.sharding.write.encode import EncodeOptions
+from episodepipes.sharding.write.encoders import encoded, samples
 
 SYN = SyntheticReader(num_episodes=5, length=6, height=48, width=64, lengths=(6, 3, 9, 4, 7))
 

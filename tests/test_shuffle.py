@@ -1,41 +1,7 @@
-import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
+from episodepipes.pipes.order.shuffle import FrameTable
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.shuffle import FrameTable, batches_per_epoch, epoch_permutation, rank_order, rank_slice
-
-
-@given(n=st.integers(0, 300), world=st.integers(1, 8), seed=st.integers(0, 2**32), epoch=st.integers(0, 50))
-def test_ranks_cover_every_frame_once_before_trimming(n, world, seed, epoch):
-    perm = epoch_permutation(n, seed=seed, epoch=epoch)
-    parts = [rank_slice(perm, rank=r, world_size=world) for r in range(world)]
-    assert sorted(np.concatenate(parts).tolist()) == list(range(n))
-
-
-@given(n=st.integers(0, 300), world=st.integers(1, 8), batch=st.integers(1, 16), seed=st.integers(0, 99))
-def test_ranks_get_equal_whole_batches_of_distinct_frames(n, world, batch, seed):
-    per = batches_per_epoch(n, world_size=world, batch_size=batch)
-    orders = [rank_order(n, seed=seed, epoch=0, rank=r, world_size=world, batch_size=batch) for r in range(world)]
-    assert all(len(o) == per * batch for o in orders)
-    flat = np.concatenate(orders).tolist()
-    assert len(set(flat)) == len(flat)
-    assert n - len(flat) < world * batch  # drop-last trims less than one global batch
-
-
-def test_order_depends_on_seed_and_epoch_only():
-    a = epoch_permutation(1000, seed=3, epoch=1)
-    assert np.array_equal(a, epoch_permutation(1000, seed=3, epoch=1))
-    assert not np.array_equal(a, epoch_permutation(1000, seed=3, epoch=2))
-    assert not np.array_equal(a, epoch_permutation(1000, seed=4, epoch=1))
-
-
-def test_bad_options_name_the_value():
-    with pytest.raises(ValueError, match="batch_size=0"):
-        batches_per_epoch(10, world_size=1, batch_size=0)
-    with pytest.raises(ValueError, match="rank=2"):
-        rank_slice(np.arange(4), rank=2, world_size=2)
 
 
 def test_frame_table_round_trip():

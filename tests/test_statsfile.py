@@ -7,17 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from episodepipes import _leb128 as leb128
-from episodepipes import statsfile
 from episodepipes.format import COLUMNS, npy_bytes
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.normstats import ArrayStats
+from episodepipes.normstats import _leb128 as leb128
+from episodepipes.normstats import sidefile as statsfile
+from episodepipes.normstats.fields import StatsFields, episode_part
 from episodepipes.sharding import cli
-from episodepipes.sharding.progress import STATS_LOG, Progress
-from episodepipes.sharding.progress_stats import StatsLog, read_log
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
-from episodepipes.statsfields import StatsFields, episode_part
+from episodepipes.sharding.write.progress import STATS_LOG, Progress
+from episodepipes.sharding.write.progress_stats import StatsLog, read_log
 
 SYN = SyntheticReader(num_episodes=5, length=9, height=16, width=24, lengths=(9, 5, 12, 7, 3))
 OPTS = WriteOptions(format="synthetic", shard_size=20_000)

@@ -19,8 +19,8 @@ BLOCK = dict(shuffle="block", block_frames=4, window_blocks=2)
 
 
 @pytest.fixture(scope="module")
-def shards(moto, tmp_path_factory) -> Path:
-    out = make_shards(tmp_path_factory.mktemp("block-remote") / "s", **SHAPE)
+def shards(moto, shard_folder) -> Path:
+    out = shard_folder("block-remote", **SHAPE)
     moto.upload_dir(out, BUCKET, "b")
     return out
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import gloo_rank, iter_error, make_shards, spawn_two_ranks
 
 from episodepipes.pipes.train import train_pipe
+
+pytestmark = pytest.mark.slow  # two real DDP ranks: `pytest -m 'not slow'` leaves it out; `make test` runs it
 
 DEADLINE = 120  # seconds: a hang fails the test instead of the suite
 

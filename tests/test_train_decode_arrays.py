@@ -12,7 +12,7 @@ from helpers import make_shards
 
 from episodepipes.format import npy_load
 from episodepipes.pipes import EpisodeIndex
-from episodepipes.pipes._mapped import ShardSlice
+from episodepipes.pipes._decode.mapped import ShardSlice
 from episodepipes.pipes.sample_decode import EpisodeSpec, SampleDecode
 from episodepipes.pipes.train import TrainReader
 

@@ -13,8 +13,8 @@ import pytest
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
+from episodepipes.pipes.order.window import plan_windows
 from episodepipes.pipes.train import STEPS_AHEAD, TrainReader, train_pipe
-from episodepipes.pipes.window import plan_windows
 
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)  # train: 39 frames
 KW = dict(seed=4, num_workers=1, history={"state": 2}, epochs=2)

@@ -6,7 +6,7 @@ import pytest
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
-from episodepipes.pipes.permute import IndexShuffle, rank_positions
+from episodepipes.pipes.order.permute import IndexShuffle, rank_positions
 from episodepipes.pipes.train import STEPS_AHEAD, TrainReader
 
 

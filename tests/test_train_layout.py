@@ -6,7 +6,7 @@ import torch
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
-from episodepipes.pipes._buffers import consecutive_rows
+from episodepipes.pipes._decode.buffers import consecutive_rows
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import decode_jpeg

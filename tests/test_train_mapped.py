@@ -6,7 +6,7 @@ import pytest
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
-from episodepipes.pipes._mapped import ShardFrames
+from episodepipes.pipes._decode.mapped import ShardFrames
 from episodepipes.shardio import LocalSource, ShardMissingError, ShardTruncatedError
 
 

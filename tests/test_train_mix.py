@@ -8,10 +8,10 @@ import pytest
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex, Source
-from episodepipes.pipes.mixture import Mixture
 from episodepipes.pipes.normalize import PerSource
+from episodepipes.pipes.order.mixture import Mixture
 from episodepipes.pipes.train import train_pipe
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 A = dict(num_episodes=3, length=10, height=16, width=24, seed=1)  # train: ep0000, ep0001: 20 frames

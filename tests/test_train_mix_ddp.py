@@ -8,11 +8,14 @@ import json
 import os
 from datetime import timedelta
 
+import pytest
 import torch.distributed as dist
 from helpers import make_shards, spawn_two_ranks
 
 from episodepipes.pipes import Source
 from episodepipes.pipes.train import train_pipe
+
+pytestmark = pytest.mark.slow  # two real DDP ranks: `pytest -m 'not slow'` leaves it out; `make test` runs it
 
 DEADLINE = 120  # seconds: a hang fails the test instead of the suite
 KW = dict(seed=7, num_workers=1, history={"state": 2}, epochs=2)

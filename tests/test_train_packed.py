@@ -11,10 +11,10 @@ from helpers import raw_mp4_source, write_raw
 
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import Source, train_pipe, video_pipe, videoframes
-from episodepipes.pipes.train_packed import needed_frames
+from episodepipes.pipes.train.packed import needed_frames
 from episodepipes.pipes.videoframes import key_frame
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 READER = SyntheticReader(num_episodes=4, length=9, height=48, width=64)
 CAMS = ("front", "wrist")

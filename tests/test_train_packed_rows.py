@@ -8,7 +8,7 @@ from helpers import write_raw
 
 from episodepipes.pipes import train_pipe
 from episodepipes.sharding.cli import main
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 pytestmark = pytest.mark.filterwarnings("error:The given NumPy array is not writable")
 

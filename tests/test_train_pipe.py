@@ -8,7 +8,7 @@ from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex, video_pipe
 from episodepipes.pipes.train import train_pipe
-from episodepipes.sharding.synthetic import SyntheticReader
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)  # train: ep0,1,3,4 = 39 frames
 TRAIN = {"ep0000": 12, "ep0001": 7, "ep0003": 9, "ep0004": 11}
@@ -303,8 +303,8 @@ def _shards_with_state_dtypes(out, dtypes):
     """Shard synthetic episodes whose ``state`` array is stored as ``dtypes[i]`` in episode i."""
     import dataclasses
 
-    from episodepipes.sharding.encode import EncodeOptions, encode_episode
-    from episodepipes.sharding.writer import ShardWriter
+    from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
+    from episodepipes.sharding.write.writer import ShardWriter
 
     reader = SyntheticReader(num_episodes=len(dtypes), length=6, height=16, width=24)
     with ShardWriter(out, shard_size=1 << 20, options={"jpeg_quality": 90}) as w:

@@ -7,8 +7,8 @@ import torch
 from helpers import make_shards
 
 from episodepipes.pipes import EpisodeIndex
+from episodepipes.pipes.order.window import plan_windows
 from episodepipes.pipes.train import TrainReader, train_pipe
-from episodepipes.pipes.window import plan_windows
 
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)  # train: 39 frames
 

@@ -7,9 +7,9 @@ from helpers import make_shards
 from episodepipes.pipes import EpisodeIndex
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.order.window import plan_windows
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train import TrainReader
-from episodepipes.pipes.window import plan_windows
 
 
 def _batches(idx, *, share, method, stats):

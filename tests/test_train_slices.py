@@ -11,11 +11,11 @@ from helpers import make_shards
 
 from episodepipes.format import sample_key
 from episodepipes.pipes import EpisodeIndex, train_pipe
-from episodepipes.pipes._mapped import ShardFrames, ShardSlice, frame_members, resolve
+from episodepipes.pipes._decode.mapped import ShardFrames, ShardSlice, frame_members, resolve
 from episodepipes.pipes.decode import portable
+from episodepipes.pipes.order.window import plan_windows
 from episodepipes.pipes.sample_decode import EpisodeSpec, SampleDecode
 from episodepipes.pipes.train import TrainReader
-from episodepipes.pipes.window import plan_windows
 from episodepipes.shardio import LocalSource
 from episodepipes.tarmembers import frame_fields
 
@@ -108,7 +108,7 @@ def test_process_and_thread_pipes_give_the_same_batches(idx):
 
 
 def test_a_process_result_comes_back_as_tuples_and_bytes_and_unpacks_to_writable_arrays(idx):
-    from episodepipes.pipes import _slabs
+    from episodepipes.pipes._decode import slabs as _slabs
     from episodepipes.pipes.decode import decode_shared, unpack_shared
 
     r = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=2, epochs=1)
@@ -135,7 +135,7 @@ def test_a_process_result_comes_back_as_tuples_and_bytes_and_unpacks_to_writable
 
 
 def test_a_sample_without_windows_borrows_nothing_and_is_sent_as_it_is(idx):
-    from episodepipes.pipes._batchmemo import BatchMemo
+    from episodepipes.pipes._decode.batchmemo import BatchMemo
 
     r = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=2, epochs=1)
     r.reset(None)
@@ -169,7 +169,7 @@ def test_a_sample_of_references_into_one_shard_travels_as_plain_tuples_and_decod
 
 
 def test_only_plain_samples_of_one_shards_references_go_as_tuples(idx):
-    from episodepipes.pipes._mapped import to_wire
+    from episodepipes.pipes._decode.mapped import to_wire
 
     r = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=2, epochs=1)
     r.send_slices()

@@ -4,9 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from episodepipes.format import sample_key, tar_member
-from episodepipes.pipes.plan import Item
-from episodepipes.pipes.sample_decode import EpisodeSpec, SampleDecode
-from episodepipes.pipes.window import (
+from episodepipes.pipes.order.window import (
     Window,
     damaged_sample,
     fields_by_step,
@@ -14,6 +12,8 @@ from episodepipes.pipes.window import (
     window_sample,
     window_steps,
 )
+from episodepipes.pipes.plan import Item
+from episodepipes.pipes.sample_decode import EpisodeSpec, SampleDecode
 from episodepipes.tarmembers import frame_fields
 
 CAMS, ARRS = {"front", "wrist"}, {"state", "action"}

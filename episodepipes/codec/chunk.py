@@ -1,4 +1,4 @@
-"""The packed layout's bytes: frame records, and chunks of them as one tar member (see `episodepipes.indexv2`).
+"""The packed layout's bytes: frame records, and chunks of them as one tar member (see `episodepipes.index.v2`).
 
 A chunk is a run of an episode's frames that holds whole GOPs of every camera; it is one tar member
 ``<episode>/<first:06d>.epk`` whose data is `episodepipes.codec.pack` of one *record* per frame. A record is

@@ -23,8 +23,7 @@ from typing import BinaryIO, NamedTuple
 import av
 import numpy as np
 
-from episodepipes.codec.stream import DECODERS, Packets
-from episodepipes.sharding.video import DEMUXERS
+from episodepipes.codec.stream import DECODERS, DEMUXERS, Packets
 
 MAX_GOP = 30
 

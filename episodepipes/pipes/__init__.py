@@ -13,7 +13,7 @@ from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train import train_pipe
-from episodepipes.pipes.train_mix import Source
+from episodepipes.pipes.train.mix import Source
 
 __all__ = [
     "ArraySpec",

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from episodepipes.pipes._buffers import BufferPool, consecutive_rows
-from episodepipes.pipes._lifecycle import shutdown_node
+from episodepipes.pipes._decode.buffers import BufferPool, consecutive_rows
+from episodepipes.pipes._decode.lifecycle import shutdown_node
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.stats import Stats
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
-from episodepipes.pipes.block_order import BlockLayout, BlockOrder, block_bounds, check_count
-from episodepipes.pipes.shuffle import FrameTable
-from episodepipes.pipes.window import Window, fields_by_step
+from episodepipes.pipes.order.block_order import BlockLayout, BlockOrder, block_bounds, check_count
+from episodepipes.pipes.order.shuffle import FrameTable
+from episodepipes.pipes.order.window import Window, fields_by_step
 from episodepipes.remote.ranges import coalesce
 
 Key = tuple[int, int]  # (epoch, window)

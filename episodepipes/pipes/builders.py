@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
-from episodepipes.pipes._slabs import Slabs
+from episodepipes.pipes._decode.slabs import Slabs
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import JPEG

@@ -16,13 +16,13 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes import _pool
-from episodepipes.pipes._batchmemo import BatchMemo
-from episodepipes.pipes._executor import InOrder
-from episodepipes.pipes._lifecycle import shutdown_node
-from episodepipes.pipes._mapped import ShardSlice, Wire, to_wire
-from episodepipes.pipes._sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
-from episodepipes.pipes._slabs import Shapes, Slabs
+from episodepipes.pipes._decode import pool as _pool
+from episodepipes.pipes._decode.batchmemo import BatchMemo
+from episodepipes.pipes._decode.executor import InOrder
+from episodepipes.pipes._decode.lifecycle import shutdown_node
+from episodepipes.pipes._decode.mapped import ShardSlice, Wire, to_wire
+from episodepipes.pipes._decode.sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
+from episodepipes.pipes._decode.slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.sample import RawSample, crc_mismatch
@@ -60,7 +60,7 @@ class Decoder(BaseNode[dict]):
             (`batch_rows`); every other case sends one sample per task.
         share_frames: once a `BatchStacker` asked for batch rows (`batch_rows`), decode a camera frame that
             several samples of a batch show (overlapping windows) once, and copy it into the others
-            (`episodepipes.pipes._batchmemo`); ``frames_decoded`` then counts distinct frames.
+            (`episodepipes.pipes._decode.batchmemo`); ``frames_decoded`` then counts distinct frames.
         flat: `DecodeOptions` fields as keywords (``num_workers=2``, ``method="process"``...), replacing
             those of ``options``; each is checked where `DecodeOptions` defines it.
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from torchdata.nodes import BaseNode
 
-from episodepipes.pipes._lifecycle import shutdown_node
+from episodepipes.pipes._decode.lifecycle import shutdown_node
 from episodepipes.pipes.stats import Stats
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any
 from torchdata.nodes import BaseNode, Loader
 
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes._lifecycle import PassToken, end_abandoned, shutdown_node
+from episodepipes.pipes._decode.lifecycle import PassToken, end_abandoned, shutdown_node
 from episodepipes.pipes.gate import Gate
 from episodepipes.pipes.stats import Stats
 

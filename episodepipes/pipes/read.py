@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes._mapped import ShardFrames, frame_members
+from episodepipes.pipes._decode.mapped import ShardFrames, frame_members
 from episodepipes.pipes._saved import saved_position
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample

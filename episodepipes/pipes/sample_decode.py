@@ -20,7 +20,7 @@ import numpy as np
 
 from episodepipes.format import npy_header, npy_load
 from episodepipes.index import Episode
-from episodepipes.pipes._mapped import ShardSlice, Wire, from_wire, resolve
+from episodepipes.pipes._decode.mapped import ShardSlice, Wire, from_wire, resolve
 from episodepipes.pipes.frames import JPEG, FrameDecoder
 from episodepipes.pipes.sample import RawSample, StepWindow, crc_mismatch
 

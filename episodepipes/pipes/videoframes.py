@@ -213,7 +213,7 @@ class VideoFrames:
 
 @dataclass(frozen=True)
 class GopKeys:
-    """The GOP a sample's frame decodes from, as its key for `episodepipes.pipes._executor.InOrder`'s lanes (one
+    """The GOP a sample's frame decodes from, as its key for `episodepipes.pipes._decode.executor.InOrder`'s lanes (one
     worker per GOP in flight), and the longest GOP of the cameras, which sizes how far ahead the decode stage reads.
 
     ``cameras``: (camera, its member name) of the video cameras; the first one the sample holds names the GOP

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..shardio import ShardIOError
+from ..errors import ShardIOError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from ..shardio import ShardIOError, ShardMissingError, ShardTooLargeError, check_name
+from ..errors import ShardIOError, ShardMissingError, ShardTooLargeError
+from ..format import check_name
 from . import retry
 from .cache import RangeCache
 from .ranges import Request, check_ranges, coalesce

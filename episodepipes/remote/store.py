@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..shardio import ShardIOError, check_name
+from ..errors import ShardIOError
+from ..format import check_name
 from .source import RemoteOptions, RemoteSource
 
 WRITABLE = ("s3", "gs")

@@ -25,7 +25,7 @@ over ``--val-fraction``, which assigns only the episodes without one; ``--val-ep
 every episode. The summary says how many splits came from where.
 
 Custom layouts: ``--format module:factory`` or an installed ``episodepipes.formats`` entry point
-(see `episodepipes.sharding.readers`). On a terminal progress is a bar; in a log (stderr not a
+(see `episodepipes.sharding.formats.readers`). On a terminal progress is a bar; in a log (stderr not a
 terminal) a line every 10 s. The run ends with a summary: counts, wall time, frames/s.
 
 Input errors exit with status 2 and one line naming the file or episode and the fix; a failed
@@ -46,14 +46,14 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.remote.retry import printable
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.write import DiskFullError, WriteResult
-from episodepipes.sharding.write_plan import parse_resize, parse_size
+from episodepipes.sharding.write.plan import parse_resize, parse_size
 from episodepipes.shardio import ShardIOError, is_url
 
 PROG = "episodepipes-shard"
 
 
 def _format_help() -> str:
-    from episodepipes.sharding.readers import FORMATS, plugin_formats
+    from episodepipes.sharding.formats.readers import FORMATS, plugin_formats
 
     names = ", ".join([*FORMATS, *plugin_formats()])
     return (f"auto (detect), {names}, or module:factory (import module, call factory(SRC) -> EpisodeReader, "
@@ -174,7 +174,7 @@ def _summary(a: argparse.Namespace, res: WriteResult) -> list[str]:
 
 
 def _write(a: argparse.Namespace) -> int:
-    from episodepipes.sharding.readers import FORMATS, resolve
+    from episodepipes.sharding.formats.readers import FORMATS, resolve
     from episodepipes.sharding.write import WriteOptions, write_shards
 
     _check_write_args(a)

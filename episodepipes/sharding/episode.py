@@ -25,7 +25,6 @@ earlier, with the file name in the message.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 
 from episodepipes import episode_attrs
 from episodepipes.codec.stream import DECODERS, Packets
+from episodepipes.errors import EpisodeError  # noqa: F401 (re-export)
 from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range, safe_field
 
 # Fields a camera or array must not become once tar-safe: the per-frame ``json`` member, the batch keys
@@ -42,13 +42,6 @@ from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range, safe_fie
 RESERVED_FIELDS = frozenset({"json", "episode", "frame", "timestamp", "valid", "prompt"})
 ARRAY_KINDS = "biufc"  # bool, integers, floats, complex: what a .npy member and the index dtype hold exactly
 Scalar = str | int | float | bool | None
-
-
-class EpisodeError(ValueError):
-    """Bad input in one episode; the message names the episode and the file. Always one line."""
-
-    def __init__(self, message: object) -> None:
-        super().__init__(re.sub(r"\s*\n\s*", " ", str(message)))
 
 
 def safe_names(keys: Iterable[str], where: object) -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from episodepipes.index import EpisodeIndex
-from episodepipes.indexv2 import FIRST, FPS, SCHEMA, SPLIT
+from episodepipes.index.v2 import FIRST, FPS, SCHEMA, SPLIT
 from episodepipes.remote.retry import printable
 
 

@@ -19,13 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from episodepipes import safefile, statsfile
+from episodepipes import safefile
 from episodepipes.format import INDEX_NAME, npy_header
-from episodepipes.index import EpisodeIndex, mapped
-from episodepipes.sharding.lock import write_lock
-from episodepipes.sharding.progress import PROGRESS_NAME, Progress
-from episodepipes.sharding.progress_stats import read_log
-from episodepipes.statsfields import MISSING, STATS, StatsFields, episode_part
+from episodepipes.index import EpisodeIndex
+from episodepipes.index.episode_index import mapped
+from episodepipes.normstats import sidefile as statsfile
+from episodepipes.normstats.fields import MISSING, STATS, StatsFields, episode_part
+from episodepipes.sharding.write.lock import write_lock
+from episodepipes.sharding.write.progress import PROGRESS_NAME, Progress
+from episodepipes.sharding.write.progress_stats import read_log
 from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ its sha256 checked against the index first (a checksum of damaged bytes would vo
 every frame gets its crc32. The columns are written first and ``index.json`` last, each atomically, so a
 reader sees the old index or the new one; the shards are not touched, and the same v1 index always gives
 the same bytes (those a v2 write of the same episodes gives). Statistics an older index kept in its JSON
-move to the side file (`episodepipes.statsfile`), written before the index.
+move to the side file (`episodepipes.normstats.sidefile`), written before the index.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from episodepipes import indexv2, statsfile
-from episodepipes.index import EpisodeIndex, IndexFormatError, mapped
-from episodepipes.indexv2 import COUNT, ROW, SHARD
-from episodepipes.sharding.lock import write_lock
-from episodepipes.statsfields import MISSING, STATS
+from episodepipes.index import EpisodeIndex, IndexFormatError
+from episodepipes.index import v2 as indexv2
+from episodepipes.index.episode_index import mapped
+from episodepipes.index.v2 import COUNT, ROW, SHARD
+from episodepipes.normstats import sidefile as statsfile
+from episodepipes.normstats.fields import MISSING, STATS
+from episodepipes.sharding.write.lock import write_lock
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import make_shards, run_script_ranks
 
 from episodepipes.lightning_glue.launch import check_ranks
 from episodepipes.pipes.train import train_pipe
+
+pytestmark = pytest.mark.slow  # real multi-process DDP: `pytest -m 'not slow'` leaves it out; `make test` runs it
 
 APP = Path(__file__).with_name("elastic_app.py")
 SHAPE = dict(num_episodes=6, lengths=(12, 7, 5, 9, 11, 4), height=16, width=24)  # train: 39 frames

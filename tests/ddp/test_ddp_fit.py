@@ -20,6 +20,8 @@ from helpers import make_shards, run_script_ranks
 from episodepipes.lightning_glue.launch import RanksFailed, check_ranks
 from episodepipes.pipes import EpisodeIndex, metric_pipe
 
+pytestmark = pytest.mark.slow  # real multi-process DDP: `pytest -m 'not slow'` leaves it out; `make test` runs it
+
 APP = Path(__file__).with_name("app.py")
 PINNED = ["ep0000", "ep0003"]  # train-split episodes: the metric pipe (val split) never reads them
 EPOCHS, EVERY, FPS, LENGTH = 4, 2, 7.5, 12

@@ -15,6 +15,8 @@ from s3server import CREDENTIALS, FaultProxy, MotoS3, s3_env
 from episodepipes.lightning_glue.launch import check_ranks
 from episodepipes.pipes import EpisodeIndex
 
+pytestmark = pytest.mark.slow  # real multi-process DDP: `pytest -m 'not slow'` leaves it out; `make test` runs it
+
 
 @pytest.fixture(scope="module")
 def remote_run(tmp_path_factory):

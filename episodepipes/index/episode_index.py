@@ -1,0 +1,379 @@
+"""`EpisodeIndex`: the validated, read-only view of a shard folder's index (format v1 or v2).
+
+Every length, plan and byte range in the pipes is computed from this object alone, so nothing
+here touches a shard unless asked to (``verify=True``). It imports no torch, so the sharding CLI
+(``info``, ``verify``, ``merge``) reads indexes through it too. Both versions are held as the v2
+tables (`episodepipes.index.v2`), and `Episode` objects are made on first use from them, so opening
+a v2 index costs nothing per frame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from episodepipes.filebytes import mapped, sha256_file
+from episodepipes.format import INDEX_NAME
+from episodepipes.index import stats as indexstats
+from episodepipes.index import v2 as indexv2
+from episodepipes.index.check import IndexFormatError
+from episodepipes.index.episodes import Episode, LazyEpisodes
+from episodepipes.index.load import parse, read_local, read_remote, tables
+from episodepipes.index.records import ArraySpec, Camera, Segment, Shard, dtype_str, read_camera
+from episodepipes.index.v1 import v1_layout
+from episodepipes.index.v2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
+from episodepipes.normstats import StatsTable
+from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
+
+if TYPE_CHECKING:
+    from episodepipes.remote import RemoteOptions
+
+# The parts, one module each (this one holds the class that ties them): indexopen (read, parse and check an index
+# file), indexrecords (Camera, ArraySpec, Segment, Shard), indexepisodes (Episode, made on first use), indexstats
+# (statistics on first use), indexv1 (the v1 layout merge takes), filebytes (sha256_file, mapped). The public
+# names stay importable from here.
+__all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
+
+
+class EpisodeIndex:
+    """A shard folder's index. Use `EpisodeIndex.open(path)` (a folder, or an ``s3://``/``gs://``/``http(s)://`` root).
+
+    Attributes:
+        root: the shard folder (a `Path`), or the remote root URL (a `str`, without a trailing slash).
+        source: the byte source every shard of this index is read through (the pipes use it).
+    """
+
+    def __init__(self, root: Path, data: dict, fingerprint: str = "") -> None:
+        """``data`` is checked field by field before any of it is used.
+
+        Args:
+            root: the shard folder; shard names in ``data`` are plain file names inside it, and a v2 index's
+                columns are its fixed column files.
+            data: the parsed ``index.json``.
+            fingerprint: the sha256 of the index file's bytes (`open` gives it).
+        """
+        self._load(Path(root), data, fingerprint, Path(root) / INDEX_NAME)
+
+    def _load(self, root: Path | str, data: Any, fingerprint: str, file: Path | str,
+              source: ByteSource | None = None) -> None:
+        self.version, meta, self._v1, cols, self._seg_ok = tables(root, data, file, source)  # messages name file
+        self.root, self.file, self.fingerprint = root, file, fingerprint  # fingerprint: resume checks the index
+        self._source = source  # a remote root's, given by open; a local one is opened on first use
+        self.meta: dict = meta
+        self.options: dict = meta.get("options", {})
+        self.shards: list[Shard] = [Shard(s["name"], s["bytes"], s["sha256"], s["samples"]) for s in meta["shards"]]
+        if source is not None:  # a remote root's: its range cache keys a shard's entries by the sha256 vouched here
+            from episodepipes.remote import RemoteSource
+
+            if isinstance(source, RemoteSource):
+                source.pin({s.name: s.sha256 for s in self.shards})
+        self.ids: list[str] = meta["ids"]
+        self._ep, self._seg, self._offset, self._size = (cols[k] for k in ("episodes", "segments", "offset", "size"))
+        self._crc: np.ndarray | None = cols.get("crc32")
+        self._step_bytes: dict[int, int] = {}  # schema code -> bytes of one step of its arrays (`_check_segments`)
+        self._cols = cols
+        self._schemas = [({n: read_camera(n, c) for n, c in sc["cameras"].items()},
+                          {n: ArraySpec(n, dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
+                           for n, a in sc["arrays"].items()}) for sc in meta["schemas"]]
+        self._splits, self._prompts = meta["splits"], meta["prompts"]
+        self._fps = [float(x) for x in meta["fps"]]
+        self._episode_meta = {n: m for n, m in meta["episode_meta"]}
+        self._by_id = dict(zip(self.ids, range(len(self.ids))))
+        self.episodes: Sequence[Episode] = LazyEpisodes(self)
+        self._by_shard: dict[int, list[int]] | None = None
+        self._data: dict | None = None
+        self._stats: tuple[StatsTable | None, dict[tuple[str, str], str]] | None = None  # read on first use
+
+    def _load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+        """The statistics (side file `statsfile.NAME`, or an older index's JSON fields), read on first use: most
+        opens never ask for them. Checked field by field and against the episodes' step counts."""
+        if self._stats is None:
+            self._stats = indexstats.load(self)
+        return self._stats
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, verify: bool = False,
+             options: RemoteOptions | None = None) -> EpisodeIndex:
+        """Read and validate ``<path>/index.json`` (``path`` may also be the json file itself).
+
+        A v2 index maps its columns; a v1 index is parsed whole, and logs once per process that
+        ``episodepipes-shard upgrade`` rewrites it as v2.
+
+        Args:
+            path: the shard folder, or its ``index.json``; a missing index raises FileNotFoundError saying
+                whether the folder exists (an unfinished write) or not. Or a remote root (``s3://bucket/prefix``,
+                ``gs://...``, ``https://host/prefix``) whose ``index.json`` (and v2 columns) are read through its
+                byte source and validated exactly as local ones.
+            verify: also check every shard now (`verify`: existence, size, sha256, crc32), raising for the
+                first problem; off by default because it reads every byte (a remote root downloads them).
+            options: how a remote root is read (`episodepipes.remote.RemoteOptions`); a local folder ignores them.
+        """
+        if is_url(path):
+            source, file, raw = read_remote(str(path), options)
+            root: Path | str = source.root
+        else:
+            (root, file, raw), source = read_local(path), None
+        index = cls.__new__(cls)
+        index._load(root, parse(raw, file), hashlib.sha256(raw).hexdigest(), file, source)
+        if verify:
+            index.verify()
+        return index
+
+    @property
+    def remote(self) -> bool:
+        """Whether the shards live under a remote root (read through `source`, never as local files)."""
+        return isinstance(self.root, str)
+
+    @property
+    def source(self) -> ByteSource:
+        """The byte source of this index's root, opened on first use (opening connects to nothing)."""
+        if self._source is None:
+            self._source = open_source(self.root)
+        return self._source
+
+    def location(self, name: str) -> str:
+        """Where the file ``name`` of this dataset is, for messages (a path, or the object's URL).
+
+        Args:
+            name: a file name inside the root (a shard's, a column's, or ``index.json``).
+        """
+        return f"{self.root}/{name}" if self.remote else str(Path(self.root) / name)
+
+    def shard_size(self, shard: int) -> int | None:
+        """A shard file's size in bytes, or None if it is missing.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
+        if not self.remote:
+            p = self.shard_path(shard)
+            return p.stat().st_size if p.exists() else None
+        try:
+            return self.source.size(self.shards[shard].name)
+        except ShardMissingError:
+            return None
+
+    @contextlib.contextmanager
+    def shard_bytes(self, shard: int) -> Iterator[memoryview]:
+        """A shard's whole bytes: memory-mapped from a local folder, downloaded (one GET) from a remote root.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
+        if not self.remote:
+            with mapped(self.shard_path(shard)) as view:
+                yield view
+            return
+        name = self.shards[shard].name
+        with memoryview(self.source.read(name, 0, self.shard_size(shard) or 0)) as view:
+            yield view
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        # a spawned worker maps the columns again (shared pages) instead of receiving a copy of them
+        if self.remote:  # and reads a remote root afresh (a source holds connections and locks, which do not pickle)
+            return functools.partial(EpisodeIndex.open, options=getattr(self.source, "options", None)), (self.root,)
+        if self.version == 2:
+            return EpisodeIndex.open, (str(self.file),)
+        return super().__reduce_ex__(protocol)
+
+    @property
+    def data(self) -> dict:
+        """The index in the v1 layout (every episode entry with its segments and offsets), for tools such as
+        merge. A v1 index gives its parsed JSON; a v2 index builds it on first use, at a cost per frame."""
+        if self._v1 is not None:
+            return self._v1
+        if self._data is None:
+            self._data = v1_layout(self)
+        return self._data
+
+    @property
+    def frames(self) -> int:
+        """Frames in the index, over every episode."""
+        return int(self.meta["frames"])
+
+    @property
+    def has_crc(self) -> bool:
+        """Whether every frame has a crc32 (False for v1 indexes written before them, upgraded without --crc)."""
+        return self._crc is not None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Every episode's length (uint64), in index order."""
+        return self._ep[:, LENGTH]
+
+    def episode(self, episode_id: str) -> Episode:
+        """The episode with this id.
+
+        Args:
+            episode_id: the episode's id; an unknown one raises KeyError naming up to five close matches.
+        """
+        try:
+            return self.episodes[self._by_id[episode_id]]
+        except (KeyError, TypeError):
+            import difflib
+
+            close = difflib.get_close_matches(str(episode_id), list(self._by_id), n=5, cutoff=0.5)
+            raise KeyError(
+                f"episode {episode_id!r} is not in {self.location(INDEX_NAME)}; close matches: {close or 'none'}"
+            ) from None
+
+    def stats(self, key: str, split: str = "train") -> dict[str, Any]:
+        """Normalization statistics of array ``key`` over ``split``: ``count`` and float64 arrays of the step
+        shape: ``mean``, ``std`` (ddof=0), ``min``, ``max``, ``q01``, ``q10``, ``q50``, ``q90``, ``q99``.
+
+        Computed by the writer over every episode of the split (exactly: merged jobs give the same numbers;
+        quantiles within `episodepipes.normstats.REL_ERROR`). Pass the result to `Normalize.from_stats`.
+
+        Args:
+            key: an array key, e.g. ``"action"``.
+            split: the split, ``"train"`` by default.
+        """
+        return indexstats.summary(self, key, split)
+
+    def stats_keys(self) -> list[tuple[str, str]] | None:
+        """Every (split, key) the index has statistics for or a reason for their absence, sorted; None when it
+        has none at all (written before episodepipes computed them). Reads them, as `stats` does."""
+        table, missing = self._load_stats()
+        return None if table is None else sorted(set(table.keys()) | set(missing))
+
+    def split_numbers(self, split: str) -> np.ndarray:
+        """The numbers (positions in `episodes`) of the episodes of ``split``, in index order.
+
+        Args:
+            split: a split name, e.g. ``"train"``; an unknown one gives no episodes.
+        """
+        if split not in self._splits:
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(self._ep[:, SPLIT] == self._splits.index(split))
+
+    def split(self, split: str) -> list[Episode]:
+        """The episodes of ``split``, in index order (which is shard order).
+
+        Args:
+            split: a split name, e.g. ``"train"``; an unknown one gives an empty list.
+        """
+        return [self.episodes[n] for n in self.split_numbers(split).tolist()]
+
+    def shard_path(self, shard: int) -> Path:
+        """The local file of a shard; a remote index has none (read it through `source`).
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
+        if self.remote:
+            raise ValueError(f"{self.root} is a remote root: its shards have no local path; read them through "
+                             "index.source")
+        return Path(self.root) / self.shards[shard].name
+
+    def frame_ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard, start byte, end byte) of many frame rows at once, as three arrays.
+
+        Args:
+            rows: frame rows (`Episode.rows`), any order.
+        """
+        rows = np.asarray(rows, np.int64)
+        seg = np.searchsorted(self._seg[:, ROW], rows, side="right") - 1
+        self._check_segments(np.unique(seg).tolist())
+        start = self._offset[rows]
+        return self._seg[seg, SHARD], start, start + self._size[rows]
+
+    def frame_crcs(self, rows: np.ndarray) -> np.ndarray | None:
+        """The crc32 of many frame rows, or None when the index has no checksums.
+
+        Args:
+            rows: frame rows (`Episode.rows`), any order.
+        """
+        return None if self._crc is None else self._crc[np.asarray(rows, np.int64)]
+
+    def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]:
+        """Every (episode, segment) whose frames are in ``shard``, in index order.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+        """
+        if self._by_shard is None:
+            self._by_shard = {}
+            owners = np.searchsorted(self._ep[:, SEGMENT], np.arange(len(self._seg)), side="right") - 1
+            for s, n in zip(self._seg[:, SHARD].tolist(), owners.tolist()):
+                self._by_shard.setdefault(s, []).append(n)
+        out = []
+        for n in dict.fromkeys(self._by_shard.get(shard, [])):
+            e = self.episodes[n]
+            out += [(e, s) for s in e.segments if s.shard == shard]
+        return out
+
+    def bad_frames(self, shard: int, data: bytes | memoryview) -> list[tuple[str, int]]:
+        """(episode id, frame) of every frame of ``shard`` whose bytes in ``data`` fail the index's crc32.
+
+        Args:
+            shard: a shard number, an index into `shards`.
+            data: that shard file's bytes (e.g. `mapped`), sliced at each frame's byte range.
+        """
+        out = []
+        for e, seg in self.segments_in(shard):
+            rows = range(e.rows[seg.first], e.rows[seg.first] + seg.count)
+            sizes = self._size[rows.start:rows.stop].tolist()  # a frame's bytes, gaps between them (packed) excluded
+            for k, (a, size, crc) in enumerate(zip(seg.offsets, sizes, seg.crc32 or ())):
+                if zlib.crc32(data[a:a + size]) != crc:
+                    out.append((e.id, seg.first + k))
+        return out
+
+    def problems(self, shards: Iterable[int] | None = None, *, members: bool = False) -> list[str]:
+        """Every problem found, one line each naming the file (and episode and frame); empty when intact.
+
+        Checks the v2 columns' sha256 and every frame's offsets, then each given shard (all by default):
+        existence, size, sha256 and every frame's crc32 where the index has them; ``members`` also parses the
+        tar headers at every frame (what the ``verify`` command does).
+
+        Args:
+            shards: shard numbers to check (all by default); the index's own checks always run.
+            members: also parse every frame's tar members.
+        """
+        from episodepipes.index.verify import problems
+
+        return [why for _, why in problems(self, shards, members=members)]
+
+    def verify(self, shards: Iterable[int] | None = None) -> None:
+        """Raise for the first problem `problems` finds (FileNotFoundError for a missing shard, else
+        `IndexFormatError`), naming the shard and, for a crc32 mismatch, the first damaged frame.
+
+        Args:
+            shards: shard numbers to check (all by default).
+        """
+        from episodepipes.index.verify import problems
+
+        for kind, why in problems(self, shards):
+            raise kind(f"{self.root}: {why}")
+
+    def _check_segments(self, js: Iterable[int]) -> None:
+        """Per-frame values of these segments (v2 checks them on first use; see `episodepipes.index.v2`)."""
+        for j in js:
+            if not self._seg_ok[j]:
+                shard = int(self._seg[j, SHARD])
+                n = int(np.searchsorted(self._ep[:, SEGMENT], j, side="right")) - 1
+                code = int(self._ep[n, SCHEMA])
+                least = self._step_bytes.get(code)
+                if least is None:
+                    least = self._step_bytes[code] = indexv2.step_bytes(self.meta["schemas"][code])
+                why = indexv2.frame_problem(self._cols, int(j), self.shards[shard].bytes, least)
+                if why:
+                    raise IndexFormatError(f"{self.file} is damaged: episode {self.ids[n]!r} segment "
+                                           f"{int(j) - int(self._ep[n, SEGMENT])}: {why}; re-shard with "
+                                           "write --overwrite")
+                self._seg_ok[j] = True
+
+    def _episode_segments(self, n: int) -> tuple[tuple[int, int, int], ...]:
+        """(shard, first frame, count) of each of episode ``n``'s segments, its frames checked."""
+        j0 = int(self._ep[n, SEGMENT])
+        j1 = int(self._ep[n + 1, SEGMENT]) if n + 1 < len(self._ep) else len(self._seg)
+        self._check_segments(range(j0, j1))
+        first = int(self._ep[n, FIRST])
+        return tuple((s, r - first, c) for s, r, c in self._seg[j0:j1].tolist())

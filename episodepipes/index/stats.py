@@ -1,0 +1,76 @@
+"""An index's normalization statistics: read from the side file `statsfile.NAME` (or an older index's JSON fields)
+on first use, checked field by field and against the episodes' step counts, and looked up by split and key.
+
+Most opens never ask for them, so `EpisodeIndex` calls `load` on first use (`stats`, `stats_keys`), not at open.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from episodepipes.index.check import IndexFormatError
+from episodepipes.index.load import read_regular
+from episodepipes.index.v2 import LENGTH, SCHEMA, SPLIT
+from episodepipes.normstats import StatsTable
+from episodepipes.normstats import sidefile as statsfile
+from episodepipes.normstats.fields import check_counts, no_stats_hint
+from episodepipes.normstats.fields import load as load_stats
+from episodepipes.shardio import ShardTooLargeError
+
+if TYPE_CHECKING:
+    from episodepipes.index.episode_index import EpisodeIndex
+
+
+def load(ix: EpisodeIndex) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+    """(the statistics or None when the index has none, the reason for each (split, key) it lacks), checked."""
+    side = ix.location(statsfile.NAME)
+    read = (lambda: _read_remote(ix)) if ix.remote else (lambda: _read_local(ix))
+    try:
+        table, missing = load_stats(ix.meta, where=str(ix.file), read_side=read, side=side)
+        if table is not None:
+            check_counts(table, missing, ix._ep[:, LENGTH], ix._ep[:, SCHEMA], ix._ep[:, SPLIT],
+                         [sc["arrays"] for sc in ix.meta["schemas"]], ix._splits,
+                         side if statsfile.FIELD in ix.meta else str(ix.file))
+    except ValueError as e:
+        raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {ix.root} --recompute") from None
+    return table, missing
+
+
+def _read_local(ix: EpisodeIndex) -> bytes:
+    """The local side file's bytes: a FIFO or device in its place is refused, and a file larger than the index says
+    (a sparse one costs no disk) is refused by its size, before it is read."""
+    path, desc = Path(ix.root) / statsfile.NAME, ix.meta.get(statsfile.FIELD)
+    size = os.stat(path).st_size
+    if type(desc.get("bytes")) is int and size > desc["bytes"]:  # `statsfile.read` checked the descriptor
+        raise statsfile.mismatch(str(path), size, str(ix.file))
+    return read_regular(path, "restore it", error=ValueError)
+
+
+def _read_remote(ix: EpisodeIndex) -> bytes:
+    """The remote side file's bytes: one larger than the index says is refused by its size (a HEAD) before any of
+    it is downloaded, as `_read_local` refuses a local one."""
+    desc = ix.meta.get(statsfile.FIELD)
+    limit = desc["bytes"] if type(desc.get("bytes")) is int else None  # `statsfile.read` checked the descriptor
+    try:
+        return ix.source.read_file(statsfile.NAME, limit=limit)
+    except ShardTooLargeError as e:
+        raise statsfile.mismatch(ix.location(statsfile.NAME), e.size, str(ix.file)) from None
+
+
+def summary(ix: EpisodeIndex, key: str, split: str) -> dict[str, Any]:
+    """`EpisodeIndex.stats`: a KeyError naming the file and what it has when there are none for ``key``."""
+    table, missing = ix._load_stats()
+    if table is None:
+        raise KeyError(no_stats_hint(ix.file))
+    if (split, key) in missing:
+        raise KeyError(f"{ix.file} has no statistics for {key!r} in split {split!r}: "
+                       f"{missing[(split, key)]}")
+    if (split, key) not in table.keys():
+        have = sorted(f"{s}/{k}" for s, k in table.keys() if (s, k) not in missing)
+        raise KeyError(f"{ix.file} has no statistics for {key!r} in split {split!r}; it has {have}")
+    entry = table.get(key, split=split)
+    if not entry.count:  # an entry of no steps, which the index's episodes let through only where none have the key
+        raise KeyError(f"{ix.file} has no statistics for {key!r} in split {split!r}: they count no steps")
+    return entry.summary()

@@ -1,0 +1,120 @@
+"""Verify a shard folder against its index: the one implementation behind `EpisodeIndex.verify`,
+`EpisodeIndex.problems` and the ``verify`` command.
+
+Only the index's own, validated shard names and the fixed column names are opened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from episodepipes.filebytes import sha256_file
+from episodepipes.format import COLUMNS, INDEX_NAME
+from episodepipes.index.check import IndexFormatError
+from episodepipes.tarmembers import frame_fields
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from episodepipes.index.episode_index import Episode, EpisodeIndex, Segment
+
+Problem = tuple[type[Exception], str]
+
+
+def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: bool = False) -> list[Problem]:
+    """(exception type, one line) for every problem, in the order a reader would meet them."""
+    out: list[Problem] = []
+    for name, c in sorted(ix.meta.get("columns", {}).items()) if ix.version == 2 else ():
+        col = COLUMNS[name][0]
+        sha = hashlib.sha256(ix.source.read_file(col)).hexdigest() if ix.remote else sha256_file(ix.root / col)
+        if sha != c["sha256"]:
+            out.append((IndexFormatError, f"column {col}: sha256 mismatch with {INDEX_NAME}; the file "
+                                          "changed: restore it or re-shard"))
+    out += stats_problems(ix)
+    try:
+        ix._check_segments(range(len(ix._seg)))  # every frame's offsets, before any is used to slice a shard
+    except IndexFormatError as e:
+        return [*out, (IndexFormatError, str(e))]
+    for i in range(len(ix.shards)) if shards is None else sorted(set(shards)):
+        s = ix.shards[i]
+        eps = ", ".join(dict.fromkeys(e.id for e, _ in ix.segments_in(i))) or "none"
+        size = ix.shard_size(i)  # a local file, or a remote object through the index's source
+        if size is None:
+            out.append((FileNotFoundError, f"shard {s.name} is missing (episodes {eps}); restore it or re-shard"))
+            continue
+        if size != s.bytes:
+            out.append((IndexFormatError, f"shard {s.name} has {size} bytes, index says {s.bytes} (episodes {eps}); "
+                                          "truncated? re-shard it"))
+            continue
+        with ix.shard_bytes(i) as view:
+            if hashlib.sha256(view).hexdigest() != s.sha256:
+                out.append((IndexFormatError, f"shard {s.name}: sha256 mismatch (episodes {eps}); the file "
+                                              "changed, re-shard it"))
+            bad = ix.bad_frames(i, view)
+            if bad:
+                out.append((IndexFormatError, f"shard {s.name}: crc32 mismatch in {len(bad)} frames, the first "
+                                              f"episode {bad[0][0]!r} frame {bad[0][1]}; its bytes changed: restore "
+                                              "the shard or re-shard"))
+            if members:
+                check = _check_packed if ix.meta.get("layout") == "packed" else _check_members
+                for e, seg in ix.segments_in(i):
+                    out += [(IndexFormatError, m) for m in check(ix, view, s.name, e, seg)]
+    return out
+
+
+def _check_members(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg: Segment) -> list[str]:
+    """Parse every frame's members at its indexed byte range, with the same parser the pipes read with."""
+    eid = e.id
+    for k, (start, end) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end))):
+        frame = seg.first + k
+        try:
+            frame_fields(lambda size, off: bytes(view[off:off + size]), start, end, eid, frame,
+                         where=f"shard {name}: episode {eid!r} frame {frame}")
+        except ValueError as e:
+            return [str(e)]
+    return []
+
+
+def _check_packed(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg: Segment) -> list[str]:
+    """Walk the segment's chunk members as the writer laid them out (tar headers, pack tables, records) and
+    compare every record's place and key frame with the index's; then parse each record as the pipes do."""
+    from episodepipes.codec.chunk import parse_record, spans
+    from episodepipes.index.v2 import packed_spans
+
+    row = e.rows[seg.first]
+    want = packed_spans(ix._cols, row, seg.count, e.rows.start)
+    where = f"shard {name}: episode {e.id!r} frames {seg.first}..{seg.first + seg.count - 1}"
+    try:
+        got = spans(view[want["offsets"][0]:want["end"]], where=where)
+    except ValueError as err:
+        return [str(err)]
+    bounds = [a - want["offsets"][0] for a in want["offsets"]]
+    if (got.heads, got.sizes, [f + seg.first for f in got.keys]) != (want["heads"], want["sizes"], want["keys"]) \
+            or [sum(got.spans[:k]) for k in range(seg.count)] != bounds:
+        return [f"{where}: the chunk members do not hold the records where the index puts them; re-shard it"]
+    for k, (a, size) in enumerate(zip(seg.offsets, want["sizes"])):
+        try:
+            rec = parse_record(view[a:a + size], len(e.cameras), len(e.arrays), where=f"{where} frame {k}")
+        except ValueError as err:
+            return [str(err)]
+        if max(rec.backs, default=0) > seg.first + k - want["keys"][k]:
+            return [f"{where} frame {seg.first + k}: its record's decode starts before the index's key frame; "
+                    "re-shard it"]
+        for (key, spec), row in zip(sorted(e.arrays.items()), rec.rows):  # as the pipes' array_members checks it
+            if len(row) != np.dtype(spec.dtype).itemsize * math.prod(spec.shape):
+                return [f"{where} frame {seg.first + k}: array {key!r} has {len(row)} bytes in its record, not one "
+                        f"{spec.dtype} {tuple(spec.shape)} step; re-shard it"]
+    return []
+
+
+def stats_problems(ix: EpisodeIndex) -> list[tuple[type[Exception], str]]:
+    """`verify`'s check of the statistics: the side file read whole, its sha256 and every field checked."""
+    try:
+        ix._load_stats()
+    except IndexFormatError as e:
+        return [(IndexFormatError, str(e))]
+    return []

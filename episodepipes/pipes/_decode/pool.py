@@ -1,0 +1,149 @@
+"""A per-pass worker pool: threads (default) or processes started by a fork server (spawned where there is none),
+always stopped by `Pool.close` or, for a pool dropped without it, by its finalizer.
+
+Why a fork server and not ``fork``: a child forked from this process gets every lock as it was at the fork, and a
+lock another thread held then (OpenCV's inside ``cv2.split`` in a decode thread of another pipe, a user's
+``threading.Lock``) stays held forever in the child, which then blocks on it: the process pass after a thread pass
+hung that way. The fork server (multiprocessing's ``"forkserver"``) is a fresh interpreter, started once per process,
+with the library (and torch, cv2, lightning if loaded here) imported before it forks anything, so each pass's workers
+start from that clean state in milliseconds, not from this process's memory. They inherit nothing of this pass,
+so the shared batch rows are given to them as descriptors (`_slabs.Ring`); the main module is imported in each
+worker as `multiprocessing` does for spawned children (keep a script's work under ``if __name__ == "__main__":``).
+
+Workers die with the process running the pass, even killed outright (`_deathsig.exit_with`), and
+`_executor.InOrder` bounds how long it waits on one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+from episodepipes._deathsig import die_with, exit_with
+from episodepipes.pipes._decode import slabs as _slabs
+from episodepipes.pipes.stats import Stats
+
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 64 << 20
+THREAD_PREFIX = "episodepipes-decode"
+PRELOAD = ("episodepipes.pipes.decode", "episodepipes.pipes.train")  # what the fork server imports before forking
+PRELOAD_IF_LOADED = ("torch", "cv2", "lightning", "av")  # and these, when this process has them
+_preloaded = False
+
+
+def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> None:
+    """Make a decode process safe and fast.
+
+    - Gone with the process running the pass (``owner``), even killed outright, and with its parent, the fork server
+      (`_deathsig`).
+    - Given the pass's shared batch rows (`_slabs.attach`), which a fork server's child cannot inherit.
+    - One torch intra-op thread: the parent's OpenMP pool is not forked, and a parallel torch op
+      (e.g. in a train ``transform``) would wait on it forever.
+    - Default SIGTERM and ignored SIGINT: a handler inherited from the parent (Lightning installs one
+      for SIGTERM) must not run in a worker; on Ctrl-C the parent closes the pool.
+    - glibc serves each decoded frame (about 1 MB) with a fresh mmap by default, which costs hundreds of
+      page faults per frame; a 64 MB threshold keeps them in the heap. Only our own workers are tuned.
+
+    Do not call `cv2.setNumThreads` here: it was seen to wait forever on the parent's pool in a forked child.
+    """
+    if owner is not None:
+        die_with(os.getppid())  # the fork server: long-lived, so it is still the parent this early
+        exit_with(owner)
+    if ring is not None:
+        _slabs.attach(ring)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    except OSError:  # not glibc: nothing to tune
+        pass
+
+
+def start_method() -> str:
+    """``"forkserver"`` where the platform has it, else ``"spawn"`` (both start workers from a clean state)."""
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def shares_memory() -> bool:
+    """Whether decode processes can be given the shared batch rows (`_slabs.Ring`): their descriptors are passed
+    along as a fork server starts them; elsewhere their frames come back pickled."""
+    return start_method() == "forkserver"
+
+
+def _context() -> mp.context.BaseContext:
+    """The start context, its fork server told what to import first (only the first call, before it starts)."""
+    global _preloaded
+    ctx = mp.get_context(start_method())
+    if start_method() == "forkserver" and not _preloaded:
+        ctx.set_forkserver_preload([*PRELOAD, *(m for m in PRELOAD_IF_LOADED if m in sys.modules)])
+        _preloaded = True
+    return ctx
+
+
+def _stop(ex: Executor) -> None:
+    """Cancel queued work and stop the workers; wait for them unless called from one of them (a
+    finalizer can run in any thread, and a thread cannot join itself)."""
+    ex.shutdown(wait=not threading.current_thread().name.startswith(THREAD_PREFIX), cancel_futures=True)
+
+
+class WorkerError(RuntimeError):
+    """A decode worker died or returned nothing within the bound (`_executor.STALL`); names it and the pass ends."""
+
+
+class Pool:
+    """``num_workers`` threads or processes for one pass; counts them in ``stats["workers_started"]``.
+
+    `close` stops them; a pool dropped without it is stopped by its finalizer (an abandoned pass). ``ring``: the
+    shared batch rows process workers write into (given to each as it starts).
+    """
+
+    def __init__(self, method: str, num_workers: int, stats: Stats, ring: _slabs.Ring | None = None) -> None:
+        self._ex: Executor
+        if method == "process":
+            self._ex = ProcessPoolExecutor(num_workers, mp_context=_context(), initializer=_init_process,
+                                           initargs=(ring, os.getpid()))
+        else:
+            self._ex = ThreadPoolExecutor(num_workers, thread_name_prefix=THREAD_PREFIX)
+        self._finalizer = weakref.finalize(self, _stop, self._ex)
+        self._seen: dict[int, Any] = {}  # pid -> process, as the executor starts them (`describe`)
+        stats.add("workers_started", num_workers)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        fut = self._ex.submit(fn, *args)
+        procs = getattr(self._ex, "_processes", None)  # no public list of a ProcessPoolExecutor's workers
+        if procs and len(procs) != len(self._seen):
+            self._seen.update(procs)
+        return fut
+
+    def describe(self) -> str:
+        """The workers, for an error: pids and how each ended, or the threads' name prefix."""
+        if not isinstance(self._ex, ProcessPoolExecutor):
+            return f"threads {THREAD_PREFIX}-*"
+        return ", ".join(f"pid {pid}" + ("" if p.exitcode is None else f" (exit code {p.exitcode})")
+                         for pid, p in sorted(self._seen.items())) or "processes not started"
+
+    def abort(self) -> None:
+        """Kill process workers (a stuck one would never take the stop message), then stop the pool."""
+        for p in list(self._seen.values()):
+            if p.exitcode is None:
+                p.kill()
+        if isinstance(self._ex, ThreadPoolExecutor):  # a stuck thread cannot be joined: leave it
+            self._finalizer.detach()
+            self._ex.shutdown(wait=False, cancel_futures=True)
+        else:
+            self._finalizer()
+
+    def close(self) -> None:
+        """Cancel queued work and wait for every worker to exit (threads joined, processes reaped)."""
+        self._finalizer()

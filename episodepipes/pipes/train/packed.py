@@ -1,0 +1,187 @@
+"""`train_pipe` on packed (video-codec) shards: a sample's steps read by byte range, each window's GOPs once.
+
+`TrainReader`'s order, state and resume are untouched; `PackedTrainReader` changes only how a sample's steps are
+read. The frames whose records a sample needs are the current step and each camera-window step with the records
+back to their key frame (the index's ``key`` column), and each array-window step's own record (no GOP: arrays are
+raw rows). Runs of consecutive frames of one shard are one byte range, so a history window reads from its earliest
+key frame to its latest step once; every record is checked against the index's CRC32 and parsed into the members a
+JPEG frame has (`videoframes.packed_members`). The decode stage is `VideoFrames` (its `DecoderPool` keeps GOPs, so a
+window decoded in step order decodes each packet once); `TrainFrames` is its form for mixtures, whose sources may
+hold a batch camera as JPEG in one and as packets in another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from episodepipes.codec.chunk import Record
+from episodepipes.codec.pack import MAGIC
+from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.pipes.frames import JPEG, FrameDecoder, decode_jpeg
+from episodepipes.pipes.order.window import damaged_sample, fields_by_step, window_sample
+from episodepipes.pipes.plan import Item
+from episodepipes.pipes.sample import RawSample
+from episodepipes.pipes.train.reader import TrainReader
+from episodepipes.pipes.videoframes import (
+    Gop,
+    VideoFrames,
+    array_members,
+    key_frame,
+    packed_members,
+    parse_packed,
+    video_cameras,
+)
+
+
+def is_packed(index: EpisodeIndex) -> bool:
+    return index.meta.get("layout") == "packed"
+
+
+def check_trainable(index: EpisodeIndex, where: str) -> None:
+    """Refuse video cameras in the members layout (each frame a packet member, written before the packed one)."""
+    video = sorted(video_cameras(index))
+    if video and not is_packed(index):
+        raise ValueError(f"cameras {video} of {where} are video packets in the older members layout, which "
+                         "train_pipe does not read; re-shard it with this version's write --codec")
+
+
+def needed_frames(index: EpisodeIndex, ep: Episode, t: int,
+                  steps: Mapping[int, set[str]]) -> tuple[list[int], set[int]]:
+    """(every frame whose record the sample reads, in order; the steps read only for their arrays).
+
+    A step with a camera (``t`` and camera-window steps) needs the records from its key frame to itself.
+    """
+    cams = {t} | {s for s, want in steps.items() if any(not f.endswith(".npy") for f in want)}
+    frames = set(steps)
+    for s in cams:
+        frames.update(range(key_frame(index, ep.id, s), s + 1))
+    return sorted(frames), set(steps) - cams
+
+
+def frame_runs(ep: Episode, frames: list[int]) -> list[tuple[int, int, int, list[int]]]:
+    """(shard, start, end, frames) per run of consecutive frames in one shard: each run is one byte range."""
+    runs: list[tuple[int, int, int, list[int]]] = []
+    for f in frames:
+        shard, a, b = ep.frame_range(f)
+        if runs and runs[-1][0] == shard and runs[-1][3][-1] == f - 1:
+            s, start, _, fs = runs.pop()
+            runs.append((s, start, b, [*fs, f]))
+        else:
+            runs.append((shard, a, b, [f]))
+    return runs
+
+
+class PackedTrainReader(TrainReader):
+    """`TrainReader` of a packed index (same constructor, order and state): steps read as records, not tar members.
+
+    A window's camera field is its video member (``<camera>.<codec>``) instead of ``.jpg``; the state keeps only
+    the windows' extents, so it is the JPEG reader's.
+    """
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        video = video_cameras(self.index)
+        self.windows = {k: replace(w, field=f"{k}.{video[k][0]}") if k in video else w
+                        for k, w in self.windows.items()}
+
+    def _sample(self, flat: int, *_: Any) -> RawSample:  # bytes a read-ahead fetched per frame: not the key range
+        e, t = self.table.locate(flat)
+        ep, ix = self.episodes[e], self.index
+        steps = fields_by_step(t, ep.length, self.windows)
+        frames, arrays_only = needed_frames(ix, ep, t, steps)
+        records: dict[int, Record | None] = {}
+        for shard, start, end, fs in frame_runs(ep, frames):
+            [data] = self.source.read_ranges(self._names[shard], [(start, end - start)])
+            self.stats.add("bytes_read", len(data))
+            view = memoryview(data)
+            for f in fs:
+                _, a, b = ep.frame_range(f)
+                records[f] = parse_packed(ix, ep.id, f, view[a - start:b - start])
+        read: dict[int, dict[str, bytes]] = {}
+        why = next((f"frame {f}'s record does not match its crc32 in the index or is not a record"
+                    for f in frames if records[f] is None), None)
+        for s in [t, *steps] if why is None else ():
+            if s in arrays_only:
+                read[s], why = array_members(ix, ep.id, records[s])  # type: ignore[arg-type]
+            else:
+                read[s], why = packed_members(ix, ep.id, s, records.__getitem__)
+            if why is not None:
+                break
+        self.stats.add("frames_read", len(steps) + 1)
+        item, shard_name = Item(ep.id, t), ix.shards[ep.frame_range(t)[0]].name
+        if why is not None:
+            return damaged_sample(item, shard_name, ep.length, self.windows, why)
+        return window_sample(item, shard_name, ep.length, self.windows, read)
+
+
+class RenamedTrainReader(TrainReader):
+    """A JPEG source's `TrainReader` in a mixture whose batch camera is video elsewhere: its ``<camera>.jpg``
+    member goes under the video field the mixture's `TrainFrames` reads (`TrainFrames.decode` tells them apart)."""
+
+    renames: dict[str, str] = {}
+
+    def _sample(self, flat: int, *args: Any) -> RawSample:
+        raw = super()._sample(flat, *args)
+        if not self.renames:
+            return raw
+        return replace(raw, members={self.renames.get(f, f): b for f, b in raw.members.items()})
+
+
+def rename_jpeg(reader: TrainReader, keys: Mapping[str, str] | None, video: Mapping[str, tuple[str, int]]) -> None:
+    """Have a JPEG source's reader give a camera that is video in another source under the video field."""
+    if not isinstance(reader, RenamedTrainReader):
+        return
+    mine = video_cameras(reader.index)
+    reader.renames = {f"{a}.jpg": f"{a}.{video[b][0]}" for a in reader.episodes[0].cameras
+                      if a not in mine and (b := a if keys is None else keys.get(a, "")) in video}
+
+
+def reader_class(index: EpisodeIndex, *, mixture: bool = False) -> type[TrainReader]:
+    """The reader of an index's layout (a JPEG source of a mixture may need its members renamed)."""
+    if is_packed(index):
+        return PackedTrainReader
+    return RenamedTrainReader if mixture else TrainReader
+
+
+@dataclass(frozen=True)
+class TrainFrames:
+    """`FrameDecoder` of a mixture's batch cameras: ``cameras`` (batch camera -> (codec, gop)) are video in some
+    source; a member of one that is not a packed GOP (no EPK1 magic: a JPEG starts ``FF D8``) is a JPEG frame."""
+
+    cameras: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def field(self, camera: str) -> str:
+        return VideoFrames(self.cameras).field(camera)
+
+    def decode(self, camera: str, data: bytes, *, src: tuple[int, int], size: tuple[int, int] | None = None,
+               out: np.ndarray | None = None) -> np.ndarray | None:
+        if camera not in self.cameras or not isinstance(data, Gop) and bytes(data[:len(MAGIC)]) != MAGIC:
+            return decode_jpeg(data, src=src, size=size, out=out)
+        return VideoFrames(self.cameras).decode(camera, data, src=src, size=size, out=out)
+
+
+def mixture_frames(indexes: list[EpisodeIndex], keys: list[Mapping[str, str] | None],
+                   names: list[str]) -> dict[str, tuple[str, int]]:
+    """Batch camera -> (codec, gop) of every camera that is video in some source; two codecs are refused."""
+    out: dict[str, tuple[str, int]] = {}
+    for idx, k, name in zip(indexes, keys, names):
+        for c, (codec, gop) in video_cameras(idx).items():
+            if k is not None and c not in k:
+                continue
+            b = c if k is None else k[c]
+            got = out.setdefault(b, (codec, gop))
+            if got[0] != codec:
+                raise ValueError(f"batch camera {b!r} is {got[0]} in one source and {codec} in source {name!r}; "
+                                 "re-shard one of them with the other's --codec")
+            out[b] = (codec, max(got[1], gop))
+    return out
+
+
+def frames_of(index: EpisodeIndex) -> FrameDecoder:
+    """The `FrameDecoder` of one source's cameras: `VideoFrames` where any is video, else JPEG."""
+    video = video_cameras(index)
+    return VideoFrames(video) if video else JPEG

@@ -1,0 +1,255 @@
+"""The encoders of `write_shards`: one task reads and encodes one episode, in this process, a thread or a pool.
+
+Results come back in task order, so the output never depends on timing or on the number of workers. A write that
+copies packets (``codec="copy"``) has little work per episode besides demuxing and I/O, so its episodes run in one
+thread beside the writer, and the process pool starts only when an episode turns out to have frames to encode (an
+image feature): starting the pool and passing every episode through a spool file cost more than the work it spread.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import itertools
+import mmap
+import multiprocessing as mp
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+
+from episodepipes import safefile
+from episodepipes._deathsig import die_with
+from episodepipes.format import safe_field
+from episodepipes.normstats.fields import episode_part
+from episodepipes.sharding.episode import EpisodeError
+from episodepipes.sharding.write.encode import EncodedEpisode, encode_episode
+
+_IOV_MAX = 1024  # POSIX's minimum IOV_MAX is 16, but Linux, macOS and the BSDs take 1024
+_decode_threads = 0  # 0: the decoder's own choice (a thread per core); a worker gets its share of the cores
+SLOT_BYTES = 64 * 2**20  # a pooled episode up to this many tar bytes comes back in shared memory, a larger one spooled
+_slots: Slots | None = None  # a forked worker's view of its pool's slots (set by `_init`)
+
+
+def decode_threads() -> int:
+    """Threads a video decoder in this process should use: 0 (FFmpeg's choice) outside a pool, else
+    cores // workers: a thread per core in every worker oversubscribes the cores and costs CPU."""
+    return _decode_threads
+
+
+class Slots:
+    """Shared memory the forked encoders hand their episodes' tar bytes back in, one slot per episode in flight.
+
+    A spool file costs a copy into the page cache in the worker, then page faults in the writer and the file's
+    freeing, for every episode; a slot is mapped once, before the fork, and reused. Pages are touched only as far
+    as episodes fill them (``MAP_NORESERVE``), so a slot's size is a cap, not memory taken.
+    """
+
+    def __init__(self, count: int, size: int) -> None:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
+        self.size, self.mm = size, mmap.mmap(-1, count * size, flags=flags)
+        self.free = collections.deque(range(count))
+
+    def put(self, slot: int, enc: EncodedEpisode) -> int | None:
+        """Copy ``enc``'s tar bytes into ``slot``; their byte count, or None when they do not fit."""
+        total = sum(enc.sizes)  # the frames' shares add up to the episode's bytes
+        if total > self.size:
+            return None
+        start = slot * self.size  # one join and one copy: a slice assignment per part costs more in Python
+        self.mm[start:start + total] = enc.data()
+        return total
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still held by the traceback of an error in flight: freed with it
+            pass
+
+
+def _encode(task: tuple, slot: int | None = None) -> tuple:
+    """Worker: `_encode_one`'s result."""
+    return _encode_one(task, slot)[0]
+
+
+def _encode_one(task: tuple, slot: int | None = None) -> tuple[tuple, bool]:
+    """Read and encode one episode. Input errors come back as values, to be skipped or raised.
+
+    ``split`` is the split chosen by an option; it replaces the episode's own split when ``override``
+    (``--val-episodes``), else only fills it in (``--val-fraction``). The result says where the split
+    came from: "option", "metadata" or "default" (train), and carries the episode's array statistics
+    (`episode_part`), made here in parallel so that the single writer only folds them in.
+
+    With a ``spool`` folder the tar bytes go to a file there and only its name and the frame sizes
+    return: pickling megabytes through the pool's pipe cost the parent more CPU than hashing and
+    writing them, and the parent is the one process that cannot be parallelised. A failed spool write
+    (a full disk) is not the episode's fault: it is raised, never skipped as a bad episode. With a ``slot``
+    of the pool's `Slots` the bytes go there instead, and only ``("slot", slot, nbytes)`` returns, unless
+    the episode is larger than a slot.
+
+    The flag says whether the episode had frames to encode (cameras that are not copied packets).
+    """
+    reader, eid, split, override, opts, spool = task
+    framed = False
+    try:
+        ep = reader.read(eid)
+        framed = bool(ep.cameras)
+        origin = "metadata" if ep.split is not None else "default"
+        if split is not None and (override or ep.split is None):
+            ep.split, origin = split, "option"
+        if ep.split not in (None, "train", "val"):
+            raise EpisodeError(f"episode {eid!r}: split {ep.split!r} is not 'train' or 'val'; fix its metadata "
+                               "or pass --val-episodes")
+        enc = encode_episode(ep, opts)
+    except (EpisodeError, ValueError, OSError, cv2.error) as e:
+        msg = str(e) if isinstance(e, EpisodeError) else f"episode {eid!r}: {type(e).__name__}: {e}"
+        return ("bad", eid, msg), framed
+    stats = episode_part(enc.meta["id"], {safe_field(k): v for k, v in ep.arrays.items()})
+    if spool is None:
+        return ("ok", enc.meta, (enc.data(), enc.sizes), origin, stats), framed
+    if slot is not None and _slots is not None and (nbytes := _slots.put(slot, enc)) is not None:
+        return ("ok", enc.meta, (("slot", slot, nbytes), enc.sizes), origin, stats), framed
+    path = Path(spool) / f"{enc.meta['id']}.samples"
+    fd = safefile.create(path)  # the spool is OUT/_spool: a link planted there is refused
+    try:
+        _write_parts(fd, enc)
+    finally:
+        os.close(fd)
+    return ("ok", enc.meta, (str(path), enc.sizes), origin, stats), framed
+
+
+def _write_parts(fd: int, enc: EncodedEpisode) -> None:
+    """``enc``'s parts with few gathering ``writev`` calls: no joined copy of the episode. Counted in parts, not
+    frames: a packed (video) episode has fewer parts than frames, a chunk's member holding many frames."""
+    for i in range(0, len(enc.parts), _IOV_MAX):
+        chunk = enc.parts[i:i + _IOV_MAX]
+        want = sum(memoryview(x).nbytes for x in chunk)
+        done = os.writev(fd, chunk)
+        if done < want:  # a short write (a signal, a full disk): finish it plainly, or fail with the OSError
+            rest = memoryview(b"".join(chunk))[done:]
+            while rest:
+                rest = rest[os.write(fd, rest):]
+
+
+@contextlib.contextmanager
+def samples(payload: tuple) -> Iterator[tuple]:
+    """(tar bytes, frame sizes) of a worker result: as sent, or memory-mapped (no copy) from its spool file."""
+    data, sizes = payload
+    if not isinstance(data, str):
+        yield data, sizes
+        return
+    with open(data, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            with memoryview(mm) as view:
+                yield view, sizes
+        finally:
+            try:
+                mm.close()
+            except BufferError:  # a slice is still held by the traceback of the error in flight: keep that
+                pass  # error (a BufferError would hide it); the mapping is freed with the traceback
+    os.unlink(data)
+
+
+def _init(threads: int, spawned: bool, parent: int | None = None, slots: Slots | None = None) -> None:
+    global _decode_threads, _slots
+    if parent is not None:
+        die_with(parent)  # a writer killed outright leaves no encoder behind
+    _decode_threads, _slots = threads, slots
+    if spawned:
+        cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool
+
+
+def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False,
+            slot_bytes: int = SLOT_BYTES) -> Iterator[tuple]:
+    """`_encode` over ``tasks`` in order: in this process, or in ``workers`` forked processes.
+
+    ``threaded`` (copied packets, little to encode): with ``workers > 1`` the tasks run in one thread beside the
+    caller (demuxing, parquet reads and the caller's hashing and writing release the GIL) until an episode has
+    frames to encode; the tasks after it go to the pool, started then. A pooled episode's tar bytes come back
+    in shared memory (`Slots` of ``slot_bytes`` each) when it fits and the pool forks, else in its spool file.
+    """
+    if workers <= 1:
+        yield from map(_encode, tasks)
+        return
+    done = 0
+    if threaded:
+        for res in _threaded(tasks, 2 * workers):
+            done += 1
+            yield res
+    if done < len(tasks):
+        yield from _pooled(tasks[done:], workers, slot_bytes)
+
+
+def _threaded(tasks: list[tuple], ahead: int) -> Iterator[tuple]:
+    """Results of ``tasks`` run one at a time in a thread, at most ``ahead`` in flight, stopping after the first
+    episode with frames to encode (and the tasks already started then). The results stay in memory (no spool)."""
+    ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="episodepipes-copy")
+    try:
+        todo, window = iter(tasks), collections.deque()
+        for task in itertools.islice(todo, ahead):
+            window.append(ex.submit(_encode_one, (*task[:-1], None)))
+        while window:
+            res, framed = window.popleft().result()
+            yield res
+            if framed:  # the pool takes over from the first task not yet started (one thread: they are the last)
+                while window and window[-1].cancel():
+                    window.pop()
+                for fut in window:
+                    yield fut.result()[0]
+                return
+            for task in itertools.islice(todo, 1):
+                window.append(ex.submit(_encode_one, (*task[:-1], None)))
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _pooled(tasks: list[tuple], workers: int, slot_bytes: int = SLOT_BYTES) -> Iterator[tuple]:
+    """`_encode` over ``tasks`` in order in ``workers`` forked processes.
+
+    The children inherit one OpenCV thread each (one process per core already; more threads would only
+    contend) from a setting made in this process around the fork: `cv2.setNumThreads` called in a
+    forked child can wait forever on the parent's thread pool, which the child does not have. They also
+    inherit the `Slots` their episodes come back in; a result's slot is reused once the caller has taken
+    the result and asked for the next one.
+    """
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    forked = ctx.get_start_method() == "fork"
+    slots = Slots(2 * workers, slot_bytes) if forked and slot_bytes > 0 else None
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        pool = ctx.Pool(workers, initializer=_init,
+                        initargs=(max(1, (os.cpu_count() or 1) // workers), not forked, os.getpid(), slots))
+    finally:
+        cv2.setNumThreads(threads)
+    try:
+        with pool:
+            # a bounded window, not imap's unbounded read-ahead: encoders faster than the writer would
+            # otherwise spool up to the whole dataset, on the disk the shards need
+            todo, window = iter(tasks), collections.deque()
+
+            def submit(task: tuple) -> None:
+                slot = slots.free.popleft() if slots is not None else None
+                window.append((pool.apply_async(_encode, (task, slot)), slot))
+
+            for task in itertools.islice(todo, 2 * workers):
+                submit(task)
+            while window:
+                pending, slot = window.popleft()
+                res = pending.get()
+                if res[0] == "ok" and isinstance(res[2][0], tuple):  # ("slot", slot, nbytes): a view, no copy
+                    with memoryview(slots.mm) as mm:
+                        start = slot * slots.size
+                        with mm[start:start + res[2][0][2]] as view:
+                            yield (*res[:2], (view, res[2][1]), *res[3:])
+                else:
+                    yield res
+                if slot is not None:
+                    slots.free.append(slot)
+                for task in itertools.islice(todo, 1):
+                    submit(task)
+    finally:
+        if slots is not None:
+            slots.close()
