@@ -21,7 +21,7 @@ from ddp.app import EpisodeData, TinyModel
 from helpers import make_shards, run_script_ranks
 
 from episodepipes.lightning_glue import AtomicMp4, OverlayVideoWriter
-from episodepipes.lightning_glue.mp4 import MAX_FPS, MIN_FPS
+from episodepipes.lightning_glue.fps import MAX_FPS, MIN_FPS
 from episodepipes.lightning_glue.partials import PARTIAL, host_id, partial_path, run_token
 from episodepipes.lightning_glue.video_writer import read_rgb
 from episodepipes.safefile import UnsafePathError

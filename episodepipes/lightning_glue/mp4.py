@@ -9,7 +9,7 @@ picks the container from the extension). The partial file is created with ``O_CR
 that name is taken (`partials.publish`). An exception inside the ``with`` block discards it; a killed process
 leaves only its hidden partial file, which `partials.remove_abandoned` clears once the process is provably dead.
 
-Frame rates are checked where they are used (`check_fps`): finite and within `FPS_RANGE`.
+Frame rates are checked where they are used (`episodepipes.lightning_glue.fps.check_fps`).
 """
 
 from __future__ import annotations
@@ -26,34 +26,12 @@ from types import TracebackType
 import cv2
 import numpy as np
 
-from episodepipes.format import finite
 from episodepipes.lightning_glue import partials
+from episodepipes.lightning_glue.fps import check_fps
 from episodepipes.safefile import UnsafePathError, create
 
 log = logging.getLogger(__name__)
-# Frame rates an overlay video stores, in frames per second. MPEG-4 Part 2 (OpenCV's mp4v) keeps the rate in a 16-bit
-# time base, so it refuses 100000; OpenCV refuses rates of 0.001 and below; PyAV's H.264 takes 1e-4 to 1e7 and dies
-# with OverflowError at 2**31. Both encoders store every rate in this range (tests/test_hostile_videos.py).
-MIN_FPS, MAX_FPS = 0.01, 10_000.0
-FPS_RANGE = (MIN_FPS, MAX_FPS)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # EFBIG: a file size limit (RLIMIT_FSIZE, a quota)
-
-
-def fps_problem(fps: object) -> str | None:
-    """Why ``fps`` cannot be an overlay video's frame rate, or None when it can."""
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not finite(fps):
-        return "is not a finite number"
-    if not MIN_FPS <= fps <= MAX_FPS:
-        return f"is outside {MIN_FPS:g}..{MAX_FPS:g}, the frame rates an mp4 of either encoder stores"
-    return None
-
-
-def check_fps(fps: object) -> float:
-    """``fps`` as a float if an overlay video can store it (`FPS_RANGE`), else a ValueError naming it."""
-    problem = fps_problem(fps)
-    if problem:
-        raise ValueError(f"fps={fps!r} {problem}; it should be the episode's source frame rate from the index")
-    return float(fps)  # type: ignore[arg-type]
 
 
 def is_disk_full(e: BaseException) -> bool:
@@ -165,7 +143,8 @@ class AtomicMp4:
     Args:
         path: the final file name (``.mp4``). If a file (or link) already has it, `close` publishes under
             ``<stem>-v1.mp4``, ``-v2``... instead and returns that name.
-        fps: frames per second stored in the file: the episode's source rate, within `FPS_RANGE`.
+        fps: frames per second stored in the file: the episode's source rate, within
+            `episodepipes.lightning_glue.fps.FPS_RANGE`.
         codec: ``"auto"`` (default): H.264 through PyAV when it is installed with an H.264 encoder, else
             OpenCV's ``mp4v``; ``"h264"``: PyAV's H.264, an error without it; ``"mp4v"``: OpenCV's MPEG-4 Part 2.
         owner: the token naming this writer's partial files (`partials.run_token`; default: a fresh one).

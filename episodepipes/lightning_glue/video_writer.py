@@ -33,8 +33,9 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from episodepipes.index import EpisodeIndex
+from episodepipes.lightning_glue.fps import fps_problem
 from episodepipes.lightning_glue.gating import RenderGate
-from episodepipes.lightning_glue.mp4 import AtomicMp4, fps_problem, is_disk_full
+from episodepipes.lightning_glue.mp4 import AtomicMp4, is_disk_full
 from episodepipes.lightning_glue.names import video_stem
 from episodepipes.lightning_glue.overlay import draw_overlay, tile_cameras
 from episodepipes.lightning_glue.partials import remove_abandoned, run_token
@@ -116,7 +117,7 @@ class OverlayVideoWriter(RenderGate):
 
     def check_pipe(self, name: str, index: EpisodeIndex) -> None:
         """Raise if ``cameras`` or ``gt_key`` is missing from the video pipe ``name``'s index, naming what is there,
-        or if an episode's fps is one no mp4 stores (`episodepipes.lightning_glue.mp4.FPS_RANGE`).
+        or if an episode's fps is one no mp4 stores (`episodepipes.lightning_glue.fps.FPS_RANGE`).
 
         Run on every rank when validation starts, so a typo fails everywhere at once instead of on rank 0 at
         its first render pass (which would leave the other ranks waiting on a dead peer).
