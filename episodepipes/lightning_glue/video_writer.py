@@ -62,6 +62,13 @@ class OverlayVideoWriter(RenderGate):
             written, outside the timed render span, and are waited for at teardown.
 
     Override `render` to draw your own overlay.
+
+    Attributes:
+        written: every video this writer published, in order (a name may carry ``-v1``... if another run's video
+            already had it).
+        failed_steps: the global steps whose render pass found the disk under ``dirpath`` full (videos dropped,
+            one error line logged each, training went on).
+        owner: the per-run token in this writer's partial file names.
     """
 
     def __init__(self, dirpath: str | os.PathLike, *, camera: str | None = None, cameras: Sequence[str] | None = None,
