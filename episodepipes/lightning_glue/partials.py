@@ -24,6 +24,7 @@ import re
 import secrets
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -101,9 +102,12 @@ def remove_abandoned(folder: Path) -> int:
     return removed
 
 
-def versions(path: Path) -> list[Path]:
-    """``path``, then ``<stem>-v1<suffix>`` ... ``-v999``: the names `publish` tries, in order."""
-    return [path] + [path.with_name(f"{path.stem}-v{k}{path.suffix}") for k in range(1, MAX_VERSIONS + 1)]
+def versions(path: Path) -> Iterator[Path]:
+    """``path``, then ``<stem>-v1<suffix>`` ... ``-v999``: the names `publish` tries, in order (made lazily: almost
+    always the first one is free)."""
+    yield path
+    for k in range(1, MAX_VERSIONS + 1):
+        yield path.with_name(f"{path.stem}-v{k}{path.suffix}")
 
 
 def publish(tmp: Path, path: Path) -> Path:
