@@ -1,4 +1,7 @@
 import logging
+import signal
+import subprocess
+import sys
 
 import cv2
 import lightning.pytorch as pl
@@ -9,8 +12,8 @@ from ddp.app import EpisodeData, PassCounters, TinyModel
 from helpers import make_shards
 
 from episodepipes.lightning_glue import AtomicMp4, OverlayVideoWriter, draw_overlay
-from episodepipes.lightning_glue.mp4 import partial_path, remove_partials
 from episodepipes.lightning_glue.overlay import POINT, TRAJECTORY
+from episodepipes.lightning_glue.partials import PARTIAL, remove_abandoned
 from episodepipes.lightning_glue.video_writer import read_rgb
 
 FPS, LENGTH = 7.5, 12
@@ -64,24 +67,36 @@ def test_atomic_write_publishes_only_complete_files(tmp_path):
     with AtomicMp4(path, fps=5) as f:
         for fr in _frames():
             f.write(fr)
-        assert not path.exists() and partial_path(path).exists()
-    assert path.exists() and not partial_path(path).exists() and len(read_rgb(path)) == 5
+        assert not path.exists() and f.tmp.exists()
+    assert path.exists() and not f.tmp.exists() and len(read_rgb(path)) == 5
     old = path.read_bytes()
     with pytest.raises(RuntimeError, match="crash"), AtomicMp4(path, fps=5) as f:  # a failing rewrite
         f.write(_frames(1)[0])
         raise RuntimeError("crash mid-write")
-    assert path.read_bytes() == old and not partial_path(path).exists()
+    assert path.read_bytes() == old and list(tmp_path.glob(f".*{PARTIAL}")) == []
+
+
+KILLED = """
+import sys, time, numpy as np
+from episodepipes.lightning_glue import AtomicMp4
+f = AtomicMp4(sys.argv[1], fps=5)
+for i in range(3):
+    f.write(np.full((24, 32, 3), i, np.uint8))
+print(f.tmp, flush=True)
+time.sleep(600)
+"""
 
 
 def test_a_killed_writer_leaves_no_file_under_the_final_name(tmp_path):
     path = tmp_path / "pinned" / "ep_step2.mp4"
-    f = AtomicMp4(path, fps=5)
-    for fr in _frames(3):
-        f.write(fr)
-    del f  # the process dies here: no close(), no discard()
-    assert not path.exists() and partial_path(path).exists()
-    OverlayVideoWriter(tmp_path).setup(_trainer([]), TinyModel(), "fit")  # a new run clears leftovers
-    assert not partial_path(path).exists() and remove_partials(path.parent) == 0
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)], stdout=subprocess.PIPE, text=True)
+    tmp = proc.stdout.readline().strip()
+    proc.send_signal(signal.SIGKILL)  # the process dies here: no close(), no discard()
+    proc.wait()
+    proc.stdout.close()
+    assert not path.exists() and [str(p) for p in path.parent.glob(f".*{PARTIAL}")] == [tmp]
+    OverlayVideoWriter(tmp_path).setup(_trainer([]), TinyModel(), "fit")  # a new run clears a dead run's leftovers
+    assert list(path.parent.iterdir()) == [] and remove_abandoned(path.parent) == 0
 
 
 class _CrashingWriter(OverlayVideoWriter):

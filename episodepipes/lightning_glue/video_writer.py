@@ -5,6 +5,16 @@ the fail-fast checks. Files: ``<dirpath>/<loader>/<episode>_step<global_step:08d
 ``_validate`` in ``trainer.validate()``, ``_sanity`` in the sanity check), at the episode's fps from the index,
 H.264 when PyAV is installed (see `AtomicMp4`). Loggers get the videos afterwards, in a background thread
 (see `episodepipes.lightning_glue.upload`).
+
+Ownership: a writer touches only its own files. Its partial files carry a per-run token, a crashed run's partial
+files are removed only once provably abandoned (`episodepipes.lightning_glue.partials`), and a final name that
+already exists (another run's video at the same step) is kept: the new video gets ``<name>-v1.mp4``, ``-v2``...
+The loader folders under ``dirpath`` are made with `episodepipes.safefile.make_dir`, so a symlink planted there is
+refused by name instead of followed.
+
+A full disk (or quota, or file size limit) under ``dirpath`` does not stop training: the pass's videos are all
+closed and removed, one error line names the folder and the fix, the step is added to ``failed_steps``, and the
+next render pass tries again. Any other render error still raises, after every open video is closed and removed.
 """
 
 from __future__ import annotations
@@ -23,11 +33,14 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from episodepipes.index import EpisodeIndex
+from episodepipes.lightning_glue.fps import fps_problem
 from episodepipes.lightning_glue.gating import RenderGate
-from episodepipes.lightning_glue.mp4 import AtomicMp4, remove_partials
+from episodepipes.lightning_glue.mp4 import AtomicMp4, is_disk_full
 from episodepipes.lightning_glue.names import video_stem
 from episodepipes.lightning_glue.overlay import draw_overlay, tile_cameras
+from episodepipes.lightning_glue.partials import remove_abandoned, run_token
 from episodepipes.lightning_glue.upload import Uploader, choose_loggers
+from episodepipes.safefile import make_dir
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +62,13 @@ class OverlayVideoWriter(RenderGate):
             written, outside the timed render span, and are waited for at teardown.
 
     Override `render` to draw your own overlay.
+
+    Attributes:
+        written: every video this writer published, in order (a name may carry ``-v1``... if another run's video
+            already had it).
+        failed_steps: the global steps whose render pass found the disk under ``dirpath`` full (videos dropped,
+            one error line logged each, training went on).
+        owner: the per-run token in this writer's partial file names.
     """
 
     def __init__(self, dirpath: str | os.PathLike, *, camera: str | None = None, cameras: Sequence[str] | None = None,
@@ -68,6 +88,9 @@ class OverlayVideoWriter(RenderGate):
         self.cameras: list[str] | None = [camera] if camera is not None else (list(cameras) if cameras else None)
         self.camera = camera
         self.written: list[Path] = []  # every video this writer published, in order
+        self.failed_steps: list[int] = []  # global steps whose render pass hit a full disk (videos dropped)
+        self.owner = run_token()  # names this writer's partial files; no other run uses it
+        self._disk_full = False  # this render pass hit a full disk: write nothing more until the next pass
         self.uploader = Uploader()
         self._files: dict[tuple[str, str], AtomicMp4] = {}
         self._loggers: list[Logger] = []
@@ -89,17 +112,19 @@ class OverlayVideoWriter(RenderGate):
         super().setup(trainer, pl_module, stage)
         self._loggers = choose_loggers(trainer.loggers, self.log_to)  # every rank: a bad log_to fails everywhere
         if trainer.is_global_zero and self.dirpath.is_dir():
-            for sub in [self.dirpath, *(p for p in self.dirpath.iterdir() if p.is_dir())]:
-                remove_partials(sub)
+            for sub in [self.dirpath, *(p for p in self.dirpath.iterdir() if p.is_dir() and not p.is_symlink())]:
+                remove_abandoned(sub)  # a crashed run's leftovers only; another live run's files stay
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_validation_start(trainer, pl_module)
+        self._disk_full = False
         if self._loaders is not None:  # on every rank, before any batch: a rank-0-only error would desync
             for name, pipe in (self._loaders.videos or {}).items():
                 self.check_pipe(name, pipe.index)
 
     def check_pipe(self, name: str, index: EpisodeIndex) -> None:
-        """Raise if ``cameras`` or ``gt_key`` is missing from the video pipe ``name``'s index, naming what is there.
+        """Raise if ``cameras`` or ``gt_key`` is missing from the video pipe ``name``'s index, naming what is there,
+        or if an episode's fps is one no mp4 stores (`episodepipes.lightning_glue.fps.FPS_RANGE`).
 
         Run on every rank when validation starts, so a typo fails everywhere at once instead of on rank 0 at
         its first render pass (which would leave the other ranks waiting on a dead peer).
@@ -113,6 +138,12 @@ class OverlayVideoWriter(RenderGate):
             if c not in cams:
                 raise ValueError(f"OverlayVideoWriter camera={c!r} is not a camera of video loader {name!r} "
                                  f"(index {index.root}); cameras there: {cams}")
+        for e in index.episodes:
+            problem = fps_problem(e.fps)
+            if problem:
+                raise ValueError(f"episode {e.id!r} of video loader {name!r} (index {index.root}) has fps={e.fps!r}, "
+                                 f"which {problem}; fix that episode's fps in the dataset, or leave it out of the "
+                                 "video loader's index")
         arrays = sorted({k for e in index.episodes for k in e.arrays})
         if self.gt_key is not None and self.gt_key not in arrays:
             raise ValueError(f"OverlayVideoWriter gt_key={self.gt_key!r} is not an array of video loader {name!r} "
@@ -122,7 +153,7 @@ class OverlayVideoWriter(RenderGate):
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
         loaders = self._loaders
-        if not trainer.is_global_zero or loaders is None or not loaders.is_video(dataloader_idx):
+        if not trainer.is_global_zero or loaders is None or not loaders.is_video(dataloader_idx) or self._disk_full:
             return
         name, index = loaders.name(dataloader_idx), loaders.pipe(dataloader_idx).index
         cameras = self.cameras or [next(iter(index.episode(batch["episode"][0]).cameras))]
@@ -138,15 +169,25 @@ class OverlayVideoWriter(RenderGate):
                              f"{getattr(frames, 'shape', None)}; it should return uint8 [B, H, W, 3] frames")
         suffix = {TrainerFn.VALIDATING: "_validate"}.get(trainer.state.fn, "")
         suffix = "_sanity" if trainer.sanity_checking else suffix
-        for episode, frame in zip(batch["episode"], frames):
-            f = self._files.get((name, episode))
-            if f is None:
-                path = self.dirpath / name / f"{video_stem(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
-                if any(g.path == path for g in self._files.values()):
-                    raise ValueError(f"episodes {episode!r} and another pinned episode map to one video file {path}; "
-                                     "pin episodes whose ids differ in more than characters outside A-Z a-z 0-9 _ - .")
-                f = self._files[(name, episode)] = AtomicMp4(path, fps=index.episode(episode).fps)
-            f.write(frame)
+        folder = self.dirpath / name
+        try:
+            for episode, frame in zip(batch["episode"], frames):
+                f = self._files.get((name, episode))
+                if f is None:
+                    path = folder / f"{video_stem(episode)}_step{trainer.global_step:08d}{suffix}.mp4"
+                    if any(g.path == path for g in self._files.values()):
+                        raise ValueError(f"episodes {episode!r} and another pinned episode map to one video file "
+                                         f"{path}; pin episodes whose ids differ in more than characters outside "
+                                         "A-Z a-z 0-9 _ - .")
+                    self.dirpath.mkdir(parents=True, exist_ok=True)  # the user's folder: a link there is theirs
+                    make_dir(folder)  # ours: a link planted in its place is refused, not followed
+                    f = self._files[(name, episode)] = AtomicMp4(path, fps=index.episode(episode).fps,
+                                                                 owner=self.owner)
+                f.write(frame)
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            self._drop_pass(trainer, folder, e)
 
     def end_render_pass(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Publish this pass's videos (one atomic rename each) and hand them to the loggers' upload thread.
@@ -156,10 +197,20 @@ class OverlayVideoWriter(RenderGate):
             pl_module: the module being validated (unused).
         """
         files, self._files = self._files, {}
-        for (name, episode), f in files.items():
-            path = f.close()
+        for i, ((name, episode), f) in enumerate(files.items()):
+            try:
+                path = f.close()  # on an error it removed its own partial file
+            except BaseException as e:
+                for g in list(files.values())[i + 1:]:  # every other open video is closed and removed too
+                    g.discard()
+                if not is_disk_full(e):
+                    raise
+                self._drop_pass(trainer, self.dirpath / name, e)  # type: ignore[arg-type]
+                return
             if path is None:
                 continue
+            if path != f.path:
+                log.warning("%s already exists (another run's video?): kept it, wrote %s beside it", f.path, path)
             self.written.append(path)
             log.info("wrote %s (%d frames at %g fps, %s)", path, f.frames, f.fps, f.codec)
             # after the file is complete, in the background: not part of the render pass the other ranks wait for
@@ -174,6 +225,16 @@ class OverlayVideoWriter(RenderGate):
         super().teardown(trainer, pl_module, stage)
         self._discard()
         self.uploader.join()  # every video handed to the loggers before the loggers are finalized
+
+    def _drop_pass(self, trainer: pl.Trainer, folder: Path, e: OSError) -> None:
+        """A full disk: drop this pass's videos, say so in one line, and let training go on."""
+        self._discard()
+        self._disk_full = True
+        self.failed_steps.append(trainer.global_step)
+        log.error("overlay videos of global step %d not written: no space for them in %s ([Errno %s] %s); its "
+                  "unfinished videos were closed and removed. Free space there (or give OverlayVideoWriter "
+                  "a dirpath on a larger disk): training goes on and the next render pass tries again",
+                  trainer.global_step, folder, e.errno, e.strerror)
 
     def _discard(self) -> None:
         files, self._files = self._files, {}
