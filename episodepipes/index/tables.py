@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ class Tables:
     """An index's tables, both versions held as v2's (`episodepipes.index.v2`). Treat every field as read-only.
 
     Attributes:
-        episodes: one int64 row per episode, its columns numbered by `episodepipes.index.v2`'s ``FIRST`` (first
+        episodes: one uint64 row per episode, its columns numbered by `episodepipes.index.v2`'s ``FIRST`` (first
             frame row), ``LENGTH``, ``SEGMENT`` (first segment), ``SCHEMA``, ``SPLIT``, ``PROMPT`` and ``FPS``
             (codes into `schemas`, `splits`, `prompts` and `fps`).
         segments: one row per run of an episode's frames in one shard, columns ``SHARD``, ``ROW`` (first frame
@@ -68,7 +67,7 @@ class Tables:
                     {n: ArraySpec(n, dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
                      for n, a in sc["arrays"].items()}) for sc in meta["schemas"]]
         return cls(cols["episodes"], cols["segments"], cols["offset"], cols["size"], cols.get("crc32"),
-                   MappingProxyType(cols), meta["splits"], meta["prompts"], [float(x) for x in meta["fps"]],
+                   cols, meta["splits"], meta["prompts"], [float(x) for x in meta["fps"]],
                    schemas, {n: m for n, m in meta["episode_meta"]}, _SegmentChecks(meta, checked, file))
 
     def check_segments(self, js: Iterable[int]) -> None:
