@@ -12,7 +12,7 @@ hold a batch camera as JPEG in one and as packets in another.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -131,20 +131,22 @@ class RenamedTrainReader(TrainReader):
         return replace(raw, members={self.renames.get(f, f): b for f, b in raw.members.items()})
 
 
-def rename_jpeg(reader: TrainReader, keys: Mapping[str, str] | None, video: Mapping[str, tuple[str, int]]) -> None:
-    """Have a JPEG source's reader give a camera that is video in another source under the video field."""
-    if not isinstance(reader, RenamedTrainReader):
-        return
-    mine = video_cameras(reader.index)
+def mixture_reader(index: EpisodeIndex, episodes: Sequence[Episode], keys: Mapping[str, str] | None,
+                   video: Mapping[str, tuple[str, int]], **kw: Any) -> TrainReader:
+    """A mixture source's reader (``kw`` as `TrainReader`'s): a JPEG source's gives a camera that is video in
+    another source (``video``, by batch key) under the video field."""
+    if is_packed(index):
+        return PackedTrainReader(index, episodes, **kw)
+    reader = RenamedTrainReader(index, episodes, **kw)
+    mine = video_cameras(index)
     reader.renames = {f"{a}.jpg": f"{a}.{video[b][0]}" for a in reader.episodes[0].cameras
                       if a not in mine and (b := a if keys is None else keys.get(a, "")) in video}
+    return reader
 
 
-def reader_class(index: EpisodeIndex, *, mixture: bool = False) -> type[TrainReader]:
-    """The reader of an index's layout (a JPEG source of a mixture may need its members renamed)."""
-    if is_packed(index):
-        return PackedTrainReader
-    return RenamedTrainReader if mixture else TrainReader
+def reader_class(index: EpisodeIndex) -> type[TrainReader]:
+    """The reader of an index's layout (a mixture's sources: `mixture_reader`)."""
+    return PackedTrainReader if is_packed(index) else TrainReader
 
 
 @dataclass(frozen=True)
