@@ -88,7 +88,7 @@ class PackedTrainReader(TrainReader):
         self.windows = {k: replace(w, field=f"{k}.{video[k][0]}") if k in video else w
                         for k, w in self.windows.items()}
 
-    def _sample(self, flat: int, *_: Any) -> RawSample:  # bytes a read-ahead fetched per frame: not the key range
+    def sample(self, flat: int, *_: Any) -> RawSample:  # bytes a read-ahead fetched per frame: not the key range
         e, t = self.table.locate(flat)
         ep, ix = self.episodes[e], self.index
         steps = fields_by_step(t, ep.length, self.windows)
@@ -124,8 +124,8 @@ class RenamedTrainReader(TrainReader):
 
     renames: dict[str, str] = {}
 
-    def _sample(self, flat: int, *args: Any) -> RawSample:
-        raw = super()._sample(flat, *args)
+    def sample(self, flat: int, *args: Any) -> RawSample:
+        raw = super().sample(flat, *args)
         if not self.renames:
             return raw
         return replace(raw, members={self.renames.get(f, f): b for f, b in raw.members.items()})
