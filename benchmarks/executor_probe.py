@@ -157,7 +157,8 @@ def lifecycle(index: Any) -> list[str]:
     for cls in (Decoder, PMDecoder):
         for m in ("thread", "process"):
             before = set(threading.enumerate())
-            c = BatchStacker(cls(ShardReader(index, items), index, method=m, slab=16), batch_size=16)
+            d = cls(ShardReader(index, items), index, method=m, slab=16)
+            c = BatchStacker(d, batch_size=16, rows=d)
             c.reset()
             t0 = time.perf_counter()
             next(c)

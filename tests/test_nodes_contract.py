@@ -49,12 +49,17 @@ def _decoder(index, method):
     return Decoder(ShardReader(index, ITEMS), index, method=method, num_workers=2)
 
 
+def _stacker(index):
+    dec = _decoder(index, "thread")
+    return BatchStacker(dec, batch_size=4, rows=dec)  # as the builders wire it: frames decoded into batch rows
+
+
 NODES = {
     "reader": lambda index: ShardReader(index, ITEMS),
     "decoder-threads": lambda index: _decoder(index, "thread"),
     "decoder-processes": lambda index: _decoder(index, "process"),
-    "stacker": lambda index: BatchStacker(_decoder(index, "thread"), batch_size=4),
-    "open-gate": lambda index: Gate(lambda: BatchStacker(_decoder(index, "thread"), batch_size=4)),
+    "stacker": _stacker,
+    "open-gate": lambda index: Gate(lambda: _stacker(index)),
 }
 
 

@@ -41,7 +41,7 @@ def test_a_custom_frame_decoder_replaces_jpeg_in_the_decoder(index, method):
     items = [Item("ep0001", f) for f in range(5)]
     sizes = [len(r.members["front.jpg"]) % 251 for r in ShardReader(index, items)]
     dec = Decoder(ShardReader(index, items), index, method=method, frames=FirstByteFrames(), slab=2)
-    batches = list(BatchStacker(dec, batch_size=2))
+    batches = list(BatchStacker(dec, batch_size=2, rows=dec))
     fronts = [int(v) for b in batches for v in b["front"].amax((1, 2, 3))]
     assert fronts == sizes
     assert all(int(b["wrist"].max()) == 0 for b in batches)  # corrupt: zeros, valid=False, counted

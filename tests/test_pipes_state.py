@@ -55,7 +55,11 @@ def test_decoder_state_with_frames_in_flight(index, method):
 
 def test_gate_and_stacker_state(index):
     def make():
-        return Gate(lambda: BatchStacker(Decoder(ShardReader(index, ITEMS), index), batch_size=4))
+        def build():
+            dec = Decoder(ShardReader(index, ITEMS), index)
+            return BatchStacker(dec, batch_size=4, rows=dec)
+
+        return Gate(build)
 
     check_fresh_node_resumes(make, [0, 1, 3, 5])
 

@@ -62,7 +62,8 @@ def test_the_decoder_keeps_the_readers_cursor_and_makes_its_state_only_when_aske
     from episodepipes.pipes.decode import Decoder
 
     def decoder(state=None):
-        dec = Decoder(_reader(index, epochs=1), index, num_workers=2)
+        reader = _reader(index, epochs=1)
+        dec = Decoder(reader, index, num_workers=2, cursor=reader)
         dec.reset(state)
         return dec
 

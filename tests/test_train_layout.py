@@ -31,7 +31,7 @@ def test_the_decoder_writes_each_sample_into_the_row_of_its_batch(tmp_path, meth
     reader = TrainReader(idx, idx.split("train"), windows={}, seed=0, rank=0, world_size=1, batch_size=4,
                          epochs=1)
     dec = Decoder(reader, idx, num_workers=2, method=method)
-    BatchStacker(dec, batch_size=4)  # as train_pipe builds it: the stacker asks its decoder for batch rows
+    BatchStacker(dec, batch_size=4, rows=dec)  # as train_pipe wires it: the stacker asks its decoder for batch rows
     dec.reset(None)
     samples = [next(dec) for _ in range(4)]
     for cam in ("front", "wrist"):  # one buffer's rows 0..3: the batch is a view, not a stack of copies
@@ -66,7 +66,7 @@ def test_a_stacked_decoder_sends_samples_in_chunks_and_resumes_inside_one(tmp_pa
                          epochs=1)
     dec = Decoder(reader, idx, num_workers=2, method=method)
     assert dec.chunk == (1 if method == "thread" else 8)  # processes pickling frames back chunk already
-    BatchStacker(dec, batch_size=4)
+    BatchStacker(dec, batch_size=4, rows=dec)
     assert dec.chunk > 1 and dec.prefetch >= 2 * dec.chunk * 2  # a task per chunk, two per worker in flight
     ref = [(e, f) for b in pipe() for e, f in zip(b["episode"], b["frame"].tolist())]
     p = pipe()

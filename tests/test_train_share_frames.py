@@ -16,8 +16,9 @@ def _batches(idx, *, share, method, stats):
     eps = idx.split("train")
     windows = plan_windows({"front": 3}, {"state": 2}, cameras=set(eps[0].cameras), arrays=set(eps[0].arrays))
     reader = TrainReader(idx, eps, windows=windows, seed=0, rank=0, world_size=1, batch_size=6, epochs=1)
-    dec = Decoder(reader, idx, num_workers=2, method=method, stats=stats, share_frames=share)
-    stacker = BatchStacker(dec, batch_size=6, stats=stats)
+    dec = Decoder(reader, idx, num_workers=2, method=method, stats=stats, share_frames=share, cursor=reader,
+                  slices=reader.send_slices)
+    stacker = BatchStacker(dec, batch_size=6, stats=stats, rows=dec)
     stacker.reset(None)
     return list(stacker)
 

@@ -17,7 +17,7 @@ import numpy as np
 DECODERS = {"h264": "h264", "hevc": "hevc", "av1": "libdav1d", "vp9": "vp9"}
 # Container extension -> FFmpeg demuxer, for the video files a source dataset holds (raw folders, copies).
 # The one table: sharding.formats.video re-exports it; LeRobot accepts its own subset (`formats.lerobot`).
-DEMUXERS = {".mp4": "mov", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska", ".avi": "avi"}
+DEMUXERS = {".mp4": "mov", ".m4v": "mov", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska", ".avi": "avi"}
 MAX_SIDE = 8192  # 8K; a larger side read from a file is a damaged or hostile header, not a camera
 
 

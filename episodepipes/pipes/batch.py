@@ -15,7 +15,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.pipes._decode.buffers import BufferPool, consecutive_rows
 from episodepipes.pipes._decode.lifecycle import shutdown_node
-from episodepipes.pipes.decode import Decoder
+from episodepipes.pipes.links import RowsProvider
 from episodepipes.pipes.stats import Stats
 
 __all__ = ["BufferPool", "BatchStacker", "collate"]
@@ -74,19 +74,22 @@ class BatchStacker(BaseNode[dict]):
         reuse_buffers: stack arrays into buffers reused once nothing holds their last batch; False
             allocates every batch afresh (for consumers that keep raw pointers).
         stats: counters to add ``batches`` to.
+        rows: the `links.RowsProvider` ``source`` is (its `Decoder`), asked here to decode into the rows of
+            this node's batches (with ``reuse_buffers``), so collation copies no pixels. None: samples are
+            stacked as they come (the same batches).
     """
 
     SOURCE_KEY = "source"
 
     def __init__(self, source: BaseNode[dict], *, batch_size: int, reuse_buffers: bool = True,
-                 stats: Stats | None = None) -> None:
+                 stats: Stats | None = None, rows: RowsProvider | None = None) -> None:
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size} should be a positive int")
         self.source, self.batch_size, self.stats = source, batch_size, stats if stats is not None else Stats()
         self._buffers = BufferPool() if reuse_buffers else None
-        if reuse_buffers and isinstance(source, Decoder):  # its samples come in batch order: lay them out so
-            source.batch_rows(batch_size)
+        if reuse_buffers and rows is not None:  # its samples come in batch order: lay them out so
+            rows.batch_rows(batch_size)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -95,7 +98,7 @@ class BatchStacker(BaseNode[dict]):
     def next(self) -> dict:
         samples: list[dict] = []
         # reset() has initialised the source: BaseNode.__next__ would only check that again, per sample
-        take = self.source.next if isinstance(self.source, BaseNode) else self.source.__next__
+        take = self.source.next
         for _ in range(self.batch_size):
             try:
                 samples.append(take())

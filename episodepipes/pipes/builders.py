@@ -146,7 +146,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
             verified.append(True)
         reader = ShardReader(index, items, stats=stats)
         dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames, transform=transform)
-        return BatchStacker(dec, batch_size=batch_size, stats=stats)
+        return BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec)
 
     return build
 

@@ -24,6 +24,7 @@ from episodepipes.pipes._decode.mapped import ShardSlice, Wire, to_wire
 from episodepipes.pipes._decode.sinks import Allocate, BatchRows, Claim, FrameSink, SharedRing, decode_into
 from episodepipes.pipes._decode.slabs import Shapes, Slabs
 from episodepipes.pipes.frames import JPEG, FrameDecoder
+from episodepipes.pipes.links import Cursor, SendSlices
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.sample import RawSample, crc_mismatch
 from episodepipes.pipes.sample_decode import Decoded, EpisodeSpec, SampleDecode
@@ -35,7 +36,7 @@ CHUNK = 8  # samples per task by default (see `Decoder`'s ``chunk``)
 
 
 class _InFlight(NamedTuple):
-    before: Any  # the source's state before this sample (where a resume starts), or its cursor (`_state`)
+    before: Any  # the source's state before this sample (where a resume starts), or its `Cursor` (`_state`)
     raw: RawSample
     claim: Claim
 
@@ -61,6 +62,11 @@ class Decoder(BaseNode[dict]):
         share_frames: once a `BatchStacker` asked for batch rows (`batch_rows`), decode a camera frame that
             several samples of a batch show (overlapping windows) once, and copy it into the others
             (`episodepipes.pipes._decode.batchmemo`); ``frames_decoded`` then counts distinct frames.
+        cursor: ``source`` itself when it is a `links.Cursor` (a train reader): each sample in flight then keeps
+            the source's cursor, not its state dict, which is made only when a state is asked for. None: the
+            state dict, asked of the source before each sample.
+        slices: the source's `links.SendSlices` (a train reader's ``send_slices``), called once here when the
+            workers are processes, which then read the frames of local shards themselves. None: frames are sent.
         flat: `DecodeOptions` fields as keywords (``num_workers=2``, ``method="process"``...), replacing
             those of ``options``; each is checked where `DecodeOptions` defines it.
 
@@ -76,11 +82,15 @@ class Decoder(BaseNode[dict]):
     def __init__(self, source: BaseNode[RawSample], index: EpisodeIndex, options: DecodeOptions | None = None, *,
                  transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None, frames: FrameDecoder = JPEG,
                  prefetch: int | None = None, stats: Stats | None = None, slab: int | Slabs = 0, chunk: int = CHUNK,
-                 share_frames: bool = False, **flat: Any) -> None:
+                 share_frames: bool = False, cursor: Cursor | None = None, slices: SendSlices | None = None,
+                 **flat: Any) -> None:
         super().__init__()
         self.options = dataclasses.replace(options or DecodeOptions(), **flat)
         if chunk < 1:
             raise ValueError(f"chunk={chunk} should be >= 1")
+        if cursor is not None and cursor is not source:
+            raise ValueError("cursor= should be the source node itself (its cursor makes the source's state); "
+                             "pass cursor=source, or None")
         self.source, self.index = source, index
         self.stats = stats if stats is not None else Stats()
         self.fn = SampleDecode(self.options.resize, frames, transform)
@@ -90,8 +100,8 @@ class Decoder(BaseNode[dict]):
         self._share = share_frames
         self._memo: BatchMemo | None = None  # with batch rows and share_frames: a frame shown twice is decoded once
         self._sink = self._choose_sink(slab if transform is None else 0)
-        if self.options.method == "process" and hasattr(source, "send_slices"):  # workers map the shards
-            source.send_slices()
+        if self.options.method == "process" and slices is not None:  # workers map the shards
+            slices()
         self._plan()
         self._ex: InOrder[_InFlight] | None = None
         self._specs: dict[str, EpisodeSpec] = {}
@@ -100,7 +110,7 @@ class Decoder(BaseNode[dict]):
         self._corrupt = 0  # this pass, for the end-of-pass summary
         self._resume: dict | None = None  # the state of a pass shut down with samples in flight
         # a train reader's state is its cursor and settings: keep the cursor per sample, make the dict when asked
-        self._cursor = callable(getattr(source, "cursor", None)) and callable(getattr(source, "state_at", None))
+        self._cursor = cursor
 
     def _plan(self) -> None:
         """Samples in flight and per task, for the sink chosen; with video cameras, how far beyond that the reads
@@ -122,7 +132,8 @@ class Decoder(BaseNode[dict]):
 
     def batch_rows(self, size: int) -> None:
         """Decode frames into rows of ``size``-sample batch buffers, as the `BatchStacker` right after this
-        node asks: its batches are then views of those buffers, and collation copies no pixels.
+        node asks when its builder wires it (``rows=``, `links.RowsProvider`): its batches are then views of those
+        buffers, and collation copies no pixels.
 
         With ``share_frames``, a camera frame that several samples of a batch show is then decoded once.
         Samples go to the workers ``chunk`` per task, threads too: a task per sample costs a future,
@@ -210,13 +221,13 @@ class Decoder(BaseNode[dict]):
 
     def _state(self, before: Any) -> dict:
         """The source's state from what `_fill` kept before a sample: the state itself, or a reader's cursor."""
-        return self.source.state_at(before) if self._cursor else before  # type: ignore[attr-defined]
+        return before if self._cursor is None else self._cursor.state_at(before)
 
     def _fill(self) -> None:
         # reset() has initialised the source: BaseNode.__next__ would only check that again, per sample
-        take = self.source.next if isinstance(self.source, BaseNode) else self.source.__next__
+        take, cursor = self.source.next, self._cursor
         while not self._done and (self._ex is None or self._ex.room(self.prefetch, self.reach)):
-            before = self.source.cursor() if self._cursor else self.source.state_dict()  # type: ignore[attr-defined]
+            before = self.source.state_dict() if cursor is None else cursor.cursor()
             try:
                 raw = take()
             except StopIteration:

@@ -187,11 +187,11 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
                                             world_size=world_size, batch_size=batch_size, epochs=epochs, stats=stats,
                                             on_resize=on_resize, blocks=blocks)
     dec = Decoder(reader, idx, options, stats=stats, transform=checked, frames=train_packed.frames_of(idx),
-                  share_frames=True, chunk=task_chunk(options, batch_size))
+                  share_frames=True, chunk=task_chunk(options, batch_size), cursor=reader, slices=reader.send_slices)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
-    return TrainPipe(BatchStacker(dec, batch_size=batch_size, stats=stats),
+    return TrainPipe(BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
                      rank_world=(rank, world_size) if inferred else None)
 

@@ -153,10 +153,9 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
     stats = Stats()
     video = train_packed.mixture_frames([i for i, _ in idxs], [s.keys for s in srcs.values()], list(names))
     for (idx, eps), src in zip(idxs, srcs.values()):
-        readers.append(train_packed.reader_class(idx, mixture=True)(
-            idx, eps, windows=source_windows(windows, src.keys), seed=seed, rank=0, world_size=1, batch_size=1,
-            epochs=None, stats=stats))
-        train_packed.rename_jpeg(readers[-1], src.keys, video)
+        readers.append(train_packed.mixture_reader(
+            idx, eps, src.keys, video, windows=source_windows(windows, src.keys), seed=seed, rank=0, world_size=1,
+            batch_size=1, epochs=None, stats=stats))
     mix = Mixture.of({n: s.weight for n, s in srcs.items()}, {n: len(r.table) for n, r in zip(names, readers)},
                      stop=stop)
     keys = [s.keys for s in srcs.values()]
@@ -164,11 +163,12 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
                        batch_size=batch_size, epochs=epochs, on_resize=on_resize)
     fn = None if transform is None else Sourced(transform)
     dec = Decoder(reader, MixIndex(names, [i for i, _ in idxs], keys), options, stats=stats,  # type: ignore[arg-type]
-                  transform=fn, frames=train_packed.TrainFrames(video) if video else JPEG, share_frames=True)
+                  transform=fn, frames=train_packed.TrainFrames(video) if video else JPEG, share_frames=True,
+                  cursor=reader)
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: a mixture of %s, %d samples and %d batches per epoch on rank %d of %d", names, reader.n,
               per, rank, world_size)
-    root = SourceNames(BatchStacker(dec, batch_size=batch_size, stats=stats))
+    root = SourceNames(BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec))
     return TrainPipe(root, length=None if epochs is None else epochs * per, index=idxs[0][0], stats=stats,
                      reader=reader, rank_world=(rank, world_size) if inferred else None,
                      state_path=(SourceNames.SOURCE_KEY, BatchStacker.SOURCE_KEY, Decoder.SOURCE_KEY))

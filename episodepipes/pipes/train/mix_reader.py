@@ -165,7 +165,7 @@ class MixReader(ts.EpochCursor, BaseNode[RawSample]):
         step, i = divmod(self._pos, self.batch_size)
         sources, frames = self._draw(self._epoch, step)
         s = int(sources[i])
-        raw = self.readers[s]._sample(int(frames[i]))
+        raw = self.readers[s].sample(int(frames[i]))
         self._pos += 1
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0

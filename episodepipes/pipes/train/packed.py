@@ -12,7 +12,7 @@ hold a batch camera as JPEG in one and as packets in another.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -88,7 +88,7 @@ class PackedTrainReader(TrainReader):
         self.windows = {k: replace(w, field=f"{k}.{video[k][0]}") if k in video else w
                         for k, w in self.windows.items()}
 
-    def _sample(self, flat: int, *_: Any) -> RawSample:  # bytes a read-ahead fetched per frame: not the key range
+    def sample(self, flat: int, *_: Any) -> RawSample:  # bytes a read-ahead fetched per frame: not the key range
         e, t = self.table.locate(flat)
         ep, ix = self.episodes[e], self.index
         steps = fields_by_step(t, ep.length, self.windows)
@@ -124,27 +124,29 @@ class RenamedTrainReader(TrainReader):
 
     renames: dict[str, str] = {}
 
-    def _sample(self, flat: int, *args: Any) -> RawSample:
-        raw = super()._sample(flat, *args)
+    def sample(self, flat: int, *args: Any) -> RawSample:
+        raw = super().sample(flat, *args)
         if not self.renames:
             return raw
         return replace(raw, members={self.renames.get(f, f): b for f, b in raw.members.items()})
 
 
-def rename_jpeg(reader: TrainReader, keys: Mapping[str, str] | None, video: Mapping[str, tuple[str, int]]) -> None:
-    """Have a JPEG source's reader give a camera that is video in another source under the video field."""
-    if not isinstance(reader, RenamedTrainReader):
-        return
-    mine = video_cameras(reader.index)
+def mixture_reader(index: EpisodeIndex, episodes: Sequence[Episode], keys: Mapping[str, str] | None,
+                   video: Mapping[str, tuple[str, int]], **kw: Any) -> TrainReader:
+    """A mixture source's reader (``kw`` as `TrainReader`'s): a JPEG source's gives a camera that is video in
+    another source (``video``, by batch key) under the video field."""
+    if is_packed(index):
+        return PackedTrainReader(index, episodes, **kw)
+    reader = RenamedTrainReader(index, episodes, **kw)
+    mine = video_cameras(index)
     reader.renames = {f"{a}.jpg": f"{a}.{video[b][0]}" for a in reader.episodes[0].cameras
                       if a not in mine and (b := a if keys is None else keys.get(a, "")) in video}
+    return reader
 
 
-def reader_class(index: EpisodeIndex, *, mixture: bool = False) -> type[TrainReader]:
-    """The reader of an index's layout (a JPEG source of a mixture may need its members renamed)."""
-    if is_packed(index):
-        return PackedTrainReader
-    return RenamedTrainReader if mixture else TrainReader
+def reader_class(index: EpisodeIndex) -> type[TrainReader]:
+    """The reader of an index's layout (a mixture's sources: `mixture_reader`)."""
+    return PackedTrainReader if is_packed(index) else TrainReader
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         step, i = divmod(self._pos, self.batch_size)
         flat = int(self._frames_of(self._epoch, step)[i])
         key = (self._epoch, step) if self._batch_windows is None else (self._epoch, int(self._step_windows[i]))
-        raw = self._sample(flat, None if self._ahead is None else self._ahead.get(key).get(flat))
+        raw = self.sample(flat, None if self._ahead is None else self._ahead.get(key).get(flat))
         self._pos += 1
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0
@@ -177,7 +177,14 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             self._step_windows = self._batch_windows[step - got[1]]
         return got[2][step - got[1]]
 
-    def _sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
+    def sample(self, flat: int, got: dict[int, bytes] | None = None) -> RawSample:
+        """The sample of flat frame ``flat`` (of `table`), read now, apart from the cursor: how `next` reads, and
+        how the mixture's `MixReader` reads a source's frames in its own order.
+
+        Args:
+            flat: the frame's number in this reader's `FrameTable`.
+            got: the frame bytes a remote read-ahead fetched for it (frame -> bytes); None: read them here.
+        """
         e, t, *at = self._located(flat)
         ep = self.episodes[e]
         if got is None and not self.windows and not self.index.remote:
@@ -207,8 +214,8 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         return self._mapped
 
     def _plain_sample(self, e: int, t: int, shard: int, start: int, end: int, crc: int | None) -> RawSample | None:
-        """`_sample` of a frame without windows of a local shard whose members `frame_members` parses (the
-        usual case), with none of the window bookkeeping; None for anything else, which `_sample` then reads."""
+        """`sample` of a frame without windows of a local shard whose members `frame_members` parses (the
+        usual case), with none of the window bookkeeping; None for anything else, which `sample` then reads."""
         view = self._shards().frame(self._names[shard], start, end)
         prefix = self._prefixes.get(e)
         if prefix is None:

@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 
 from episodepipes.codec.copy import VideoSource
-from episodepipes.codec.stream import Packets
+from episodepipes.codec.stream import DEMUXERS, Packets
 from episodepipes.sharding.episode import EpisodeData, EpisodeError, safe_names
 from episodepipes.sharding.formats import lerobot_meta as meta
 from episodepipes.sharding.formats.imagehead import check_header, read_image
@@ -47,7 +47,7 @@ DEFAULT_TOLERANCE_S = 1e-4  # LeRobotDataset's default
 TOLERANCE_HINT = "or pass a larger tolerance_s (`--tolerance-s` of `episodepipes-shard write`) if the timestamps jitter"
 # the demuxer comes from the template's suffix, never from probing a file's bytes (an mp4 holding an
 # HLS playlist would otherwise be read as one, and open the files it lists)
-DEMUXERS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "matroska"}
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm")  # what LeRobot writes; the demuxer is codec's (DEMUXERS)
 _ID = re.compile(r"episode_([0-9]+)")
 _EPISODES: dict[tuple, dict[int, Episode]] = {}  # per process, as workers unpickle a reader per episode
 
@@ -446,11 +446,10 @@ def _image_frames(col, root: Path, where: str) -> Iterator[np.ndarray]:  # noqa:
 def _demuxer(path: Path, where: str) -> str:
     if not path.is_file():
         raise EpisodeError(f"{where}: video file is missing; re-download the dataset's videos/")
-    demuxer = DEMUXERS.get(path.suffix.lower())
-    if demuxer is None:
+    if path.suffix.lower() not in VIDEO_SUFFIXES:
         raise EpisodeError(f"{where}: video_path gives a {path.suffix or 'suffix-less'} file; LeRobot videos are "
-                           f"{', '.join(DEMUXERS)}; fix video_path in meta/info.json")
-    return demuxer
+                           f"{', '.join(VIDEO_SUFFIXES)}; fix video_path in meta/info.json")
+    return DEMUXERS[path.suffix.lower()]
 
 
 def _copied(source: Callable[[], VideoSource], start: float, end: float | None, times: np.ndarray, fps: float,
