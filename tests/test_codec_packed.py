@@ -85,13 +85,13 @@ def test_a_frame_after_leading_packets_reads_from_its_chunk_start(tmp_path):
     eps, _ = _copied(tmp_path / "src", "libx264")
     ix = _shards(tmp_path / "out", eps, shard_size=1 << 20)
     ep = ix.episode("ep1")  # starts one frame after a keyframe: frame 0's record holds that leading packet
-    keys = ix._cols["key"][ep.rows.start:ep.rows.stop] - ep.rows.start
+    keys = ix.tables.columns["key"][ep.rows.start:ep.rows.stop] - ep.rows.start
     assert keys.tolist() == [0, 0, 0, 3, 3, 3, 3]  # frame 3 is the next keyframe (source frame 8)
     pipe = metric_pipe(ix.root, frames_per_episode=1, batch_size=1, split="train")
     got = _got(pipe)
     assert (("ep1", 3) in got) and pipe.stats["frames_corrupt"] == 0
     # ep0 frame 2 reads records 0..2, ep1 frame 3 only itself, ep2 frame 3 records 0..3
-    size = ix._cols["size"]
+    size = ix.tables.size
     rows = {e.id: e.rows for e in ix.episodes}
     assert pipe.stats["bytes_read"] == int(size[rows["ep0"][0]:rows["ep0"][3]].sum()
                                            + size[rows["ep1"][3]] + size[rows["ep2"][0]:rows["ep2"][4]].sum())
@@ -171,7 +171,7 @@ def test_a_long_episode_id_gets_a_longname_chunk_header_that_reads_and_verifies(
     with ShardWriter(tmp_path / "s", shard_size=1 << 20, options={}) as w:
         w.add(encode_episode(ep, EncodeOptions(codec="h264", gop=4)))
     ix = EpisodeIndex.open(tmp_path / "s", verify=True)
-    assert ix.problems(members=True) == [] and len(set(ix._cols["member"].tolist())) == 2
-    assert int(ix._cols["offset"][0] - ix._cols["member"][0]) > 1024  # longname header, its name, the header
+    assert ix.problems(members=True) == [] and len(set(ix.tables.columns["member"].tolist())) == 2
+    assert int(ix.tables.offset[0] - ix.tables.columns["member"][0]) > 1024  # longname header, its name, the header
     pipe = video_pipe(ix.root, episodes=[ep.id], batch_size=35, max_batches=2)
     assert sum(bool(v) for b in pipe for v in b["valid"]) == 70 and pipe.stats["frames_corrupt"] == 0

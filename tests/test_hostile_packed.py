@@ -47,7 +47,7 @@ def _index(out, change):
 
 
 def _second_chunk(ix):
-    member = ix._cols["member"]
+    member = ix.tables.columns["member"]
     return int(np.flatnonzero(member[1:] != member[:-1])[0]) + 1  # ep0000 frame 64: its second chunk's first frame
 
 
@@ -62,12 +62,12 @@ COLUMN_CASES = {
     "key before the chunk": ("key", lambda ix: _set(_second_chunk(ix) + 1, _second_chunk(ix) - 1)),
     "key in another episode": ("key", lambda ix: _set(ix.episode("ep0001").rows.start, 0)),
     "key far back": ("key", lambda ix: _set(2, 2**63)),
-    "member after its record": ("member", lambda ix: _set(slice(0, 1), int(ix._cols["offset"][0]))),
+    "member after its record": ("member", lambda ix: _set(slice(0, 1), int(ix.tables.offset[0]))),
     "member moved within the chunk": ("member", lambda ix: _set(_second_chunk(ix) + 3, 0)),
     "member past the shard": ("member", lambda ix: _set(slice(None), 2**40)),
-    "records not back to back": ("offset", lambda ix: _set(4, int(ix._cols["offset"][4]) + 1)),
-    "record past the shard": ("size", lambda ix: _set(len(ix._cols["size"]) - 1, 2**31)),
-    "chunk table too short": ("offset", lambda ix: _set(slice(0, 70), ix._cols["offset"][:70] - 4)),
+    "records not back to back": ("offset", lambda ix: _set(4, int(ix.tables.offset[4]) + 1)),
+    "record past the shard": ("size", lambda ix: _set(len(ix.tables.size) - 1, 2**31)),
+    "chunk table too short": ("offset", lambda ix: _set(slice(0, 70), ix.tables.offset[:70] - 4)),
 }
 
 
@@ -174,7 +174,7 @@ def test_the_untouched_packed_index_verifies_and_records_parse(good):
 
 def _episode_chunks(ix, eid):
     rows = ix.episode(eid).rows
-    member = ix._cols["member"][rows]
+    member = ix.tables.columns["member"][rows]
     return rows, member
 
 
@@ -197,6 +197,6 @@ def test_episodes_that_start_a_new_shard_restart_their_members_and_open(tmp_path
         for eid in reader.episode_ids():
             w.add(encode_episode(reader.read(eid), EncodeOptions(codec="h264", gop=4)))
     ix = EpisodeIndex.open(out, verify=True)
-    starts = [ix._cols["member"][ix.episode(e).rows.start] for e in ("ep0001", "ep0002")]
+    starts = [ix.tables.columns["member"][ix.episode(e).rows.start] for e in ("ep0001", "ep0002")]
     assert len(ix.shards) >= 3 and 0 in starts  # an episode began a shard: its member is below the one before's end
     assert ix.problems(members=True) == []

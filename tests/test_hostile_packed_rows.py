@@ -45,7 +45,7 @@ def _longer_row(out, episode: str, frame: int) -> None:
     """Frame's last packet 4 bytes shorter and its first array's row 4 bytes longer; the index's sha256 updated."""
     ix = EpisodeIndex.open(out)
     row = ix.episode(episode).rows.start + frame
-    off, size = int(ix._cols["offset"][row]), int(ix._cols["size"][row])
+    off, size = int(ix.tables.offset[row]), int(ix.tables.size[row])
     shard = out / ix.shards[0].name
     data = bytearray(shard.read_bytes())
     rec = parse_record(bytes(data[off:off + size]), 2, 3)
@@ -86,7 +86,7 @@ def test_a_damaged_packed_record_is_refused_in_one_line(good, tmp_path):
     _without_crc(out)
     ix = EpisodeIndex.open(out)
     row = ix.episode("ep0001").rows.start + 2
-    off = int(ix._cols["offset"][row])
+    off = int(ix.tables.offset[row])
     shard = out / ix.shards[0].name
     data = bytearray(shard.read_bytes())
     data[off:off + 4] = b"XXXX"  # no pack magic: the error left a view on the shard's map (BufferError)

@@ -88,7 +88,7 @@ def test_a_pinned_episode_over_chunks_and_shards_reads_each_record_once(ref):
     pipe = video_pipe(ref, episodes=["ep0000"], batch_size=50, max_batches=3)
     got = [(int(f), bool(v)) for b in pipe for f, v in zip(b["frame"], b["valid"])]
     assert got == [(f, True) for f in range(150)]
-    assert pipe.stats["bytes_read"] == int(np.sum(ix._cols["size"][ep.rows.start:ep.rows.stop], dtype=np.int64))
+    assert pipe.stats["bytes_read"] == int(np.sum(ix.tables.size[ep.rows.start:ep.rows.stop], dtype=np.int64))
 
 
 def test_statistics_recomputed_from_packed_shards_equal_the_written_ones(ref, tmp_path):

@@ -99,7 +99,7 @@ def test_leb128_round_trips_every_width_and_refuses_what_it_never_writes():
 
 
 def test_the_side_file_is_compact(written):
-    table, _ = EpisodeIndex.open(written)._load_stats()
+    table, _ = EpisodeIndex.open(written).load_stats()
     as_json = json.dumps(table.to_json(), sort_keys=True, separators=(",", ":")).encode()
     assert len((written / statsfile.NAME).read_bytes()) < len(as_json) / 2
 

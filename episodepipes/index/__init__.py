@@ -8,5 +8,7 @@ from episodepipes.filebytes import mapped, sha256_file  # noqa: F401 (`mapped`: 
 from episodepipes.index.episode_index import EpisodeIndex
 from episodepipes.index.episodes import Episode
 from episodepipes.index.records import ArraySpec, Camera, Segment, Shard
+from episodepipes.index.tables import Tables
 
-__all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
+__all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "Tables",
+           "sha256_file"]

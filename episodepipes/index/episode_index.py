@@ -23,23 +23,24 @@ import numpy as np
 from episodepipes.filebytes import mapped, sha256_file
 from episodepipes.format import INDEX_NAME
 from episodepipes.index import stats as indexstats
-from episodepipes.index import v2 as indexv2
 from episodepipes.index.check import IndexFormatError
 from episodepipes.index.episodes import Episode, LazyEpisodes
-from episodepipes.index.load import parse, read_local, read_remote, tables
-from episodepipes.index.records import ArraySpec, Camera, Segment, Shard, dtype_str, read_camera
+from episodepipes.index.load import parse, read_local, read_remote
+from episodepipes.index.load import tables as load_tables
+from episodepipes.index.records import ArraySpec, Camera, Segment, Shard
+from episodepipes.index.tables import Tables
 from episodepipes.index.v1 import v1_layout
-from episodepipes.index.v2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
+from episodepipes.index.v2 import LENGTH, ROW, SEGMENT, SHARD, SPLIT
 from episodepipes.normstats import StatsTable
 from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
 
 if TYPE_CHECKING:
     from episodepipes.remote import RemoteOptions
 
-# The parts, one module each (this one holds the class that ties them): indexopen (read, parse and check an index
-# file), indexrecords (Camera, ArraySpec, Segment, Shard), indexepisodes (Episode, made on first use), indexstats
-# (statistics on first use), indexv1 (the v1 layout merge takes), filebytes (sha256_file, mapped). The public
-# names stay importable from here.
+# The parts, one module each (this one holds the class that ties them): load (read, parse and check an index
+# file), tables (the `Tables` the other parts read), records (Camera, ArraySpec, Segment, Shard), episodes (Episode,
+# made on first use), stats (statistics on first use), v1 (the v1 layout merge takes), filebytes (sha256_file,
+# mapped). The public names stay importable from here.
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
 
@@ -64,7 +65,7 @@ class EpisodeIndex:
 
     def _load(self, root: Path | str, data: Any, fingerprint: str, file: Path | str,
               source: ByteSource | None = None) -> None:
-        self.version, meta, self._v1, cols, self._seg_ok = tables(root, data, file, source)  # messages name file
+        self.version, meta, self._v1, cols, seg_ok = load_tables(root, data, file, source)  # messages name file
         self.root, self.file, self.fingerprint = root, file, fingerprint  # fingerprint: resume checks the index
         self._source = source  # a remote root's, given by open; a local one is opened on first use
         self.meta: dict = meta
@@ -76,25 +77,25 @@ class EpisodeIndex:
             if isinstance(source, RemoteSource):
                 source.pin({s.name: s.sha256 for s in self.shards})
         self.ids: list[str] = meta["ids"]
-        self._ep, self._seg, self._offset, self._size = (cols[k] for k in ("episodes", "segments", "offset", "size"))
-        self._crc: np.ndarray | None = cols.get("crc32")
-        self._step_bytes: dict[int, int] = {}  # schema code -> bytes of one step of its arrays (`_check_segments`)
-        self._cols = cols
-        self._schemas = [({n: read_camera(n, c) for n, c in sc["cameras"].items()},
-                          {n: ArraySpec(n, dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
-                           for n, a in sc["arrays"].items()}) for sc in meta["schemas"]]
-        self._splits, self._prompts = meta["splits"], meta["prompts"]
-        self._fps = [float(x) for x in meta["fps"]]
-        self._episode_meta = {n: m for n, m in meta["episode_meta"]}
+        self._tables = Tables.of(meta, cols, seg_ok, file)
         self._by_id = dict(zip(self.ids, range(len(self.ids))))
         self.episodes: Sequence[Episode] = LazyEpisodes(self)
         self._by_shard: dict[int, list[int]] | None = None
         self._data: dict | None = None
         self._stats: tuple[StatsTable | None, dict[tuple[str, str], str]] | None = None  # read on first use
 
-    def _load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
-        """The statistics (side file `statsfile.NAME`, or an older index's JSON fields), read on first use: most
-        opens never ask for them. Checked field by field and against the episodes' step counts."""
+    @property
+    def tables(self) -> Tables:
+        """The index's tables (episodes, segments, per-frame offsets, sizes and crc32, the extra columns, and the
+        splits, prompts, fps, schemas and attributes their codes point at): the one value the code around the
+        index reads them through. A view of the index's own (memory-mapped) arrays: treat it as read-only."""
+        return self._tables
+
+    def load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]:
+        """(the statistics or None when the index has none, the reason for each (split, key) it lacks): the side
+        file `episodepipes.normstats.sidefile.NAME`, or an older index's JSON fields. Read on first use (most opens
+        never ask for them) and kept; checked field by field and against the episodes' step counts, raising
+        `IndexFormatError` naming the file and the fix."""
         if self._stats is None:
             self._stats = indexstats.load(self)
         return self._stats
@@ -202,12 +203,12 @@ class EpisodeIndex:
     @property
     def has_crc(self) -> bool:
         """Whether every frame has a crc32 (False for v1 indexes written before them, upgraded without --crc)."""
-        return self._crc is not None
+        return self._tables.crc is not None
 
     @property
     def lengths(self) -> np.ndarray:
         """Every episode's length (uint64), in index order."""
-        return self._ep[:, LENGTH]
+        return self._tables.episodes[:, LENGTH]
 
     def episode(self, episode_id: str) -> Episode:
         """The episode with this id.
@@ -241,7 +242,7 @@ class EpisodeIndex:
     def stats_keys(self) -> list[tuple[str, str]] | None:
         """Every (split, key) the index has statistics for or a reason for their absence, sorted; None when it
         has none at all (written before episodepipes computed them). Reads them, as `stats` does."""
-        table, missing = self._load_stats()
+        table, missing = self.load_stats()
         return None if table is None else sorted(set(table.keys()) | set(missing))
 
     def split_numbers(self, split: str) -> np.ndarray:
@@ -250,9 +251,10 @@ class EpisodeIndex:
         Args:
             split: a split name, e.g. ``"train"``; an unknown one gives no episodes.
         """
-        if split not in self._splits:
+        t = self._tables
+        if split not in t.splits:
             return np.zeros(0, np.int64)
-        return np.flatnonzero(self._ep[:, SPLIT] == self._splits.index(split))
+        return np.flatnonzero(t.episodes[:, SPLIT] == t.splits.index(split))
 
     def split(self, split: str) -> list[Episode]:
         """The episodes of ``split``, in index order (which is shard order).
@@ -279,11 +281,11 @@ class EpisodeIndex:
         Args:
             rows: frame rows (`Episode.rows`), any order.
         """
-        rows = np.asarray(rows, np.int64)
-        seg = np.searchsorted(self._seg[:, ROW], rows, side="right") - 1
-        self._check_segments(np.unique(seg).tolist())
-        start = self._offset[rows]
-        return self._seg[seg, SHARD], start, start + self._size[rows]
+        rows, t = np.asarray(rows, np.int64), self._tables
+        seg = np.searchsorted(t.segments[:, ROW], rows, side="right") - 1
+        t.check_segments(np.unique(seg).tolist())
+        start = t.offset[rows]
+        return t.segments[seg, SHARD], start, start + t.size[rows]
 
     def frame_crcs(self, rows: np.ndarray) -> np.ndarray | None:
         """The crc32 of many frame rows, or None when the index has no checksums.
@@ -291,7 +293,8 @@ class EpisodeIndex:
         Args:
             rows: frame rows (`Episode.rows`), any order.
         """
-        return None if self._crc is None else self._crc[np.asarray(rows, np.int64)]
+        crc = self._tables.crc
+        return None if crc is None else crc[np.asarray(rows, np.int64)]
 
     def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]:
         """Every (episode, segment) whose frames are in ``shard``, in index order.
@@ -300,9 +303,9 @@ class EpisodeIndex:
             shard: a shard number, an index into `shards`.
         """
         if self._by_shard is None:
-            self._by_shard = {}
-            owners = np.searchsorted(self._ep[:, SEGMENT], np.arange(len(self._seg)), side="right") - 1
-            for s, n in zip(self._seg[:, SHARD].tolist(), owners.tolist()):
+            self._by_shard, t = {}, self._tables
+            owners = np.searchsorted(t.episodes[:, SEGMENT], np.arange(len(t.segments)), side="right") - 1
+            for s, n in zip(t.segments[:, SHARD].tolist(), owners.tolist()):
                 self._by_shard.setdefault(s, []).append(n)
         out = []
         for n in dict.fromkeys(self._by_shard.get(shard, [])):
@@ -320,7 +323,7 @@ class EpisodeIndex:
         out = []
         for e, seg in self.segments_in(shard):
             rows = range(e.rows[seg.first], e.rows[seg.first] + seg.count)
-            sizes = self._size[rows.start:rows.stop].tolist()  # a frame's bytes, gaps between them (packed) excluded
+            sizes = self._tables.size[rows.start:rows.stop].tolist()  # a frame's bytes (packed: gaps excluded)
             for k, (a, size, crc) in enumerate(zip(seg.offsets, sizes, seg.crc32 or ())):
                 if zlib.crc32(data[a:a + size]) != crc:
                     out.append((e.id, seg.first + k))
@@ -352,28 +355,3 @@ class EpisodeIndex:
 
         for kind, why in problems(self, shards):
             raise kind(f"{self.root}: {why}")
-
-    def _check_segments(self, js: Iterable[int]) -> None:
-        """Per-frame values of these segments (v2 checks them on first use; see `episodepipes.index.v2`)."""
-        for j in js:
-            if not self._seg_ok[j]:
-                shard = int(self._seg[j, SHARD])
-                n = int(np.searchsorted(self._ep[:, SEGMENT], j, side="right")) - 1
-                code = int(self._ep[n, SCHEMA])
-                least = self._step_bytes.get(code)
-                if least is None:
-                    least = self._step_bytes[code] = indexv2.step_bytes(self.meta["schemas"][code])
-                why = indexv2.frame_problem(self._cols, int(j), self.shards[shard].bytes, least)
-                if why:
-                    raise IndexFormatError(f"{self.file} is damaged: episode {self.ids[n]!r} segment "
-                                           f"{int(j) - int(self._ep[n, SEGMENT])}: {why}; re-shard with "
-                                           "write --overwrite")
-                self._seg_ok[j] = True
-
-    def _episode_segments(self, n: int) -> tuple[tuple[int, int, int], ...]:
-        """(shard, first frame, count) of each of episode ``n``'s segments, its frames checked."""
-        j0 = int(self._ep[n, SEGMENT])
-        j1 = int(self._ep[n + 1, SEGMENT]) if n + 1 < len(self._ep) else len(self._seg)
-        self._check_segments(range(j0, j1))
-        first = int(self._ep[n, FIRST])
-        return tuple((s, r - first, c) for s, r, c in self._seg[j0:j1].tolist())

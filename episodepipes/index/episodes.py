@@ -38,15 +38,16 @@ class Episode:
             index: the index whose tables describe the episode.
             number: its position in ``index.episodes``.
         """
-        first, length, _, schema, split, prompt, fps = index._ep[number].tolist()
+        t = index.tables
+        first, length, _, schema, split, prompt, fps = t.episodes[number].tolist()
         self.id: str = index.ids[number]
-        self.split: str = index._splits[split]
+        self.split: str = t.splits[split]
         self.length: int = length
-        self.fps: float = index._fps[fps]
-        self.prompt: str = index._prompts[prompt]
+        self.fps: float = t.fps[fps]
+        self.prompt: str = t.prompts[prompt]
         self.cameras: dict[str, Camera]
         self.arrays: dict[str, ArraySpec]
-        self.cameras, self.arrays = index._schemas[schema]
+        self.cameras, self.arrays = t.schemas[schema]
         self.schema, self.number = schema, number
         self._ix, self._row = index, first
         self._segs: tuple[tuple[int, int, int], ...] | None = None
@@ -55,7 +56,7 @@ class Episode:
     def meta(self) -> dict[str, Any]:
         """The episode's attributes (raw ``meta.json`` keys, zarr attrs, LeRobot's ``robot_type``): flat JSON
         scalars, checked at open (`episodepipes.episode_attrs`); empty when the source had none."""
-        return dict(self._ix._episode_meta.get(self.number, {}))
+        return dict(self._ix.tables.episode_meta.get(self.number, {}))
 
     @property
     def rows(self) -> range:
@@ -66,7 +67,7 @@ class Episode:
         if not 0 <= frame < self.length:
             raise IndexError(f"frame {frame} is outside episode {self.id!r} of length {self.length}")
         if self._segs is None:
-            self._segs = self._ix._episode_segments(self.number)
+            self._segs = self._ix.tables.episode_segments(self.number)
         for seg in self._segs:
             if frame < seg[1] + seg[2]:
                 return seg
@@ -79,9 +80,9 @@ class Episode:
             frame: the frame's position in the episode, ``0 <= frame < length``; others raise IndexError.
         """
         shard = self._segment(frame)[0]
-        row, ix = self._row + frame, self._ix
-        a = int(ix._offset[row])
-        return shard, a, a + int(ix._size[row])
+        row, t = self._row + frame, self._ix.tables
+        a = int(t.offset[row])
+        return shard, a, a + int(t.size[row])
 
     def frame_crc(self, frame: int) -> int | None:
         """``zlib.crc32`` of the bytes `frame_range` gives, or None when the index has no checksums.
@@ -90,18 +91,19 @@ class Episode:
             frame: the frame's position in the episode, ``0 <= frame < length``; others raise IndexError.
         """
         self._segment(frame)
-        return None if self._ix._crc is None else int(self._ix._crc[self._row + frame])
+        crc = self._ix.tables.crc
+        return None if crc is None else int(crc[self._row + frame])
 
     @property
     def segments(self) -> tuple[Segment, ...]:
         """The runs of frames in each shard, with every offset (built on each call: per-frame tuples)."""
         self._segment(0)
-        ix, out = self._ix, []
+        t, out = self._ix.tables, []
         for shard, first, count in self._segs or ():
             r = self._row + first
-            offs = ix._offset[r:r + count]
-            crc = None if ix._crc is None else tuple(ix._crc[r:r + count].tolist())
-            end = int(offs[-1]) + int(ix._size[r + count - 1])
+            offs = t.offset[r:r + count]
+            crc = None if t.crc is None else tuple(t.crc[r:r + count].tolist())
+            end = int(offs[-1]) + int(t.size[r + count - 1])
             out.append(Segment(shard, first, count, tuple(offs.tolist()), end, crc))
         return tuple(out)
 
@@ -109,7 +111,7 @@ class Episode:
     def nbytes(self) -> int:
         """The bytes of all the episode's frames in the shards (tar headers included)."""
         self._segment(0)
-        return int(self._ix._size[self._row:self._row + self.length].sum(dtype=np.uint64))
+        return int(self._ix.tables.size[self._row:self._row + self.length].sum(dtype=np.uint64))
 
     def _key(self) -> tuple:
         return (self.id, self.split, self.length, self.fps, self.prompt, self.cameras, self.arrays, self.segments,

@@ -30,8 +30,9 @@ def load(ix: EpisodeIndex) -> tuple[StatsTable | None, dict[tuple[str, str], str
     try:
         table, missing = load_stats(ix.meta, where=str(ix.file), read_side=read, side=side)
         if table is not None:
-            check_counts(table, missing, ix._ep[:, LENGTH], ix._ep[:, SCHEMA], ix._ep[:, SPLIT],
-                         [sc["arrays"] for sc in ix.meta["schemas"]], ix._splits,
+            ep = ix.tables.episodes
+            check_counts(table, missing, ep[:, LENGTH], ep[:, SCHEMA], ep[:, SPLIT],
+                         [sc["arrays"] for sc in ix.meta["schemas"]], ix.tables.splits,
                          side if statsfile.FIELD in ix.meta else str(ix.file))
     except ValueError as e:
         raise IndexFormatError(f"{e}; recompute them: episodepipes-shard stats {ix.root} --recompute") from None
@@ -61,7 +62,7 @@ def _read_remote(ix: EpisodeIndex) -> bytes:
 
 def summary(ix: EpisodeIndex, key: str, split: str) -> dict[str, Any]:
     """`EpisodeIndex.stats`: a KeyError naming the file and what it has when there are none for ``key``."""
-    table, missing = ix._load_stats()
+    table, missing = ix.load_stats()
     if table is None:
         raise KeyError(no_stats_hint(ix.file))
     if (split, key) in missing:

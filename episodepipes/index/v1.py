@@ -16,23 +16,24 @@ if TYPE_CHECKING:
 def v1_layout(ix: EpisodeIndex) -> dict:
     """A v2 index as the v1 JSON would hold it (what `ShardWriter` and merge take as episode entries)."""
     m = ix.meta
-    seg, off, size, crc = ix._seg, ix._offset, ix._size, ix._crc
+    t = ix.tables
+    seg, off, size, crc, ep = t.segments, t.offset, t.size, t.crc, t.episodes
     episodes = []
-    for n, (first, length, j0, schema, split, prompt, fps) in enumerate(ix._ep.tolist()):
-        j1 = int(ix._ep[n + 1, SEGMENT]) if n + 1 < len(ix._ep) else len(seg)
-        ix._check_segments(range(j0, j1))
+    for n, (first, length, j0, schema, split, prompt, fps) in enumerate(ep.tolist()):
+        j1 = int(ep[n + 1, SEGMENT]) if n + 1 < len(ep) else len(seg)
+        t.check_segments(range(j0, j1))
         segs = []
         for shard, row, count in seg[j0:j1].tolist():
             s = {"shard": shard, "first": row - first, "count": count, "offsets": off[row:row + count].tolist(),
                  "end": int(off[row + count - 1]) + int(size[row + count - 1])}
-            if "member" in ix._cols:
-                s.update(indexv2.packed_spans(ix._cols, row, count, first))
+            if "member" in t.columns:
+                s.update(indexv2.packed_spans(t.columns, row, count, first))
             if crc is not None:
                 s["crc32"] = crc[row:row + count].tolist()
             segs.append(s)
         sc = m["schemas"][schema]
         episodes.append({"id": ix.ids[n], "split": m["splits"][split], "length": length, "fps": m["fps"][fps],
                          "prompt": m["prompts"][prompt], "cameras": sc["cameras"], "arrays": sc["arrays"],
-                         **ix._episode_meta.get(n, {}), "segments": segs})
+                         **t.episode_meta.get(n, {}), "segments": segs})
     data = {k: v for k, v in m.items() if k not in indexv2.V2_KEYS}
     return dict(data, version=1, episodes=episodes)

@@ -43,6 +43,7 @@ import json
 import math
 import re
 from array import array
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ def _packed_columns(episodes: list[dict], spans: np.ndarray, firsts: np.ndarray)
             "key": key.astype(np.uint64)}
 
 
-def packed_spans(cols: dict[str, np.ndarray], row: int, count: int, first: int) -> dict[str, Any]:
+def packed_spans(cols: Mapping[str, np.ndarray], row: int, count: int, first: int) -> dict[str, Any]:
     """A packed segment's v1-style fields (what `build` takes back): its frames' spans as ``offsets``, ``end``
     after its last chunk's padding, and per frame ``heads``, ``sizes`` and ``keys`` (episode frames)."""
     off = cols["offset"][row:row + count].astype(np.int64)
@@ -371,7 +372,7 @@ def step_bytes(schema: dict) -> int:
     return sum(np.dtype(a["dtype"]).itemsize * math.prod(a["shape"]) for a in schema["arrays"].values())
 
 
-def frame_problem(cols: dict[str, np.ndarray], j: int, shard_bytes: int, least: int = 0) -> str | None:
+def frame_problem(cols: Mapping[str, np.ndarray], j: int, shard_bytes: int, least: int = 0) -> str | None:
     """Why segment ``j``'s frames cannot be read as given (overlapping, backwards, empty, past the shard's end, or
     smaller than ``least``, one step of their arrays, which the pipes would allocate from the schema alone).
 

@@ -36,7 +36,8 @@ def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: 
                                           "changed: restore it or re-shard"))
     out += stats_problems(ix)
     try:
-        ix._check_segments(range(len(ix._seg)))  # every frame's offsets, before any is used to slice a shard
+        t = ix.tables  # every frame's offsets, before any is used to slice a shard
+        t.check_segments(range(len(t.segments)))
     except IndexFormatError as e:
         return [*out, (IndexFormatError, str(e))]
     for i in range(len(ix.shards)) if shards is None else sorted(set(shards)):
@@ -86,7 +87,7 @@ def _check_packed(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg
     from episodepipes.index.v2 import packed_spans
 
     row = e.rows[seg.first]
-    want = packed_spans(ix._cols, row, seg.count, e.rows.start)
+    want = packed_spans(ix.tables.columns, row, seg.count, e.rows.start)
     where = f"shard {name}: episode {e.id!r} frames {seg.first}..{seg.first + seg.count - 1}"
     try:
         got = spans(view[want["offsets"][0]:want["end"]], where=where)
@@ -114,7 +115,7 @@ def _check_packed(ix: EpisodeIndex, view: memoryview, name: str, e: Episode, seg
 def stats_problems(ix: EpisodeIndex) -> list[tuple[type[Exception], str]]:
     """`verify`'s check of the statistics: the side file read whole, its sha256 and every field checked."""
     try:
-        ix._load_stats()
+        ix.load_stats()
     except IndexFormatError as e:
         return [(IndexFormatError, str(e))]
     return []

@@ -247,6 +247,11 @@ class ArrayStats:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(keys), np.concatenate(counts), np.array(ends, np.int64)
 
+    def moments(self) -> tuple[list[int], list[int], np.ndarray, np.ndarray]:
+        """(exact sums, exact sums of squares, min, max) per element, as `from_arrays` takes them back (what a
+        stats file stores besides the sketch); treat them as read-only."""
+        return self._sum, self._sq, self._min, self._max
+
     @classmethod
     def from_arrays(cls, shape: tuple[int, ...], count: int, sums: list[int], squares: list[int], lo: np.ndarray,
                     hi: np.ndarray, sketch: Packed, *, where: str) -> ArrayStats:

@@ -50,9 +50,10 @@ def encode(stats: Mapping[tuple[str, str], ArrayStats], missing: Mapping[tuple[s
     head = {"format": MAGIC, "version": 1, "sub_bits": SUB_BITS, "entries": entries,
             "missing": [[s, k, r] for (s, k), r in sorted(missing.items())]}
     accs = [stats[at] for at in order]
-    lo = [a._min if a.count else np.full(len(a._sum), np.inf) for a in accs]
-    hi = [a._max if a.count else np.full(len(a._sum), -np.inf) for a in accs]
-    ints = [v for a in accs for v in a._sum] + [v for a in accs for v in a._sq]
+    moments = [a.moments() for a in accs]
+    lo = [m[2] if a.count else np.full(len(m[0]), np.inf) for a, m in zip(accs, moments)]
+    hi = [m[3] if a.count else np.full(len(m[0]), -np.inf) for a, m in zip(accs, moments)]
+    ints = [v for m in moments for v in m[0]] + [v for m in moments for v in m[1]]
     sign, shift, length, blob = [], [], [], []
     for v in ints:
         z = (v & -v).bit_length() - 1 if v else 0

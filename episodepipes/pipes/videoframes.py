@@ -35,7 +35,7 @@ from episodepipes.pipes.sample import RawSample
 def video_cameras(index: EpisodeIndex) -> dict[str, tuple[str, int]]:
     """camera -> (codec, gop) of every camera that is not JPEG; one codec per camera name across episodes."""
     seen: dict[str, tuple[str, int]] = {}
-    for cameras, _ in index._schemas:  # episodes share their schema's cameras: one look per schema, not episode
+    for cameras, _ in index.tables.schemas:  # episodes share their schema's cameras: one look per schema, not episode
         for c, cam in cameras.items():
             got = seen.setdefault(c, (cam.codec, cam.gop))
             if got[0] != cam.codec:
@@ -75,7 +75,7 @@ def attach_gop(index: EpisodeIndex, episode: str, frame: int, members: dict[str,
 def key_frame(index: EpisodeIndex, episode: str, frame: int) -> int:
     """Packed layout: the frame whose record frame ``frame``'s decode starts at (the index's ``key`` column)."""
     ep = index.episode(episode)
-    return int(index._cols["key"][ep.rows[frame]]) - ep.rows.start
+    return int(index.tables.columns["key"][ep.rows[frame]]) - ep.rows.start
 
 
 def parse_packed(index: EpisodeIndex, episode: str, frame: int, data: bytes | memoryview) -> Record | None:

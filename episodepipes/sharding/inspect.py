@@ -18,21 +18,22 @@ from episodepipes.remote.retry import printable
 
 def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
     """(field, value) rows: format, episodes, frames and bytes per split, cameras, arrays, fps, skipped."""
-    codes = index._ep[:, SPLIT]  # per split: a few vectorised passes over the tables, no Episode objects
-    names = [printable(n) for n in index._splits]
+    t = index.tables
+    codes = t.episodes[:, SPLIT]  # per split: a few vectorised passes over the tables, no Episode objects
+    names = [printable(n) for n in t.splits]
     eps = np.bincount(codes.astype(np.int64), minlength=len(names))
     frames = np.bincount(codes.astype(np.int64), weights=index.lengths.astype(np.float64), minlength=len(names))
-    per_ep = np.add.reduceat(index._size.astype(np.uint64), index._ep[:, FIRST].astype(np.int64)) if index.frames \
+    per_ep = np.add.reduceat(t.size.astype(np.uint64), t.episodes[:, FIRST].astype(np.int64)) if index.frames \
         else np.zeros(0, np.uint64)
     nbytes = np.bincount(codes.astype(np.int64), weights=per_ep.astype(np.float64), minlength=len(names))
     order = sorted(range(len(names)), key=names.__getitem__)
-    schema_eps = Counter(index._ep[:, SCHEMA].tolist())
+    schema_eps = Counter(t.episodes[:, SCHEMA].tolist())
     cams, arrays = Counter(), set()
-    for k, (c, a) in enumerate(index._schemas):
+    for k, (c, a) in enumerate(t.schemas):
         for name, cam in c.items():
             cams[f"{printable(name)} {cam.height}x{cam.width}"] += schema_eps[k]
         arrays |= {f"{printable(name)} {s.dtype}{s.shape}" for name, s in a.items()}
-    fps = Counter(f"{index._fps[k]:g}" for k in index._ep[:, FPS].tolist())
+    fps = Counter(f"{t.fps[k]:g}" for k in t.episodes[:, FPS].tolist())
     size = sum(s.bytes for s in index.shards)
     crc = "crc32 per frame" if index.has_crc else "no per-frame crc32 (episodepipes-shard upgrade --crc adds them)"
     rows = [
@@ -56,7 +57,7 @@ def episode_rows(index: EpisodeIndex) -> list[tuple[str, ...]]:
     """A header and (id, split, length, task) of every episode, in index order (``info --episodes``); with an
     ``attributes`` column before the task (``robot="franka" success=true``) when some episode has attributes.
     Each cell is one line with its control characters escaped."""
-    meta = index._episode_meta  # episode number -> attributes, only for episodes that have some
+    meta = index.tables.episode_meta  # episode number -> attributes, only for episodes that have some
     if not meta:
         return [("id", "split", "length", "task"),
                 *((printable(e.id), printable(e.split), str(e.length), printable(e.prompt)) for e in index.episodes)]

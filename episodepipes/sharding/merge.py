@@ -113,7 +113,7 @@ def _job_indexes(jobs: str, dirs: list[_Job]) -> list[tuple[_Job, dict]]:
         _job_record(d, data)
         try:  # read its statistics and count them against its episodes (verify=True did for a local job)
             if has_stats(data):
-                index._load_stats()
+                index.load_stats()
         except ValueError as e:
             raise ValueError(f"job {d.name}: {e}; re-run that job with --overwrite") from None
         found.append((d, data))

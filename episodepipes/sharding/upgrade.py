@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 def frame_crcs(index: EpisodeIndex) -> np.ndarray:
     """Every frame's crc32, read from the shards, each shard's size and sha256 checked against the index first."""
     out = np.zeros(index.frames, np.uint32)
-    seg, off, size = index._seg, index._offset, index._size
-    index._check_segments(range(len(seg)))
+    t = index.tables
+    seg, off, size = t.segments, t.offset, t.size
+    t.check_segments(range(len(seg)))
     for i, s in enumerate(index.shards):
         path = index.shard_path(i)
         if not path.exists():
@@ -68,12 +69,12 @@ def upgrade(out: str | Path, *, crc: bool = False) -> EpisodeIndex:
     rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
     with write_lock(out):
         if STATS in rest:  # inline, as older episodepipes stored them: into the side file, written first
-            table, missing = index._load_stats()
+            table, missing = index.load_stats()
             rest = {k: v for k, v in rest.items() if k not in (STATS, MISSING)}
             rest.update(statsfile.write(out / statsfile.NAME, {at: table.get(at[1], split=at[0])
                                                               for at in table.keys()}, missing))
         meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
-                                   offsets=index._offset, crcs=crcs, layout=index.meta.get("layout", "members"))
+                                   offsets=index.tables.offset, crcs=crcs, layout=index.meta.get("layout", "members"))
         indexv2.write(out, meta, cols)
     log.info("upgraded %s to index version 2 (%s)", out, "crc32 per frame" if "crc32" in cols else "no crc32")
     return EpisodeIndex.open(out)
