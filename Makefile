@@ -31,7 +31,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
 
-docs: $(STAMP)  # regenerate docs/API.md from the docstrings (tests/test_docs.py checks it is current)
+docs: $(STAMP)  # regenerate docs/API.md from the docstrings (tests/project/test_docs.py checks it is current)
 	$(BIN)/python scripts/gen_api_docs.py
 
 clean:

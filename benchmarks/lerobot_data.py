@@ -2,7 +2,7 @@
 
 Content comes from `SyntheticReader` (textured scenes, smooth state/action arrays). Videos are
 encoded with PyAV; in v3.0 several episodes share one mp4 per camera, one after another, as
-LeRobot's writer lays them out. Used by tests/test_lerobot.py and benchmarks/bench_lerobot.py.
+LeRobot's writer lays them out. Used by tests/sharding/test_lerobot.py and benchmarks/bench_lerobot.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Public means listed in the ``__all__`` of a package in `PACKAGES`, plus the publ
 properties of those classes. `render` builds the page (deterministic: no addresses, no dates, no
 environment), and `problems` lists what is undocumented: a name without its own docstring, or a
 parameter not described in a Google-style ``Args:`` section (``Attributes:`` also counts for a
-class's fields). tests/test_docs.py checks both.
+class's fields). tests/project/test_docs.py checks both.
 
 Stdlib `inspect` is enough here: the docstrings are Google-style text that reads fine as Markdown
 once sections become lists, and a tool such as pdoc would add a dependency and an HTML site where
@@ -306,7 +306,7 @@ def render(packages: tuple[str, ...] = PACKAGES) -> str:
     names = public_names(packages)
     lines = ["# API reference", "",
              "Generated from the docstrings by `scripts/gen_api_docs.py` (`make docs`); do not edit by hand.",
-             "`tests/test_docs.py` fails when this page is stale or a public name or argument is undocumented.",
+             "`tests/project/test_docs.py` fails when this page is stale or a public name or argument is undocumented.",
              "Concepts, the CLI and the shard format are in the [README](../README.md).", ""]
     for pkg in packages:
         own = [n for p, n, _ in names if p == pkg]

@@ -3,7 +3,7 @@
 Public Lightning API only, with one undocumented behaviour relied on (in `ValLoaders`, not here):
 Lightning flattens what ``val_dataloader()`` returns with torch's pytree registry, so a dataclass
 registered with ``torch.export.register_dataclass`` becomes one loader per field value.
-``tests/test_lightning_loaders.py::test_lightning_takes_each_pipe_as_one_loader`` fails, naming that
+``tests/lightning_glue/test_lightning_loaders.py::test_lightning_takes_each_pipe_as_one_loader`` fails, naming that
 behaviour, if a Lightning release changes it. The logging guard shadows the
 module's public ``log`` method with an instance attribute for the span of one video batch (``log_dict``
 goes through ``log``), and removes it afterwards.

@@ -9,7 +9,7 @@ from episodepipes.format import finite
 
 # Frame rates an overlay video stores, in frames per second. MPEG-4 Part 2 (OpenCV's mp4v) keeps the rate in a 16-bit
 # time base, so it refuses 100000; OpenCV refuses rates of 0.001 and below; PyAV's H.264 takes 1e-4 to 1e7 and dies
-# with OverflowError at 2**31. Both encoders store every rate in this range (tests/test_hostile_videos.py).
+# with OverflowError at 2**31. Both encoders store every rate in this range (tests/hostile/test_hostile_videos.py).
 MIN_FPS, MAX_FPS = 0.01, 10_000.0
 FPS_RANGE = (MIN_FPS, MAX_FPS)
 

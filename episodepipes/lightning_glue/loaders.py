@@ -7,7 +7,8 @@ with the public ``torch.export.register_dataclass``: Lightning sees its metric p
 pipes, as separate loaders in that order, and ``trainer.val_dataloaders`` gives the ``ValLoaders`` back.
 
 That flattening is how Lightning 2.5/2.6 behaves (``CombinedLoader`` over torch's pytree), not a documented
-promise; ``tests/test_lightning_loaders.py::test_lightning_takes_each_pipe_as_one_loader`` checks it and names it.
+promise; ``tests/lightning_glue/test_lightning_loaders.py::test_lightning_takes_each_pipe_as_one_loader`` checks it
+and names it.
 """
 
 from __future__ import annotations

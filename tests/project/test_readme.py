@@ -14,7 +14,7 @@ from episodepipes.pipes import EpisodeIndex, metric_pipe, train_pipe, video_pipe
 from episodepipes.sharding import SyntheticReader
 from episodepipes.sharding.formats import readers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

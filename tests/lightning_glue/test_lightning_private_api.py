@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
 OBJECTS = {"trainer", "pl_module", "lightning_module", "strategy", "datamodule", "fit_loop", "validate_loop",
            "accelerator", "logger", "loggers", "callback_metrics", "logged_metrics", "val_dataloaders"}

@@ -11,7 +11,7 @@ import pytest
 
 from scripts import gen_api_docs as gen
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALLOW = ROOT / "tests" / "undocumented.txt"
 
 

@@ -27,7 +27,7 @@ from episodepipes.lightning_glue.partials import PARTIAL, host_id, partial_path,
 from episodepipes.lightning_glue.video_writer import read_rgb
 from episodepipes.safefile import UnsafePathError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "tests" / "ddp" / "app.py"
 FPS, LENGTH = 7.5, 12
 

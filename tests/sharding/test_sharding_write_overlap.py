@@ -15,7 +15,7 @@ from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.sharding.write.writer import ShardWriter
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SYN = SyntheticReader(num_episodes=6, length=7, height=48, width=64, lengths=(7, 3, 9, 5, 8, 4))
 OPTS = WriteOptions(format="synthetic", shard_size=35_000)  # shard 3 is the first above 40 kB
 

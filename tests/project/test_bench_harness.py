@@ -68,7 +68,7 @@ def test_peer_stages_write_the_same_jpeg_bytes_and_ours_resumes_exactly(tmp_path
 
 
 def test_bench_records_the_commit_it_measured():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import bench
 
     assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", bench._commit())
@@ -80,7 +80,7 @@ def _section(rows_ours):
 
 
 def test_a_partial_benchmark_run_keeps_the_other_sections_each_with_its_own_commit(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import bench
 
     bench.write_docs({"gate": _section(5.0), "train": _section(7.0)}, tmp_path, commit="aaaa", command="one")

@@ -28,7 +28,7 @@ from episodepipes.sharding.formats.lerobot import LeRobotReader
 from episodepipes.sharding.formats.raw import RawReader
 from episodepipes.sharding.formats.synthetic import SyntheticReader
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SYN = SyntheticReader(num_episodes=2, length=8, height=32, width=40)
 DATA = "data/chunk-000/file-000.parquet"
 

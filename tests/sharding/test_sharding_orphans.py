@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import os, sys, time
 from episodepipes.sharding.formats.synthetic import SyntheticReader

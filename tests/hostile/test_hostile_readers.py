@@ -24,7 +24,7 @@ from episodepipes.sharding.formats.zarr_reader import ZarrReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
 SYN = SyntheticReader(num_episodes=2, length=8, height=32, width=40)
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _raw(tmp_path: Path, **kw: object) -> Path:

@@ -8,7 +8,7 @@ import pytest
 
 from episodepipes._moved import MOVED
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 NOT_MODULES = {"episodepipes.formats"}  # the entry-point group name, not a module
 PATHS = sorted(set(re.findall(r"(?<![\w.])episodepipes(?:\.[A-Za-z_]\w*)+", README.read_text())) - NOT_MODULES)
 

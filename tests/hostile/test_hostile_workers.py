@@ -19,7 +19,7 @@ from episodepipes.pipes import metric_pipe
 from episodepipes.pipes._decode import executor as _executor
 from episodepipes.pipes._decode.pool import WorkerError
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 # Runs a pass, cuts every shard short in place after its first batch (what `cp` over a shard or
 # `rsync --inplace` does), and reads on: the pass must end in an error naming the shard, not a fault.

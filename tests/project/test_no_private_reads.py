@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "episodepipes"
+PACKAGE = Path(__file__).resolve().parents[2] / "episodepipes"
 
 # (reading module, attribute): why it stays. Every entry must still occur (so a fixed one is removed). None now:
 # the last, MixReader calling a reader's _sample, became TrainReader.sample (d333660).

@@ -16,7 +16,7 @@ from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats.readers import FORMATS, Format
 from episodepipes.sharding.formats.synthetic import SyntheticReader
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = SyntheticReader(num_episodes=3, length=6, height=32, width=40)
 
 
