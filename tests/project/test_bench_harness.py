@@ -28,14 +28,15 @@ def test_flag_gated_baseline_decodes_nothing_closed_and_everything_open(tmp_path
     eps = [e.id for e in idx.episodes]
     loader = torch.utils.data.DataLoader(FlagGated(idx, eps, counter, render), batch_size=4, num_workers=2,
                                          persistent_workers=True, multiprocessing_context=ctx)
+    before = held()["processes"]  # a fork server an earlier process-method pass left (episodepipes' decode workers)
     assert list(loader) == [] and counter.value == 0
-    assert held()["processes"] == 2  # persistent workers stay between passes
+    assert held()["processes"] == before + 2  # persistent workers stay between passes
     render.value = 1  # the workers hold their own dataset copy; the shared flag reaches them
     frames = sorted(int(f) for b in loader for f in b["frame"])
     assert frames == sorted(list(range(6)) * 2) and counter.value == 12 * len(idx.episodes[0].cameras)
     del loader
     gc.collect()
-    assert held()["processes"] == 0
+    assert held()["processes"] == before
 
 
 def test_resident_counts_only_the_pages_a_read_brought_in(tmp_path):

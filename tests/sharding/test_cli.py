@@ -102,7 +102,7 @@ class SlowReader(SyntheticReader):
 SLOW_KW = dict(num_episodes=16, length=10, height=64, width=80)
 SCRIPT = f"""
 import sys
-sys.path.insert(0, {str(ROOT / 'tests')!r})
+sys.path[:0] = [{str(ROOT / 'tests')!r}, {str(Path(__file__).resolve().parent)!r}]
 from test_cli import SLOW_KW, SlowReader
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.episode import EpisodeError
@@ -167,7 +167,7 @@ class GateReader(SyntheticReader):
 
 GATE_SCRIPT = f"""
 import sys
-sys.path.insert(0, {str(ROOT / 'tests')!r})
+sys.path[:0] = [{str(ROOT / 'tests')!r}, {str(Path(__file__).resolve().parent)!r}]
 from test_cli import GateReader
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.formats.readers import register_format
@@ -283,7 +283,7 @@ def test_val_fraction_fills_only_episodes_without_a_split_and_the_summary_says_s
 
 PROGRESS_SCRIPT = f"""
 import sys
-sys.path.insert(0, {str(ROOT / 'tests')!r})
+sys.path[:0] = [{str(ROOT / 'tests')!r}, {str(Path(__file__).resolve().parent)!r}]
 from test_cli import SLOW_KW, SlowReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 reader = SlowReader(**SLOW_KW)
