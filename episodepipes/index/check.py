@@ -26,14 +26,14 @@ from episodepipes.errors import IndexFormatError  # noqa: F401 (re-export)
 from episodepipes.format import MAX_FPS, MIN_FPS, finite, fps_in_range
 
 SHARD_NAME = re.compile(r"shard-[0-9]{6,}\.tar")  # what `format.shard_name` writes (ASCII digits: \d takes any)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _ID = re.compile(r"[A-Za-z0-9_\-.]+")
 _FIELD = re.compile(r"[A-Za-z0-9_\-]+")
 _MAX_STEP_BYTES = 2**40  # one step of one array; anything larger is a crafted shape, not data
 _MAX_SIDE = 65500  # libjpeg's limit (sharding.write.plan.JPEG_MAX): no camera the writer stores is larger
 _MAX_COUNT = 2**63  # bytes and samples of a shard, a source's sides: what the int64 columns and numpy hold
 _FIX = "re-shard with write --overwrite"
-_U32 = next(c for c in "ILQ" if array(c).itemsize == 4)  # the C type code of an unsigned 32-bit int
+U32_CODE = next(c for c in "ILQ" if array(c).itemsize == 4)  # the C type code of an unsigned 32-bit int
 
 
 class Where:
@@ -44,7 +44,7 @@ class Where:
         self._offsets = array("Q")  # every segment's offsets, back to back
         self._starts: list[int] = []  # where each segment's run starts in _offsets
         self._places: list[str] = []  # and its name, for the message
-        self._crcs = array(_U32)
+        self._crcs = array(U32_CODE)
         self._crc_lists: list[tuple[str, list]] = []
 
     def fail(self, where: str, message: str) -> IndexFormatError:
@@ -160,7 +160,7 @@ def check_shards(w: Where, data: Any) -> tuple[list[int], list[int]]:
         sizes.append(w.num(s, "bytes", where, high=_MAX_COUNT))
         samples.append(w.num(s, "samples", where, high=_MAX_COUNT))
         sha = w.text(s, "sha256", where)
-        if not _SHA256.fullmatch(sha):
+        if not SHA256_HEX.fullmatch(sha):
             raise w.fail(where, f"sha256={sha!r} should be 64 lowercase hex digits")
     return sizes, samples
 

@@ -53,8 +53,8 @@ from episodepipes import safefile
 from episodepipes.episode_attrs import BUILTIN, problem
 from episodepipes.format import BLOCK, COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, MAX_BACK, PACKED_COLUMNS, npy_bytes
 from episodepipes.index.check import (
-    _SHA256,
-    _U32,
+    SHA256_HEX,
+    U32_CODE,
     IndexFormatError,
     Where,
     check_extras,
@@ -99,7 +99,7 @@ def build(shards: list[dict], episodes: list[dict], options: dict, extra: dict, 
     ep = np.zeros((len(episodes), 7), np.uint64)
     segs: list[tuple[int, int, int]] = []
     ends: list[int] = []
-    off, crc = array("Q"), array(_U32)
+    off, crc = array("Q"), array(U32_CODE)
     track, have_crc = crcs is None, True  # without ``crcs``: every segment's own, if every segment has them
     ids, meta = [], []
     row = 0
@@ -254,7 +254,7 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
         at = f"column {name!r}"
         if type(c) is not dict or set(c) != {"dtype", "shape", "sha256"}:  # no file name: it is fixed, never data
             raise w.fail(at, f"should hold exactly dtype, shape and sha256 (its file is always {COLUMNS[name][0]})")
-        if not _SHA256.fullmatch(str(w.get(c, "sha256", at))) or w.get(c, "dtype", at) != dtype:
+        if not SHA256_HEX.fullmatch(str(w.get(c, "sha256", at))) or w.get(c, "dtype", at) != dtype:
             raise w.fail(at, f"should have a sha256 of 64 hex digits and dtype {dtype!r}")
         shape = w.seq(c, "shape", at)
         rows = {"episodes": len(ids), "offset": frames, "size": frames, "crc32": frames, "member": frames,
