@@ -31,6 +31,7 @@ from episodepipes._deathsig import die_with, exit_with
 from episodepipes.pipes import _slabs
 from episodepipes.pipes.stats import Stats
 
+_M_TRIM_THRESHOLD = -1  # mallopt(3)
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 64 << 20
 THREAD_PREFIX = "episodepipes-decode"
@@ -50,7 +51,10 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
     - Default SIGTERM and ignored SIGINT: a handler inherited from the parent (Lightning installs one
       for SIGTERM) must not run in a worker; on Ctrl-C the parent closes the pool.
     - glibc serves each decoded frame (about 1 MB) with a fresh mmap by default, which costs hundreds of
-      page faults per frame; a 64 MB threshold keeps them in the heap. Only our own workers are tuned.
+      page faults per frame; a 64 MB threshold keeps them in the heap. The heap's top is then kept too (64 MB trim
+      threshold): a fork server's child starts with a small heap, so every freed frame is its top, and the default
+      128 KB trim gave it back to the kernel (``brk``) to fault it in again for the next frame, which cost a third
+      of a process pass's throughput. Only our own workers are tuned.
 
     Do not call `cv2.setNumThreads` here: it was seen to wait forever on the parent's pool in a forked child.
     """
@@ -65,7 +69,9 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
     if torch is not None:
         torch.set_num_threads(1)
     try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
     except OSError:  # not glibc: nothing to tune
         pass
 
