@@ -5,10 +5,11 @@ it, ``rsync --inplace``, a truncate) turns the next touch of a mapped page past 
 the process from inside C code (the decoder, zlib) with no message, and Python cannot catch it. A read that comes back
 short is `ShardTruncatedError` naming the file instead; bytes rewritten in place fail the frame's CRC32
 (``valid=False``). The read is one ``pread`` (a frame is tens of KB, from the page cache) into the free end of an arena
-(`ARENA` bytes; the samples hold slices of it until their decode ends, and an arena is freed when the last is gone,
-never overwritten), made through ``ctypes.PyDLL``, which keeps the GIL: ``os.pread`` releases it, and the thread that
-reads samples (the one feeding the decode threads) then waited to get it back behind the decode threads' Python once
-per frame, which cost the train pass 5% (and a window's many reads 15%) against the mapping this replaced.
+(`ARENA` bytes, not zeroed; the samples hold slices of it until their decode ends, and an arena is freed when the
+last is gone, never overwritten), made through ``ctypes.PyDLL``, which keeps the GIL: ``os.pread`` releases it,
+and the thread that reads samples (the one feeding the decode threads) then waited to get it back behind the decode
+threads' Python once per frame, which cost the train pass 5% (a window's many reads 15%) against the mapping this
+replaced.
 
 Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they read
 themselves (`resolve`) through descriptors of their own: the frame's bytes never go through a pipe. A sample of
@@ -23,6 +24,8 @@ import struct
 from collections import OrderedDict
 from typing import NamedTuple
 
+import numpy as np
+
 from episodepipes.format import BLOCK
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
@@ -33,7 +36,7 @@ MAX_OPEN = 64  # shards a decode process keeps open (`resolve`)
 _FDS: OrderedDict[str, int] = OrderedDict()
 _CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
 _SIZES: dict[bytes, int] = {}
-ARENA = 4 << 20  # bytes of frames read into one buffer (`ShardFrames.frame`); a larger read gets its own
+ARENA = 1 << 20  # bytes of frames read into one buffer (`ShardFrames.frame`); a larger read gets its own
 try:  # libc's pread, called with the GIL held (PyDLL): a page-cache read of a frame is microseconds
     _PREAD = ctypes.PyDLL(None, use_errno=True).pread
     _PREAD.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64)
@@ -72,10 +75,11 @@ class ShardFrames:
             return memoryview(self.source.read(name, start, size))
         if size > len(self._view) - self._free:
             if size > ARENA // 4:  # a run of frames: its own buffer, the arena kept for the next frames
-                return self._into(bytearray(size), name, start)
-            arena = bytearray(ARENA)  # the old one lives on in the slices still held
-            self._base = ctypes.addressof(ctypes.c_char.from_buffer(arena))  # fixed: the view below pins its size
-            self._view, self._free = memoryview(arena), 0
+                return self._into(np.empty(size, np.uint8), name, start)
+            # not zeroed (a bytearray would be): every byte handed out is read first; the old arena lives on in the
+            # slices still held, and its memory comes back (warm in the cache) once they are gone
+            arena = np.empty(ARENA, np.uint8)
+            self._view, self._base, self._free = memoryview(arena), arena.ctypes.data, 0
         a = self._free
         got = self._view[a:a + size]
         if _PREAD(self.source.fileno(name), self._base + a, size, start) != size:
@@ -83,10 +87,9 @@ class ShardFrames:
         self._free = a + size
         return got
 
-    def _into(self, buf: bytearray, name: str, start: int) -> memoryview:
+    def _into(self, buf: np.ndarray, name: str, start: int) -> memoryview:
         view = memoryview(buf)
-        if _PREAD(self.source.fileno(name), ctypes.addressof(ctypes.c_char.from_buffer(buf)), len(buf), start) != len(
-                buf):
+        if _PREAD(self.source.fileno(name), buf.ctypes.data, len(buf), start) != len(buf):
             self._again(name, start, view)
         return view
 
