@@ -123,6 +123,7 @@ class Pool:
             self._ex = ThreadPoolExecutor(num_workers, thread_name_prefix=THREAD_PREFIX)
         self._finalizer = weakref.finalize(self, _stop, self._ex)
         self._seen: dict[int, Any] = {}  # pid -> process, as the executor starts them (`describe`)
+        self._stats = stats
         stats.add("workers_started", num_workers)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
@@ -139,6 +140,20 @@ class Pool:
         return ", ".join(f"pid {pid}" + ("" if p.exitcode is None else f" (exit code {p.exitcode})")
                          for pid, p in sorted(self._seen.items())) or "processes not started"
 
+    def _count_cpu(self) -> None:
+        """Add the process workers' CPU time so far to ``stats["worker_cpu_us"]``, read from ``/proc`` before they
+        exit: a fork server's children are not this process's, so ``RUSAGE_CHILDREN`` never counts them."""
+        ticks = 0
+        for pid in self._seen:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+            except (OSError, ValueError, IndexError):  # gone already, or no /proc here
+                continue
+        if ticks:
+            self._stats.add("worker_cpu_us", ticks * 1_000_000 // os.sysconf("SC_CLK_TCK"))
+
     def abort(self) -> None:
         """Kill process workers (a stuck one would never take the stop message), then stop the pool."""
         for p in list(self._seen.values()):
@@ -152,4 +167,6 @@ class Pool:
 
     def close(self) -> None:
         """Cancel queued work and wait for every worker to exit (threads joined, processes reaped)."""
+        if self._finalizer.alive and self._seen:
+            self._count_cpu()
         self._finalizer()
