@@ -11,8 +11,9 @@ any loader of CHW tensors does beyond decoding.
 Each repeat is a ceiling pass followed at once by one epoch of each of our pipes (threads, processes, a camera
 window), so each ratio to the ceiling compares runs that saw the same machine; the notes give the median ratio
 and its range over the repeats, in wall time and in CPU time (samples per CPU second of this process and its
-workers against the ceiling's: other load on a shared machine moves it far less). The window row also counts
-in JPEGs: the JPEGs it decoded per second against the ceiling's, and per batch the distinct (episode, step,
+workers against the ceiling's; process workers come from a fork server, so their CPU is read from /proc as each
+pass's pool closes, ``stats["worker_cpu_us"]``: other load on a shared machine moves it far less). The window row
+also counts in JPEGs: the JPEGs it decoded per second against the ceiling's, and per batch the distinct (episode, step,
 camera) JPEGs its samples show beside the JPEGs it decoded. First batch: from building the pipe (imports done)
 to its first batch.
 """
@@ -145,7 +146,7 @@ def _distinct_jpegs(batch: dict) -> int:
 
 def _timed_pass(pipe, window: bool = False) -> dict:  # noqa: ANN001
     """One pass of ``pipe``: samples/s, camera frames decoded, and (window pipe) distinct JPEGs shown."""
-    before = pipe.stats["frames_decoded"]
+    before, w0 = pipe.stats["frames_decoded"], pipe.stats.get("worker_cpu_us", 0)
     n = distinct = batches = 0
     t0, c0 = time.perf_counter(), _cpu()
     for b in pipe:
@@ -153,13 +154,15 @@ def _timed_pass(pipe, window: bool = False) -> dict:  # noqa: ANN001
         batches += 1
         if window:
             distinct += _distinct_jpegs(b)
-    t, c = time.perf_counter() - t0, _cpu() - c0
+    # process workers come from a fork server (not this process's children): their CPU is read from /proc as their
+    # pool closes at the pass's end (`_pool.Pool`), and counted here
+    t, c = time.perf_counter() - t0, _cpu() - c0 + (pipe.stats.get("worker_cpu_us", 0) - w0) / 1e6
     return {"fps": n / t, "cpu_fps": n / max(c, 1e-9), "jpegs_per_s": (pipe.stats["frames_decoded"] - before) / t,
             "decoded": pipe.stats["frames_decoded"] - before, "distinct": distinct, "batches": batches}
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and its reaped children (process workers are reaped at a pass's end)."""
+    """CPU seconds of this process and its reaped children (not the fork server's decode workers: `_timed_pass`)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 

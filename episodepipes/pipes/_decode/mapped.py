@@ -4,8 +4,12 @@ Why not a memory mapping (what this module made before): a shard cut short in pl
 it, ``rsync --inplace``, a truncate) turns the next touch of a mapped page past the new end into SIGBUS, which kills
 the process from inside C code (the decoder, zlib) with no message, and Python cannot catch it. A read that comes back
 short is `ShardTruncatedError` naming the file instead; bytes rewritten in place fail the frame's CRC32
-(``valid=False``). The read costs one syscall and a copy of the frame (tens of KB) into a fresh ``bytes``: the
-samples hold slices of it until their decode ends, so a buffer reused across reads would need to know when that is.
+(``valid=False``). The read is one ``pread`` (a frame is tens of KB, from the page cache) into the free end of an arena
+(`ARENA` bytes, not zeroed; the samples hold slices of it until their decode ends, and an arena is freed when the
+last is gone, never overwritten), made through ``ctypes.PyDLL``, which keeps the GIL: ``os.pread`` releases it,
+and the thread that reads samples (the one feeding the decode threads) then waited to get it back behind the decode
+threads' Python once per frame, which cost the train pass 5% (a window's many reads 15%) against the mapping this
+replaced.
 
 Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they read
 themselves (`resolve`) through descriptors of their own: the frame's bytes never go through a pipe. A sample of
@@ -14,10 +18,13 @@ such references travels as plain tuples (`to_wire`, `from_wire`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 from collections import OrderedDict
 from typing import NamedTuple
+
+import numpy as np
 
 from episodepipes.format import BLOCK
 from episodepipes.pipes.plan import Item
@@ -29,6 +36,13 @@ MAX_OPEN = 64  # shards a decode process keeps open (`resolve`)
 _FDS: OrderedDict[str, int] = OrderedDict()
 _CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
 _SIZES: dict[bytes, int] = {}
+ARENA = 1 << 20  # bytes of frames read into one buffer (`ShardFrames.frame`); a larger read gets its own
+try:  # libc's pread, called with the GIL held (PyDLL): a page-cache read of a frame is microseconds
+    _PREAD = ctypes.PyDLL(None, use_errno=True).pread
+    _PREAD.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64)
+    _PREAD.restype = ctypes.c_ssize_t
+except (OSError, AttributeError):  # no libc pread here: os.pread (which releases the GIL) below
+    _PREAD = None
 _FIELDS: dict[bytes, str] = {}
 
 
@@ -41,18 +55,48 @@ class ShardSlice(NamedTuple):
 
 
 class ShardFrames:
-    """A `LocalSource`'s frames as memoryviews over ``bytes`` read whole (one ``pread``, its length checked)."""
+    """A `LocalSource`'s frames as memoryviews of arenas they were read into (one ``pread`` each, its length checked;
+    the module docstring says why the GIL is kept). Used by the one thread that reads a pass's samples."""
 
     def __init__(self, source: LocalSource) -> None:
         self.source = source
+        self._view = memoryview(bytearray(0))
+        self._base = 0  # the arena's address
+        self._free = 0  # the arena's first byte no slice was handed out of
 
     def read(self, name: str, offset: int, size: int) -> memoryview:
-        """``size`` bytes at ``offset``; the source's `ShardTruncatedError` naming the file where it has fewer."""
-        return memoryview(self.source.read(name, offset, size))
+        """``size`` bytes at ``offset``; `ShardTruncatedError` naming the file where it has fewer."""
+        return self.frame(name, offset, offset + size)
 
     def frame(self, name: str, start: int, end: int) -> memoryview:
         """The bytes ``[start, end)`` of shard ``name`` (a frame, or a run of them)."""
-        return memoryview(self.source.read(name, start, end - start))
+        size = end - start
+        if _PREAD is None or size <= 0 or start < 0:
+            return memoryview(self.source.read(name, start, size))
+        if size > len(self._view) - self._free:
+            if size > ARENA // 4:  # a run of frames: its own buffer, the arena kept for the next frames
+                return self._into(np.empty(size, np.uint8), name, start)
+            # not zeroed (a bytearray would be): every byte handed out is read first; the old arena lives on in the
+            # slices still held, and its memory comes back (warm in the cache) once they are gone
+            arena = np.empty(ARENA, np.uint8)
+            self._view, self._base, self._free = memoryview(arena), arena.ctypes.data, 0
+        a = self._free
+        got = self._view[a:a + size]
+        if _PREAD(self.source.fileno(name), self._base + a, size, start) != size:
+            self._again(name, start, got)
+        self._free = a + size
+        return got
+
+    def _into(self, buf: np.ndarray, name: str, start: int) -> memoryview:
+        view = memoryview(buf)
+        if _PREAD(self.source.fileno(name), buf.ctypes.data, len(buf), start) != len(buf):
+            self._again(name, start, view)
+        return view
+
+    def _again(self, name: str, start: int, into: memoryview) -> None:
+        """A read that came back short or failed, made again by `LocalSource.read`: its errors name the file
+        (`ShardTruncatedError` where it is short), and a read interrupted by a signal succeeds there."""
+        into[:] = self.source.read(name, start, len(into))
 
 
 def frame_members(buf: memoryview, prefix: bytes,

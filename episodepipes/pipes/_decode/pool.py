@@ -31,6 +31,7 @@ from episodepipes._deathsig import die_with, exit_with
 from episodepipes.pipes._decode import slabs as _slabs
 from episodepipes.pipes.stats import Stats
 
+_M_TRIM_THRESHOLD = -1  # mallopt(3)
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 64 << 20
 THREAD_PREFIX = "episodepipes-decode"
@@ -50,7 +51,10 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
     - Default SIGTERM and ignored SIGINT: a handler inherited from the parent (Lightning installs one
       for SIGTERM) must not run in a worker; on Ctrl-C the parent closes the pool.
     - glibc serves each decoded frame (about 1 MB) with a fresh mmap by default, which costs hundreds of
-      page faults per frame; a 64 MB threshold keeps them in the heap. Only our own workers are tuned.
+      page faults per frame; a 64 MB threshold keeps them in the heap. The heap's top is then kept too (64 MB trim
+      threshold): a fork server's child starts with a small heap, so every freed frame is its top, and the default
+      128 KB trim gave it back to the kernel (``brk``) to fault it in again for the next frame, which cost a third
+      of a process pass's throughput. Only our own workers are tuned.
 
     Do not call `cv2.setNumThreads` here: it was seen to wait forever on the parent's pool in a forked child.
     """
@@ -65,7 +69,9 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
     if torch is not None:
         torch.set_num_threads(1)
     try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
     except OSError:  # not glibc: nothing to tune
         pass
 
@@ -117,6 +123,7 @@ class Pool:
             self._ex = ThreadPoolExecutor(num_workers, thread_name_prefix=THREAD_PREFIX)
         self._finalizer = weakref.finalize(self, _stop, self._ex)
         self._seen: dict[int, Any] = {}  # pid -> process, as the executor starts them (`describe`)
+        self._stats = stats
         stats.add("workers_started", num_workers)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
@@ -133,6 +140,20 @@ class Pool:
         return ", ".join(f"pid {pid}" + ("" if p.exitcode is None else f" (exit code {p.exitcode})")
                          for pid, p in sorted(self._seen.items())) or "processes not started"
 
+    def _count_cpu(self) -> None:
+        """Add the process workers' CPU time so far to ``stats["worker_cpu_us"]``, read from ``/proc`` before they
+        exit: a fork server's children are not this process's, so ``RUSAGE_CHILDREN`` never counts them."""
+        ticks = 0
+        for pid in self._seen:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+            except (OSError, ValueError, IndexError):  # gone already, or no /proc here
+                continue
+        if ticks:
+            self._stats.add("worker_cpu_us", ticks * 1_000_000 // os.sysconf("SC_CLK_TCK"))
+
     def abort(self) -> None:
         """Kill process workers (a stuck one would never take the stop message), then stop the pool."""
         for p in list(self._seen.values()):
@@ -146,4 +167,6 @@ class Pool:
 
     def close(self) -> None:
         """Cancel queued work and wait for every worker to exit (threads joined, processes reaped)."""
+        if self._finalizer.alive and self._seen:
+            self._count_cpu()
         self._finalizer()
