@@ -21,6 +21,7 @@ __all__ = [
     "ShardTooLargeError",
     "ShardTruncatedError",
     "UnsafePathError",
+    "WorkerError",
 ]
 
 
@@ -75,3 +76,8 @@ class DiskFullError(OSError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class WorkerError(RuntimeError):
+    """A decode worker died, or returned nothing within the bound (``STALL`` of the private decode executor);
+    names the worker, and the pass ends."""

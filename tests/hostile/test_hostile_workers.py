@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import make_shards
 
+from episodepipes.errors import WorkerError
 from episodepipes.pipes import metric_pipe
 from episodepipes.pipes._decode import executor as _executor
-from episodepipes.pipes._decode.pool import WorkerError
 
 TESTS = Path(__file__).resolve().parents[1]
 

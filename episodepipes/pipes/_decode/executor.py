@@ -26,6 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from episodepipes.errors import WorkerError
 from episodepipes.pipes._decode import pool as _pool
 from episodepipes.pipes.stats import Stats
 
@@ -159,7 +160,7 @@ class InOrder(Generic[T]):
 
     def _result(self, task: _Task[T]) -> Any:
         """The task's result, waiting at most `STALL` seconds; a worker that died or is stuck ends the pass with
-        `_pool.WorkerError` naming it (its pool killed first), never a wait without end."""
+        `WorkerError` naming it (its pool killed first), never a wait without end."""
         try:
             return task.future.result(timeout=STALL)
         except TimeoutError:
@@ -168,12 +169,12 @@ class InOrder(Generic[T]):
             pool = self._pools[task.lane]
             who = pool.describe()
             self.abort()
-            raise _pool.WorkerError(f"decode worker ({who}) returned nothing for {STALL:.0f} s: stuck (a lock "
+            raise WorkerError(f"decode worker ({who}) returned nothing for {STALL:.0f} s: stuck (a lock "
                                     "held forever, a transform that never returns?); the pass is stopped") from None
         except BrokenProcessPool:
             self.abort()
             who = self._pools[task.lane].describe()
-            raise _pool.WorkerError(f"a decode worker died ({who}; exit code -9 is SIGKILL, often the out-of-memory "
+            raise WorkerError(f"a decode worker died ({who}; exit code -9 is SIGKILL, often the out-of-memory "
                                     "killer); the pass is stopped: lower num_workers or the batch size") from None
 
     def abort(self) -> None:

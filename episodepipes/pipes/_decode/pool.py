@@ -103,10 +103,6 @@ def _stop(ex: Executor) -> None:
     ex.shutdown(wait=not threading.current_thread().name.startswith(THREAD_PREFIX), cancel_futures=True)
 
 
-class WorkerError(RuntimeError):
-    """A decode worker died or returned nothing within the bound (`_executor.STALL`); names it and the pass ends."""
-
-
 class Pool:
     """``num_workers`` threads or processes for one pass; counts them in ``stats["workers_started"]``.
 
