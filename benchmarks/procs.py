@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -45,10 +46,11 @@ def pss_mb(pid: int) -> float:
     return _kb(f"/proc/{pid}/smaps_rollup", "Pss") / 1024
 
 
-def held(pid: int | None = None) -> dict:
-    """Live descendant processes of ``pid`` and the memory they hold (RSS and PSS, MB), plus the parent's."""
+def held(pid: int | None = None, *, exclude: Collection[int] = ()) -> dict:
+    """Live descendant processes of ``pid`` and the memory they hold (RSS and PSS, MB), plus the parent's; ``exclude``
+    leaves out processes that were there before the loader measured (e.g. a fork server an earlier pass started)."""
     pid = os.getpid() if pid is None else pid
-    kids = descendants(pid)
+    kids = [k for k in descendants(pid) if k not in exclude]
     return {"processes": len(kids), "children_rss_mb": sum(map(rss_mb, kids)),
             "children_pss_mb": sum(map(pss_mb, kids)), "tree_rss_mb": rss_mb(pid) + sum(map(rss_mb, kids)),
             "threads": _kb(f"/proc/{pid}/status", "Threads")}
