@@ -10,7 +10,9 @@ import contextlib
 import hashlib
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -18,19 +20,53 @@ from episodepipes.errors import ShardTruncatedError
 from episodepipes.filebytes import sha256_file
 from episodepipes.format import COLUMNS, INDEX_NAME
 from episodepipes.index.check import IndexFormatError
+from episodepipes.index.episodes import Episode
+from episodepipes.index.records import Segment, Shard
 from episodepipes.index.shardread import chunks, digest, ranges
+from episodepipes.index.tables import Tables
+from episodepipes.normstats import StatsTable
+from episodepipes.shardio import ByteSource
 from episodepipes.tarmembers import frame_fields
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    from episodepipes.index.episode_index import Episode, EpisodeIndex, Segment
-
 Problem = tuple[type[Exception], str]
 Pread = Callable[[int, int], bytes]  # (size, offset) -> bytes
 
 
-def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: bool = False) -> list[Problem]:
+class Checked(Protocol):
+    """What verify reads of an index (an `EpisodeIndex`): named by what it reads, not by class, so this module does
+    not import the index module that calls it."""
+
+    meta: dict
+    version: int
+    shards: list[Shard]
+
+    @property
+    def root(self) -> Path | str: ...
+
+    @property
+    def remote(self) -> bool: ...
+
+    @property
+    def source(self) -> ByteSource: ...
+
+    @property
+    def tables(self) -> Tables: ...
+
+    def load_stats(self) -> tuple[StatsTable | None, dict[tuple[str, str], str]]: ...
+
+    def segments_in(self, shard: int) -> list[tuple[Episode, Segment]]: ...
+
+    def shard_size(self, shard: int) -> int | None: ...
+
+    def shard_path(self, shard: int) -> Path: ...
+
+    def shard_bytes(self, shard: int) -> AbstractContextManager[memoryview]: ...
+
+
+def problems(ix: Checked, shards: Iterable[int] | None = None, *, members: bool = False) -> list[Problem]:
     """(exception type, one line) for every problem, in the order a reader would meet them."""
     out: list[Problem] = []
     for name, c in sorted(ix.meta.get("columns", {}).items()) if ix.version == 2 else ():
@@ -78,7 +114,7 @@ def problems(ix: EpisodeIndex, shards: Iterable[int] | None = None, *, members: 
 
 
 @contextlib.contextmanager
-def _shard_reads(ix: EpisodeIndex, i: int) -> Iterator[tuple[Iterable[memoryview], Pread]]:
+def _shard_reads(ix: Checked, i: int) -> Iterator[tuple[Iterable[memoryview], Pread]]:
     """A shard's bytes in order (for `digest`) and its checked ranges: a local file read in chunks and checked reads
     (`episodepipes.index.shardread` says why not a mapping), a remote object downloaded whole (one GET)."""
     if ix.remote:
@@ -90,7 +126,7 @@ def _shard_reads(ix: EpisodeIndex, i: int) -> Iterator[tuple[Iterable[memoryview
         yield chunks(path, ix.shards[i].bytes), pread
 
 
-def _crc_frames(ix: EpisodeIndex, i: int) -> list[tuple[str, int, int, int, int]]:
+def _crc_frames(ix: Checked, i: int) -> list[tuple[str, int, int, int, int]]:
     """(episode id, frame, offset, size, crc32) of every frame of shard ``i`` the index has a crc32 for, in index
     order (as `EpisodeIndex.bad_frames` checks them)."""
     out = []
@@ -103,7 +139,7 @@ def _crc_frames(ix: EpisodeIndex, i: int) -> list[tuple[str, int, int, int, int]
     return out
 
 
-def _check_members(ix: EpisodeIndex, pread: Pread, name: str, e: Episode, seg: Segment) -> list[str]:
+def _check_members(ix: Checked, pread: Pread, name: str, e: Episode, seg: Segment) -> list[str]:
     """Parse every frame's members at its indexed byte range, with the same parser the pipes read with."""
     eid = e.id
     for k, (start, end) in enumerate(zip(seg.offsets, (*seg.offsets[1:], seg.end))):
@@ -116,7 +152,7 @@ def _check_members(ix: EpisodeIndex, pread: Pread, name: str, e: Episode, seg: S
     return []
 
 
-def _check_packed(ix: EpisodeIndex, pread: Pread, name: str, e: Episode, seg: Segment) -> list[str]:
+def _check_packed(ix: Checked, pread: Pread, name: str, e: Episode, seg: Segment) -> list[str]:
     """Walk the segment's chunk members as the writer laid them out (tar headers, pack tables, records) and
     compare every record's place and key frame with the index's; then parse each record as the pipes do."""
     from episodepipes.codec.chunk import parse_record, spans
@@ -148,7 +184,7 @@ def _check_packed(ix: EpisodeIndex, pread: Pread, name: str, e: Episode, seg: Se
     return []
 
 
-def stats_problems(ix: EpisodeIndex) -> list[tuple[type[Exception], str]]:
+def stats_problems(ix: Checked) -> list[tuple[type[Exception], str]]:
     """`verify`'s check of the statistics: the side file read whole, its sha256 and every field checked."""
     try:
         ix.load_stats()
