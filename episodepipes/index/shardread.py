@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from episodepipes.errors import ShardTruncatedError
+from episodepipes.errors import ShardIOError, ShardTruncatedError
+from episodepipes.shardio import open_regular
 
 CHUNK = 4 << 20  # bytes per read of a whole-file scan (`chunks`), into one reused buffer
 
@@ -27,11 +29,17 @@ def _short(path: Path, at: int, want: int) -> ShardTruncatedError:
                                "was read?); restore it or re-shard")
 
 
+def _open(path: Path) -> io.FileIO:
+    """``path`` for reading, if it is a regular file (a FIFO in its place would wait for a writer forever)."""
+    fd, _ = open_regular(path, "restore it or re-shard", ShardIOError)
+    return io.FileIO(fd, "rb", closefd=True)
+
+
 def chunks(path: Path, size: int) -> Iterator[memoryview]:
     """The first ``size`` bytes of ``path`` in order, as views of one reused `CHUNK`-byte buffer (each valid until
     the next is asked for); `ShardTruncatedError` naming the file where it ends before ``size``."""
     buf = memoryview(bytearray(min(CHUNK, size)))
-    with open(path, "rb", buffering=0) as f:
+    with _open(path) as f:
         pos = 0
         while pos < size:
             want = buf[:min(len(buf), size - pos)]
@@ -49,7 +57,7 @@ def chunks(path: Path, size: int) -> Iterator[memoryview]:
 def ranges(path: Path) -> Iterator[Callable[[int, int], bytes]]:
     """``pread(size, offset)``: ``size`` bytes of ``path`` at ``offset`` (the call shape `frame_fields` takes), read
     from one descriptor; `ShardTruncatedError` naming the file where it has fewer."""
-    with open(path, "rb", buffering=0) as f:
+    with _open(path) as f:
         fd = f.fileno()
 
         def pread(size: int, offset: int) -> bytes:
