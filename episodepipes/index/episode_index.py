@@ -97,7 +97,8 @@ class EpisodeIndex:
         never ask for them) and kept; checked field by field and against the episodes' step counts, raising
         `IndexFormatError` naming the file and the fix."""
         if self._stats is None:
-            self._stats = indexstats.load(self)
+            self._stats = indexstats.load(self.meta, self.tables, file=str(self.file), root=str(self.root),
+                                          source=self.source if self.remote else None, location=self.location)
         return self._stats
 
     @classmethod
@@ -192,7 +193,7 @@ class EpisodeIndex:
         if self._v1 is not None:
             return self._v1
         if self._data is None:
-            self._data = v1_layout(self)
+            self._data = v1_layout(self.meta, self.tables, self.ids)
         return self._data
 
     @property
@@ -237,7 +238,7 @@ class EpisodeIndex:
             key: an array key, e.g. ``"action"``.
             split: the split, ``"train"`` by default.
         """
-        return indexstats.summary(self, key, split)
+        return indexstats.summary(self.load_stats(), self.file, key, split)
 
     def stats_keys(self) -> list[tuple[str, str]] | None:
         """Every (split, key) the index has statistics for or a reason for their absence, sorted; None when it

@@ -9,14 +9,28 @@ pickles name it).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from pathlib import Path
+from typing import Any, Protocol, overload
 
 import numpy as np
 
 from episodepipes.index.records import ArraySpec, Camera, Segment
+from episodepipes.index.tables import Tables
 
-if TYPE_CHECKING:
-    from episodepipes.index.episode_index import EpisodeIndex
+
+class Indexed(Protocol):
+    """What an `Episode` reads of its index (an `EpisodeIndex`, which it holds so that a pickled episode travels
+    with its index's path): the tables, the episode ids and the root. Named by what it reads, not by class, so this
+    module does not import the index module that imports it."""
+
+    @property
+    def tables(self) -> Tables: ...
+
+    @property
+    def ids(self) -> Sequence[str]: ...
+
+    @property
+    def root(self) -> Path | str: ...
 
 
 class Episode:
@@ -31,7 +45,7 @@ class Episode:
     __slots__ = ("id", "split", "length", "fps", "prompt", "cameras", "arrays", "schema", "number", "_ix", "_row",
                  "_segs")
 
-    def __init__(self, index: EpisodeIndex, number: int) -> None:
+    def __init__(self, index: Indexed, number: int) -> None:
         """Made by `EpisodeIndex.episodes`, not by hand.
 
         Args:
@@ -131,7 +145,7 @@ class Episode:
 class LazyEpisodes(Sequence):
     """`EpisodeIndex.episodes`: a list-like view that makes each `Episode` on first access."""
 
-    def __init__(self, index: EpisodeIndex) -> None:
+    def __init__(self, index: Indexed) -> None:
         self._ix = index
         self._made: list[Episode | None] = [None] * len(index.ids)
 

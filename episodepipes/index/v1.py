@@ -4,19 +4,16 @@ from: the form `ShardWriter` and merge take episode entries in, built from the v
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from episodepipes.index import v2 as indexv2
+from episodepipes.index.tables import Tables
 from episodepipes.index.v2 import SEGMENT
 
-if TYPE_CHECKING:
-    from episodepipes.index.episode_index import EpisodeIndex
 
-
-def v1_layout(ix: EpisodeIndex) -> dict:
-    """A v2 index as the v1 JSON would hold it (what `ShardWriter` and merge take as episode entries)."""
-    m = ix.meta
-    t = ix.tables
+def v1_layout(m: dict, t: Tables, ids: Sequence[str]) -> dict:
+    """A v2 index as the v1 JSON would hold it (what `ShardWriter` and merge take as episode entries), from its
+    metadata ``m``, tables ``t`` and episode ``ids``."""
     seg, off, size, crc, ep = t.segments, t.offset, t.size, t.crc, t.episodes
     episodes = []
     for n, (first, length, j0, schema, split, prompt, fps) in enumerate(ep.tolist()):
@@ -32,7 +29,7 @@ def v1_layout(ix: EpisodeIndex) -> dict:
                 s["crc32"] = crc[row:row + count].tolist()
             segs.append(s)
         sc = m["schemas"][schema]
-        episodes.append({"id": ix.ids[n], "split": m["splits"][split], "length": length, "fps": m["fps"][fps],
+        episodes.append({"id": ids[n], "split": m["splits"][split], "length": length, "fps": m["fps"][fps],
                          "prompt": m["prompts"][prompt], "cameras": sc["cameras"], "arrays": sc["arrays"],
                          **t.episode_meta.get(n, {}), "segments": segs})
     data = {k: v for k, v in m.items() if k not in indexv2.V2_KEYS}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 KEYS = ("open_passes", "closed_passes", "workers_started", "bytes_read", "frames_read", "frames_decoded",
-        "frames_corrupt", "batches")
+        "frames_corrupt", "batches", "worker_cpu_us")  # worker_cpu_us: process workers' CPU (`_decode.pool`)
 
 
 class Stats(dict):

@@ -14,15 +14,17 @@ import json
 import logging
 import math
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from episodepipes import safefile
+from episodepipes.errors import ShardTruncatedError
 from episodepipes.format import INDEX_NAME, npy_header
 from episodepipes.index import EpisodeIndex
-from episodepipes.index.episode_index import mapped
+from episodepipes.index.shardread import ranges
 from episodepipes.normstats import sidefile as statsfile
 from episodepipes.normstats.fields import MISSING, STATS, StatsFields, episode_part
 from episodepipes.sharding.write.lock import write_lock
@@ -62,6 +64,11 @@ def _record_arrays(data: bytes, entry: dict, keys: list[str], where: str) -> dic
     return out
 
 
+def _sliced(data: bytes, base: int) -> Callable[[int, int], bytes]:
+    """``pread(size, offset)`` over a frame's bytes read at ``base``."""
+    return lambda size, off: data[off - base:off - base + size]
+
+
 def episode_arrays(root: Path, shards: list[dict], entry: dict) -> dict[str, np.ndarray]:
     """Every array of one episode (index entry ``entry``), read from its shards under ``root``."""
     keys = sorted(entry["arrays"])
@@ -73,22 +80,23 @@ def episode_arrays(root: Path, shards: list[dict], entry: dict) -> dict[str, np.
         name = shards[seg["shard"]]["name"]
         bounds = [*seg["offsets"], seg["end"]]
         crcs = seg.get("crc32") or [None] * seg["count"]
-        with mapped(root / name) as view:
-            def pread(size: int, off: int) -> bytes:
-                return bytes(view[off:off + size])
-
+        with ranges(root / name) as pread:  # checked reads, not a mapping (`index.shardread` says why)
             for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
                 where = f"shard {root / name}: episode {entry['id']!r} frame {seg['first'] + k}"
                 if "heads" in seg:  # the packed layout: the frame is its record inside its span
                     a += seg["heads"][k]
                     b = a + seg["sizes"][k]
-                if b > len(view) or (crcs[k] is not None and zlib.crc32(view[a:b]) != crcs[k]):
+                try:
+                    data = pread(b - a, a)
+                except ShardTruncatedError:
+                    data = None
+                if data is None or (crcs[k] is not None and zlib.crc32(data) != crcs[k]):
                     raise ValueError(f"{where}: its bytes do not match the index's crc32 (or the shard is "
                                      "truncated); restore the shard or re-shard")
                 if "heads" in seg:
-                    fields = _record_arrays(bytes(view[a:b]), entry, keys, where)  # no view left on the map by an error
+                    fields = _record_arrays(data, entry, keys, where)
                 else:
-                    fields, _ = frame_fields(pread, a, b, entry["id"], seg["first"] + k, want, where=where)
+                    fields, _ = frame_fields(_sliced(data, a), a, b, entry["id"], seg["first"] + k, want, where=where)
                 for key in keys:
                     rows[key].append(_npy(fields[f"{key}.npy"], entry["arrays"][key], f"{where} {key}.npy"))
     return {k: np.stack(v) for k, v in rows.items()}

@@ -11,16 +11,14 @@ move to the side file (`episodepipes.normstats.sidefile`), written before the in
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.index import v2 as indexv2
-from episodepipes.index.episode_index import mapped
+from episodepipes.index.shardread import chunks, digest
 from episodepipes.index.v2 import COUNT, ROW, SHARD
 from episodepipes.normstats import sidefile as statsfile
 from episodepipes.normstats.fields import MISSING, STATS
@@ -30,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def frame_crcs(index: EpisodeIndex) -> np.ndarray:
-    """Every frame's crc32, read from the shards, each shard's size and sha256 checked against the index first."""
+    """Every frame's crc32, read from the shards, each shard's size and sha256 checked against the index (before the
+    crc32 are used); `ShardTruncatedError` naming a shard cut short while it is read."""
     out = np.zeros(index.frames, np.uint32)
     t = index.tables
     seg, off, size = t.segments, t.offset, t.size
@@ -40,14 +39,14 @@ def frame_crcs(index: EpisodeIndex) -> np.ndarray:
         if not path.exists():
             raise FileNotFoundError(f"shard {path} is missing; restore it before upgrade --crc, or upgrade without "
                                     "--crc")
-        with mapped(path) as view:
-            if len(view) != s.bytes or hashlib.sha256(view).hexdigest() != s.sha256:
-                raise IndexFormatError(f"shard {path} does not match the index (size or sha256); restore it, or "
-                                       "upgrade without --crc (crc32 of changed bytes would vouch for them)")
-            for row, count in seg[seg[:, SHARD] == i][:, [ROW, COUNT]].tolist():
-                for r in range(row, row + count):
-                    a = int(off[r])
-                    out[r] = zlib.crc32(view[a:a + int(size[r])])
+        rows = [r for row, count in seg[seg[:, SHARD] == i][:, [ROW, COUNT]].tolist() for r in range(row, row + count)]
+        sha, crcs = "", []  # read in checked chunks, not mapped (`index.shardread` says why)
+        if path.stat().st_size == s.bytes:
+            sha, crcs = digest(chunks(path, s.bytes), list(zip(off[rows].tolist(), size[rows].tolist())))
+        if sha != s.sha256:
+            raise IndexFormatError(f"shard {path} does not match the index (size or sha256); restore it, or "
+                                   "upgrade without --crc (crc32 of changed bytes would vouch for them)")
+        out[rows] = crcs
     return out
 
 

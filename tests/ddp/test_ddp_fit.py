@@ -15,7 +15,7 @@ import cv2
 import pytest
 import torch
 from ddp.app import TinyModel, target
-from helpers import make_shards, run_script_ranks
+from helpers import run_script_ranks
 
 from episodepipes.lightning_glue.launch import RanksFailed, check_ranks
 from episodepipes.pipes import EpisodeIndex, metric_pipe
@@ -39,10 +39,9 @@ def launch(root: Path, out: Path, *, epochs: int = EPOCHS, env_extra: dict | Non
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
+def shards(shard_folder):
     # 9 episodes -> val = ep0002, ep0005, ep0008: 3 x 5 frames = 15, split over 2 ranks = 8 + (7 + 1 padded)
-    return make_shards(tmp_path_factory.mktemp("ddp") / "shards", num_episodes=9, length=LENGTH, height=32,
-                       width=48, fps=FPS, shard_size=30_000)
+    return shard_folder("ddp", num_episodes=9, length=LENGTH, height=32, width=48, fps=FPS, shard_size=30_000)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ URL = f"s3://{BUCKET}/{PREFIX}"
 OTHER_UID = 54321  # a user that is not this one (the tests run as root, which may chown to it)
 
 
+# its own, not `shard_folder`: uploaded to moto by `remotecases.upload_synthetic` (the remote suites' one)
 @pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory) -> Path:
     return upload_synthetic(moto, tmp_path_factory.mktemp("hostile-remote") / "shards", BUCKET, PREFIX)

@@ -3,7 +3,6 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from helpers import make_shards
 
 from episodepipes.normstats import StatsTable
 from episodepipes.pipes import EpisodeIndex
@@ -98,9 +97,9 @@ def test_per_source_statistics_pick_each_rows_own_source():
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
+def shards(shard_folder):
     kw = dict(num_episodes=4, lengths=(9, 6, 5, 8), height=16, width=24)
-    out = make_shards(tmp_path_factory.mktemp("norm") / "s", shard_size=20_000, **kw)
+    out = shard_folder("norm", shard_size=20_000, **kw)
     reader, table = SyntheticReader(**kw), StatsTable()
     for eid in reader.episode_ids():
         ep = reader.read(eid)

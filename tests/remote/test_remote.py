@@ -21,6 +21,7 @@ BUCKET, PREFIX = "episodes", "runs/v1"
 FAST = RemoteOptions(backoff=0.001, max_backoff=0.01, timeout=5.0)
 
 
+# its own, not `shard_folder`: uploaded to moto by `remotecases.upload_synthetic` (the remote suites' one)
 @pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory) -> Path:
     return upload_synthetic(moto, tmp_path_factory.mktemp("remote") / "shards", BUCKET, PREFIX)

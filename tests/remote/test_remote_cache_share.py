@@ -21,6 +21,7 @@ BUCKET, PREFIX = "share", "v1"
 URL = f"s3://{BUCKET}/{PREFIX}"
 
 
+# its own, not `shard_folder`: uploaded to moto by `remotecases.upload_synthetic` (the remote suites' one)
 @pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory) -> Path:
     return upload_synthetic(moto, tmp_path_factory.mktemp("share") / "shards", BUCKET, PREFIX)

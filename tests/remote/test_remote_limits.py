@@ -18,6 +18,7 @@ BUCKET = "limits"
 PAD = 4 << 20  # what a refused file would have cost to download
 
 
+# its own, not `shard_folder`: two moto uploads, one with a padded statistics file
 @pytest.fixture(scope="module")
 def shards(moto, tmp_path_factory):
     out = tmp_path_factory.mktemp("limits") / "s"

@@ -32,6 +32,7 @@ def _write(src, out, *args):
     return out
 
 
+# its own, not `shard_folder`: three codecs written by the CLI from raw folders (`write --codec`)
 @pytest.fixture(scope="module")
 def shards(src, tmp_path_factory):
     d = tmp_path_factory.mktemp("trainvid_out")
