@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
      "_indexcheck"),
     ("shardio",),
     ("remote", "codec", "normstats", "statsfields", "statsfile", "_leb128"),
-    ("errors", "format", "filebytes", "tarmembers", "episode_attrs", "safefile", "_moved"),
+    ("errors", "format", "filebytes", "tarmembers", "episode_attrs", "safefile", "_moved", "imagehead", "_deathsig"),
 ]
 
 
