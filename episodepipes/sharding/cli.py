@@ -3,9 +3,11 @@
 Commands::
 
     write SRC OUT    shard a dataset (raw folders, zarr, lerobot); re-running an interrupted write resumes it
-    info OUT         summary table of a finished output (frames and bytes per split); --episodes lists them
+    info OUT         summary table of a finished output (frames and bytes per split, each camera's codec);
+                     --episodes lists them, --json prints it all as JSON
     verify OUT       check every shard's sha256, every frame's crc32, and that every frame is where the index says
-    stats OUT        normalization statistics per split and array key (--recompute: for older indexes)
+    stats OUT        normalization statistics per split and array key (--recompute: for older indexes;
+                     --json: every element, as JSON)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
     upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
                      add every frame's crc32)
@@ -35,6 +37,7 @@ Input errors exit with status 2 and one line naming the file or episode and the 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -109,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
                        "gs://..., https://...) read with the standard environment (AWS_ENDPOINT_URL, ...)")
     info = sub.choices["info"]
     info.add_argument("--episodes", action="store_true", help="also list every episode: id, split, length, task")
+    info.add_argument("--json", action="store_true",
+                      help="print one JSON object (sorted keys; the dataset's text as JSON strings) for scripts")
     u = sub.add_parser("upgrade", help="rewrite a version-1 index as version 2 in place (reads no shard)")
     u.add_argument("out", type=Path, metavar="OUT")
     u.add_argument("--crc", action="store_true",
@@ -117,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("out", type=Path, metavar="OUT")
     st.add_argument("--recompute", action="store_true",
                     help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
+    st.add_argument("--json", action="store_true",
+                    help="print one JSON object, {split: {key: {count, shape, mean, std, min, max, q01..q99}}}, "
+                         "every element (a non-finite one as null), sorted keys")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
     m.add_argument("out", type=_root, metavar="OUT", help="the OUT of the jobs: a folder or a remote root")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
@@ -206,6 +214,12 @@ def _say(lines: str | list[str], *, file: TextIO | None = None) -> None:
     print("\n".join(printable(r) for r in rows), file=file)
 
 
+def _json(data: object) -> str:
+    """Sorted keys, two-space indent; ASCII only: JSON escapes every control or non-ASCII character itself, so a
+    dataset's text reaches a terminal or a script as it is, and acts on neither."""
+    return json.dumps(data, sort_keys=True, indent=2)
+
+
 def _table(rows: list[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -218,6 +232,12 @@ def _run(a: argparse.Namespace) -> int:
         return _write(a)
     if a.command == "info":
         index = EpisodeIndex.open(a.out)
+        if a.json:
+            data = {"output": str(a.out), **inspect.summary(index)}
+            if a.episodes:
+                data["episode_list"] = inspect.episode_data(index)
+            _say(_json(data))
+            return 0
         _say(_table([("output", str(a.out)), *inspect.summarize(index)]))
         if a.episodes:
             rows = inspect.episode_rows(index)  # the last column (the task) is free text: not padded
@@ -234,7 +254,8 @@ def _run(a: argparse.Namespace) -> int:
     if a.command == "stats":
         from episodepipes.sharding.stats_cli import run
 
-        _say(run(a.out, recompute=a.recompute))
+        shown = run(a.out, recompute=a.recompute, as_json=a.json)
+        _say(_json(shown) if a.json else shown)
         return 0
     if a.command == "verify":
         problems = inspect.verify(a.out)

@@ -310,3 +310,44 @@ def test_summary_has_wall_time_and_throughput(tmp_path, capsys, monkeypatch):
     line = capsys.readouterr().out.splitlines()[0]
     words = line.split(" in ")[1].split()
     assert float(words[0]) > 0 and words[1] == "s" and words[2].startswith("(") and words[3] == "frames/s"
+
+
+
+# ---------------------------------------------------------------- issue 27, item 4: the CLI's smaller gaps
+
+def _json_out(capsys, argv):
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    data = json.loads(text)
+    assert text == json.dumps(data, sort_keys=True, indent=2) + "\n"  # stable: sorted keys, one layout
+    return text, data
+
+
+def test_info_and_stats_json_are_sorted_plain_data_with_each_cameras_codec(tmp_path, capsys):
+    src = write_raw(tmp_path / "src", SMALL)
+    meta = json.loads((src / "ep0000" / "meta.json").read_text())
+    (src / "ep0000" / "meta.json").write_text(json.dumps({**meta, "prompt": "red \x1b[31mstop\x9b é"}))
+    out = tmp_path / "out"
+    assert main(["write", str(src), str(out), "--workers", "1"]) == 0
+    capsys.readouterr()
+    text, info = _json_out(capsys, ["info", str(out), "--json", "--episodes"])
+    assert text.isascii() and "\x1b" not in text  # JSON escapes the dataset's text itself
+    assert info["output"] == str(out) and info["episodes"] == {"total": 3, "splits": {"train": 2, "val": 1}}
+    assert info["frames"]["total"] == 18 and info["shards"] == len(EpisodeIndex.open(out).shards)
+    assert info["cameras"] == [{"name": cam, "height": 32, "width": 40, "codec": "jpeg", "gop": 1, "copied": False,
+                                "episodes": 3} for cam in ("front", "wrist")]
+    assert info["episode_list"][0]["task"] == "red \x1b[31mstop\x9b é"  # the text as it is, not escaped twice
+    assert main(["info", str(out)]) == 0 and "codecs    front jpeg (3 ep)" in capsys.readouterr().out
+    _, stats = _json_out(capsys, ["stats", str(out), "--json"])
+    index = EpisodeIndex.open(out)
+    for split, key in index.stats_keys():
+        s, got = index.stats(key, split=split), stats[split][key]
+        assert got["count"] == s["count"] and got["shape"] == list(s["mean"].shape)
+        assert got["q99"] == s["q99"].tolist() and set(got) == {"count", "shape", "mean", "std", "min", "max",
+                                                                "q01", "q10", "q50", "q90", "q99"}
+    h264 = tmp_path / "h264"
+    assert main(["write", str(src), str(h264), "--workers", "1", "--codec", "h264", "--gop", "3"]) == 0
+    capsys.readouterr()
+    _, info = _json_out(capsys, ["info", str(h264), "--json"])
+    assert [(c["codec"], c["gop"], c["copied"]) for c in info["cameras"]] == [("h264", 3, False)] * 2
+    assert main(["info", str(h264)]) == 0 and "front h264 gop 3 (3 ep)" in capsys.readouterr().out
