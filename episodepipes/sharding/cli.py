@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write", help="shard SRC into OUT (resumes an interrupted run with the same options)")
-    w.add_argument("src", type=Path, metavar="SRC")
+    w.add_argument("src", type=Path, metavar="SRC",
+                   help="the source dataset's folder: raw episode folders, a zarr store or a LeRobot dataset "
+                        "(--format says which; auto detects)")
     w.add_argument("out", type=_root, metavar="OUT", help="a folder, or s3://bucket/prefix or gs://bucket/prefix "
                    "(shards uploaded as they finish, the index last; credentials from the standard environment)")
     w.add_argument("--staging", type=Path, default=None, metavar="DIR",
@@ -115,11 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true",
                       help="print one JSON object (sorted keys; the dataset's text as JSON strings) for scripts")
     u = sub.add_parser("upgrade", help="rewrite a version-1 index as version 2 in place (reads no shard)")
-    u.add_argument("out", type=Path, metavar="OUT")
+    u.add_argument("out", type=Path, metavar="OUT", help="a local shard folder whose index.json is version 1")
     u.add_argument("--crc", action="store_true",
                    help="also read every shard (its sha256 checked first) to add each frame's crc32")
     st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
-    st.add_argument("out", type=Path, metavar="OUT")
+    st.add_argument("out", type=Path, metavar="OUT", help="a local shard folder (the OUT of write)")
     st.add_argument("--recompute", action="store_true",
                     help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
     st.add_argument("--json", action="store_true",

@@ -351,3 +351,14 @@ def test_info_and_stats_json_are_sorted_plain_data_with_each_cameras_codec(tmp_p
     _, info = _json_out(capsys, ["info", str(h264), "--json"])
     assert [(c["codec"], c["gop"], c["copied"]) for c in info["cameras"]] == [("h264", 3, False)] * 2
     assert main(["info", str(h264)]) == 0 and "front h264 gop 3 (3 ep)" in capsys.readouterr().out
+
+
+def test_every_positional_argument_has_help_text():
+    import argparse
+
+    from episodepipes.sharding.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [f"{name} {a.metavar}" for name, p in sub.choices.items() for a in p._actions
+            if not a.option_strings and not isinstance(a, argparse._SubParsersAction) and not a.help]
+    assert bare == []
