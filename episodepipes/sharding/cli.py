@@ -31,7 +31,7 @@ Custom layouts: ``--format module:factory`` or an installed ``episodepipes.forma
 terminal) a line every 10 s. The run ends with a summary: counts, wall time, frames/s.
 
 Input errors exit with status 2 and one line naming the file or episode and the fix; a failed
-``verify`` exits with status 1.
+``verify`` exits with status 1; output into a closed pipe (``info OUT | head``) ends quietly with 141.
 """
 
 from __future__ import annotations
@@ -209,11 +209,20 @@ def _write(a: argparse.Namespace) -> int:
     return 0
 
 
+class StdoutClosed(Exception):
+    """The reader of the output went away (``info | head``): not an error of OUT's."""
+
+
 def _say(lines: str | list[str], *, file: TextIO | None = None) -> None:
     """Print ``lines`` (a string's lines, or a list of them) with no character that acts on a terminal: they
-    quote a dataset's own text (ids, splits, prompts, attributes, errors), which anyone may have written."""
+    quote a dataset's own text (ids, splits, prompts, attributes, errors), which anyone may have written.
+    Flushed at once, so a closed pipe is met here (`StdoutClosed`), not in another command's OSError handler."""
     rows = lines.split("\n") if isinstance(lines, str) else lines
-    print("\n".join(printable(r) for r in rows), file=file)
+    out = sys.stdout if file is None else file
+    try:
+        print("\n".join(printable(r) for r in rows), file=out, flush=True)
+    except BrokenPipeError:
+        raise StdoutClosed from None
 
 
 def _json(data: object) -> str:
@@ -295,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, handlers=[handler])
     try:
         return _run(a)
+    except StdoutClosed:  # Python's recipe (library/signal.html#note-on-sigpipe): no message, no flush error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command that SIGPIPE ended (`yes | head`)
     except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:
         _error(str(e))
     except ShardIOError as e:  # a remote object missing or unreadable after retries: the message names it

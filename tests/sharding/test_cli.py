@@ -362,3 +362,17 @@ def test_every_positional_argument_has_help_text():
     bare = [f"{name} {a.metavar}" for name, p in sub.choices.items() for a in p._actions
             if not a.option_strings and not isinstance(a, argparse._SubParsersAction) and not a.help]
     assert bare == []
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    out = tmp_path / "out"
+    assert main(["write", str(write_raw(tmp_path / "src", SMALL)), str(out), "--workers", "1"]) == 0
+    for argv in (["stats", str(out)], ["info", str(out), "--episodes"], ["info", str(out), "--json"]):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before anything is printed, as `... | head -0` leaves it
+        try:
+            res = subprocess.run([sys.executable, "-m", "episodepipes.sharding.cli", *argv], cwd=ROOT, stdout=write,
+                                 stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write)
+        assert res.returncode == 141 and res.stderr == "", (argv, res.returncode, res.stderr)
