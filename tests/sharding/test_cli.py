@@ -376,3 +376,14 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
         finally:
             os.close(write)
         assert res.returncode == 141 and res.stderr == "", (argv, res.returncode, res.stderr)
+
+
+def test_a_source_folder_is_named_as_one_not_as_an_unfinished_write(tmp_path, capsys):
+    src = write_raw(tmp_path / "src", SMALL)
+    err = _fails(capsys, ["info", str(src)], f"no index.json in {src}", "holds no shards index",
+                 f"episodepipes-shard write {src} OUT")
+    assert "unfinished" not in err
+    with pytest.raises(FileNotFoundError, match="holds no shards index"):
+        EpisodeIndex.open(src)
+    (src / "_progress.json").write_text("{}")  # a write's trace: the old advice stands
+    _fails(capsys, ["info", str(src)], "an unfinished write: re-run the same write command")
