@@ -307,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     except StdoutClosed:  # Python's recipe (library/signal.html#note-on-sigpipe): no message, no flush error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a command that SIGPIPE ended (`yes | head`)
+    except ImportError as e:  # a missing extra (remote: obstore) names its pip install; any other is a bug
+        if "pip install" not in str(e):
+            raise
+        _error(str(e))
     except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:
         _error(str(e))
     except ShardIOError as e:  # a remote object missing or unreadable after retries: the message names it
