@@ -387,3 +387,13 @@ def test_a_source_folder_is_named_as_one_not_as_an_unfinished_write(tmp_path, ca
         EpisodeIndex.open(src)
     (src / "_progress.json").write_text("{}")  # a write's trace: the old advice stands
     _fails(capsys, ["info", str(src)], "an unfinished write: re-run the same write command")
+
+
+def test_av1_writes_keep_the_encoders_info_lines_off_stderr(tmp_path):
+    src = write_raw(tmp_path / "src", SMALL)
+    env = {k: v for k, v in os.environ.items() if k != "SVT_LOG"}
+    res = subprocess.run([sys.executable, "-m", "episodepipes.sharding.cli", "write", str(src), str(tmp_path / "o"),
+                          "--workers", "1", "--codec", "av1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "Svt[" not in res.stderr and res.stderr.count("\n") <= 2, res.stderr
