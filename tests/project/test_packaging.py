@@ -15,6 +15,13 @@ def test_the_package_is_marked_typed_and_ships_the_marker():
     assert re.match(r'episodepipes = \[[^\]]*"py\.typed"', section), section[:200]  # Python 3.10 has no tomllib
 
 
+def test_the_api_page_documents_normalize_and_per_source():
+    api = (ROOT / "docs" / "API.md").read_text()
+    for name in ("Normalize", "PerSource"):
+        assert f"\n### {name}\n" in api, name
+    assert "#### Normalize.from_stats" in api and "#### Normalize.inverse" in api
+
+
 def _anchor(heading: str) -> str:
     """GitHub's heading anchor: lower case, punctuation but ``-`` and ``_`` dropped, spaces as ``-``."""
     return re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
