@@ -4,7 +4,7 @@
     python scripts/gen_api_docs.py           # rewrite docs/API.md (also: make docs)
     python scripts/gen_api_docs.py --check   # exit 1 if docs/API.md differs from the docstrings
 
-Public means listed in the ``__all__`` of a package in `PACKAGES`, plus the public methods and
+Public means listed in the ``__all__`` of a package (or module) in `PACKAGES`, plus the public methods and
 properties of those classes. `render` builds the page (deterministic: no addresses, no dates, no
 environment), and `problems` lists what is undocumented: a name without its own docstring, or a
 parameter not described in a Google-style ``Args:`` section (``Attributes:`` also counts for a
@@ -29,7 +29,10 @@ from typing import Any, ForwardRef
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "API.md"
-PACKAGES = ("episodepipes.pipes", "episodepipes.sharding", "episodepipes.lightning_glue")
+# Packages, and the modules whose public names are imported from the module itself (not re-exported by a
+# package): `Normalize` and `PerSource` were missing from the page while only packages were listed here.
+PACKAGES = ("episodepipes.pipes", "episodepipes.pipes.normalize", "episodepipes.sharding",
+            "episodepipes.lightning_glue")
 PARAM_SECTIONS = {"Args", "Arguments", "Attributes"}
 SECTIONS = PARAM_SECTIONS | {"Returns", "Yields", "Raises", "Example", "Examples", "Note", "Notes"}
 _SECTION = re.compile(r"^({}):\s*$".format("|".join(sorted(SECTIONS))))

@@ -112,6 +112,8 @@ def _encode(frames: Iterable[np.ndarray], options: CodecOptions, bgr: bool) -> P
     for i, frame in enumerate(frames):
         shape = _check(frame, shape, i)
         if ctx is None:
+            if options.codec == "av1":  # SVT-AV1 prints ~40 "Svt[info]" lines per encoder to stderr; keep its
+                os.environ.setdefault("SVT_LOG", "1")  # errors (1: fatal and error); a user's own SVT_LOG wins
             ctx = av.CodecContext.create(_ENCODER[options.codec], "w")
             ctx.height, ctx.width = shape[:2]
             ctx.pix_fmt, ctx.time_base, ctx.framerate = "yuv420p", fractions.Fraction(1, 30), 30

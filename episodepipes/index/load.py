@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 MAX_INDEX_BYTES = 1 << 34  # far above any index (a v1 index of 10**8 frames is a few GB); a sparse file is not read
 log = logging.getLogger("episodepipes.index")  # the logger the v1 warning has always come from
 _WARNED: set[str] = set()  # v1 index files already told to upgrade in this process
+_TRACES = ("_progress.json", "_jobs", "_write.lock")  # an unfinished write's files (sharding.write names them)
 
 
 def regular_file(path: Path, fix: str, error: type[ValueError] = IndexFormatError) -> None:
@@ -64,12 +65,18 @@ def read_regular(path: Path, fix: str, *, limit: int | None = None,
 
 def read_local(path: str | os.PathLike) -> tuple[Path, Path, bytes]:
     """(root, index file, its bytes) of a shard folder or its ``index.json``; a missing index raises
-    FileNotFoundError saying whether the folder exists (an unfinished write) or not."""
+    FileNotFoundError saying whether the folder is an unfinished write, holds no shards at all (a source
+    dataset: shard it first), or does not exist."""
     p = Path(str(path).removeprefix("file://"))
     root, file = (p.parent, p) if p.suffix == ".json" else (p, p / INDEX_NAME)
     if not file.exists():
-        hint = ("an unfinished write: re-run the same write command to resume it" if root.is_dir()
-                else "the folder does not exist; check the path")
+        if not root.is_dir():
+            hint = "the folder does not exist; check the path"
+        elif any((root / name).exists() for name in _TRACES):
+            hint = "an unfinished write: re-run the same write command to resume it"
+        else:  # no trace of a write: most likely the source dataset itself (raw, zarr, LeRobot)
+            hint = (f"the folder holds no shards index (a source dataset?); shard it first with: "
+                    f"episodepipes-shard write {root} OUT, and open OUT")
         raise FileNotFoundError(f"no {INDEX_NAME} in {root}: {hint}")
     return root, file, read_regular(file, "restore the index or re-shard", limit=MAX_INDEX_BYTES)
 

@@ -27,6 +27,8 @@ import torch
 
 from episodepipes.normstats import ArrayStats
 
+__all__ = ["Normalize", "PerSource"]  # documented in docs/API.md under this module, the path users import from
+
 MODES = {"mean_std": ("mean", "std"), "quantile": ("q01", "q99"), "min_max": ("min", "max")}
 EPS = 1e-8
 
@@ -97,7 +99,11 @@ class Normalize:
         return out
 
     def inverse(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        """A copy of ``batch`` with each normalized key it holds mapped back (numpy arrays or torch tensors)."""
+        """A copy of ``batch`` with each normalized key it holds mapped back (numpy arrays or torch tensors).
+
+        Args:
+            batch: key -> values (a prediction or a batch, any leading axes); keys not normalized pass through.
+        """
         known = [k for k in self.center if k in batch]
         if not known:
             raise KeyError(f"the batch has none of the normalized keys {sorted(self.center)}; it has {sorted(batch)}")
@@ -154,7 +160,12 @@ class PerSource:
         return self._of(sample[self.field])(sample)
 
     def inverse(self, batch: Mapping[str, Any], *, source: str | Sequence[str] | None = None) -> dict[str, Any]:
-        """Map a batch back with each row's own source (``source``, default ``batch[field]``, one per row)."""
+        """Map a batch back with each row's own source (``source``, default ``batch[field]``, one per row).
+
+        Args:
+            batch: key -> values with a leading batch axis, as `Normalize.inverse` takes them.
+            source: one source name for every row, or one per row; None: ``batch[field]``.
+        """
         source = batch.get(self.field) if source is None else source
         if isinstance(source, str):
             return self._of(source).inverse(batch)

@@ -15,6 +15,7 @@ workers, which never touch a source; a forked child that tries gets a `ShardIOEr
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import threading
 import weakref
@@ -95,6 +96,14 @@ def parse_root(root: str) -> str:
     return root.rstrip("/")
 
 
+def need_obstore(root: str) -> None:
+    """Refuse a remote root by name when the ``remote`` extra is missing, before any read or write would meet a bare
+    ``No module named 'obstore'``."""
+    if importlib.util.find_spec("obstore") is None:
+        raise ModuleNotFoundError(f"root {root!r} is remote and needs obstore, which is not installed: "
+                                  "pip install 'episodepipes[remote]'", name="obstore")
+
+
 class RemoteSource:
     """A `ByteSource` over ``s3://``, ``gs://`` or ``http(s)://`` objects under one root URL.
 
@@ -104,6 +113,7 @@ class RemoteSource:
 
     def __init__(self, root: str, options: RemoteOptions | None = None) -> None:
         self.root = parse_root(str(root))
+        need_obstore(self.root)
         self.options = options or RemoteOptions()
         o = self.options
         stale = o.attempts * (o.timeout + o.max_backoff)  # the longest a fetch of one entry may take

@@ -13,13 +13,15 @@ import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from ..errors import ShardIOError
+from ..errors import ShardIOError, ShardMissingError
 from ..format import check_name
 from .source import RemoteOptions, RemoteSource
 
 WRITABLE = ("s3", "gs")
 PART = 8 * 1024 * 1024  # multipart chunk: objects larger than this go up in parts of this size
+_NO_BUCKET = re.compile(r"NoSuchBucket|bucket does not exist|status code: 404", re.I)
 _ETAG = re.compile(r'"?([0-9a-f]{32})(?:-(\d+))?"?')
 
 
@@ -101,8 +103,22 @@ class RemoteStore(RemoteSource):
             for batch in obstore.list(self._client(), prefix=prefix):
                 out.extend(str(o["path"]) for o in batch)
 
-        self._call(where, None, listing)
+        try:
+            self._call(where, None, listing)
+        except ShardIOError as e:  # the first call a write makes: a missing bucket shows here, as a 404
+            raise self._no_bucket(e) from None
         return sorted(out)
+
+    def _no_bucket(self, e: ShardIOError) -> ShardIOError:
+        """A listing's 404 (a prefix that holds nothing lists as empty) means the bucket itself does not exist:
+        one line naming it and the fix, not the store's XML; any other failure is ``e`` as it was."""
+        if not (isinstance(e, ShardMissingError) or _NO_BUCKET.search(str(e))):
+            return e
+        bucket = urlsplit(self.root).netloc
+        scheme = self.root.split("://", 1)[0]
+        make = f"aws s3 mb s3://{bucket}" if scheme == "s3" else f"gcloud storage buckets create gs://{bucket}"
+        return ShardIOError(f"{self.root}: bucket {bucket!r} does not exist (the store answered 404 to a listing); "
+                            f"create it ({make}) or fix OUT")
 
     def delete(self, paths: Iterable[str]) -> None:
         """Delete these objects (paths relative to the root, as `names` gives them); missing ones are no error."""

@@ -3,9 +3,11 @@
 Commands::
 
     write SRC OUT    shard a dataset (raw folders, zarr, lerobot); re-running an interrupted write resumes it
-    info OUT         summary table of a finished output (frames and bytes per split); --episodes lists them
+    info OUT         summary table of a finished output (frames and bytes per split, each camera's codec);
+                     --episodes lists them, --json prints it all as JSON
     verify OUT       check every shard's sha256, every frame's crc32, and that every frame is where the index says
-    stats OUT        normalization statistics per split and array key (--recompute: for older indexes)
+    stats OUT        normalization statistics per split and array key (--recompute: for older indexes;
+                     --json: every element, as JSON)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
     upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
                      add every frame's crc32)
@@ -29,12 +31,13 @@ Custom layouts: ``--format module:factory`` or an installed ``episodepipes.forma
 terminal) a line every 10 s. The run ends with a summary: counts, wall time, frames/s.
 
 Input errors exit with status 2 and one line naming the file or episode and the fix; a failed
-``verify`` exits with status 1.
+``verify`` exits with status 1; output into a closed pipe (``info OUT | head``) ends quietly with 141.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -65,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write", help="shard SRC into OUT (resumes an interrupted run with the same options)")
-    w.add_argument("src", type=Path, metavar="SRC")
+    w.add_argument("src", type=Path, metavar="SRC",
+                   help="the source dataset's folder: raw episode folders, a zarr store or a LeRobot dataset "
+                        "(--format says which; auto detects)")
     w.add_argument("out", type=_root, metavar="OUT", help="a folder, or s3://bucket/prefix or gs://bucket/prefix "
                    "(shards uploaded as they finish, the index last; credentials from the standard environment)")
     w.add_argument("--staging", type=Path, default=None, metavar="DIR",
@@ -109,14 +114,19 @@ def _parser() -> argparse.ArgumentParser:
                        "gs://..., https://...) read with the standard environment (AWS_ENDPOINT_URL, ...)")
     info = sub.choices["info"]
     info.add_argument("--episodes", action="store_true", help="also list every episode: id, split, length, task")
+    info.add_argument("--json", action="store_true",
+                      help="print one JSON object (sorted keys; the dataset's text as JSON strings) for scripts")
     u = sub.add_parser("upgrade", help="rewrite a version-1 index as version 2 in place (reads no shard)")
-    u.add_argument("out", type=Path, metavar="OUT")
+    u.add_argument("out", type=Path, metavar="OUT", help="a local shard folder whose index.json is version 1")
     u.add_argument("--crc", action="store_true",
                    help="also read every shard (its sha256 checked first) to add each frame's crc32")
     st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
-    st.add_argument("out", type=Path, metavar="OUT")
+    st.add_argument("out", type=Path, metavar="OUT", help="a local shard folder (the OUT of write)")
     st.add_argument("--recompute", action="store_true",
                     help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
+    st.add_argument("--json", action="store_true",
+                    help="print one JSON object, {split: {key: {count, shape, mean, std, min, max, q01..q99}}}, "
+                         "every element (a non-finite one as null), sorted keys")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
     m.add_argument("out", type=_root, metavar="OUT", help="the OUT of the jobs: a folder or a remote root")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
@@ -199,11 +209,26 @@ def _write(a: argparse.Namespace) -> int:
     return 0
 
 
+class StdoutClosed(Exception):
+    """The reader of the output went away (``info | head``): not an error of OUT's."""
+
+
 def _say(lines: str | list[str], *, file: TextIO | None = None) -> None:
     """Print ``lines`` (a string's lines, or a list of them) with no character that acts on a terminal: they
-    quote a dataset's own text (ids, splits, prompts, attributes, errors), which anyone may have written."""
+    quote a dataset's own text (ids, splits, prompts, attributes, errors), which anyone may have written.
+    Flushed at once, so a closed pipe is met here (`StdoutClosed`), not in another command's OSError handler."""
     rows = lines.split("\n") if isinstance(lines, str) else lines
-    print("\n".join(printable(r) for r in rows), file=file)
+    out = sys.stdout if file is None else file
+    try:
+        print("\n".join(printable(r) for r in rows), file=out, flush=True)
+    except BrokenPipeError:
+        raise StdoutClosed from None
+
+
+def _json(data: object) -> str:
+    """Sorted keys, two-space indent; ASCII only: JSON escapes every control or non-ASCII character itself, so a
+    dataset's text reaches a terminal or a script as it is, and acts on neither."""
+    return json.dumps(data, sort_keys=True, indent=2)
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -218,6 +243,12 @@ def _run(a: argparse.Namespace) -> int:
         return _write(a)
     if a.command == "info":
         index = EpisodeIndex.open(a.out)
+        if a.json:
+            data = {"output": str(a.out), **inspect.summary(index)}
+            if a.episodes:
+                data["episode_list"] = inspect.episode_data(index)
+            _say(_json(data))
+            return 0
         _say(_table([("output", str(a.out)), *inspect.summarize(index)]))
         if a.episodes:
             rows = inspect.episode_rows(index)  # the last column (the task) is free text: not padded
@@ -234,7 +265,8 @@ def _run(a: argparse.Namespace) -> int:
     if a.command == "stats":
         from episodepipes.sharding.stats_cli import run
 
-        _say(run(a.out, recompute=a.recompute))
+        shown = run(a.out, recompute=a.recompute, as_json=a.json)
+        _say(_json(shown) if a.json else shown)
         return 0
     if a.command == "verify":
         problems = inspect.verify(a.out)
@@ -272,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, handlers=[handler])
     try:
         return _run(a)
+    except StdoutClosed:  # Python's recipe (library/signal.html#note-on-sigpipe): no message, no flush error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command that SIGPIPE ended (`yes | head`)
+    except ImportError as e:  # a missing extra (remote: obstore) names its pip install; any other is a bug
+        if "pip install" not in str(e):
+            raise
+        _error(str(e))
     except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:
         _error(str(e))
     except ShardIOError as e:  # a remote object missing or unreadable after retries: the message names it

@@ -1,7 +1,9 @@
-"""`summarize`, `episode_rows` and `verify` a shard folder (the ``info`` and ``verify`` commands).
+"""`summarize`, `episode_rows` and `verify` a shard folder (the ``info`` and ``verify`` commands); `summary` and
+`episode_data` give the same as plain data for ``info --json``.
 
-Every text they show from the dataset (ids, splits, prompts, attributes, camera and array names, errors) comes
-with its control characters escaped (`printable`): a dataset may carry terminal escape sequences."""
+Every text the tables show from the dataset (ids, splits, prompts, attributes, camera and array names, errors) comes
+with its control characters escaped (`printable`): a dataset may carry terminal escape sequences. The plain data
+keeps the text as it is; ``json.dumps`` escapes it."""
 
 from __future__ import annotations
 
@@ -16,40 +18,83 @@ from episodepipes.index.v2 import FIRST, FPS, SCHEMA, SPLIT
 from episodepipes.remote.retry import printable
 
 
-def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
-    """(field, value) rows: format, episodes, frames and bytes per split, cameras, arrays, fps, skipped."""
+def _cameras(index: EpisodeIndex) -> list[dict]:
+    """Each distinct camera (name, size, codec, GOP) and how many episodes have it; ``copied`` when its packets are
+    the source's own (``write --codec copy``), not encoded here."""
     t = index.tables
-    codes = t.episodes[:, SPLIT]  # per split: a few vectorised passes over the tables, no Episode objects
-    names = [printable(n) for n in t.splits]
-    eps = np.bincount(codes.astype(np.int64), minlength=len(names))
-    frames = np.bincount(codes.astype(np.int64), weights=index.lengths.astype(np.float64), minlength=len(names))
+    copied = index.options.get("codec") == "copy"
+    schema_eps = Counter(t.episodes[:, SCHEMA].tolist())
+    cams: Counter = Counter()
+    for k, (c, _) in enumerate(t.schemas):
+        for name, cam in c.items():
+            cams[(name, cam.height, cam.width, cam.codec, cam.gop, copied and cam.codec != "jpeg")] += schema_eps[k]
+    return [{"name": n, "height": h, "width": w, "codec": codec, "gop": gop, "copied": cp, "episodes": v}
+            for (n, h, w, codec, gop, cp), v in sorted(cams.items())]
+
+
+def summary(index: EpisodeIndex) -> dict:
+    """The ``info`` figures as plain data (``info --json``): the dataset's own text as it is, not escaped."""
+    t = index.tables
+    codes = t.episodes[:, SPLIT].astype(np.int64)  # per split: a few vectorised passes over the tables
+    names = list(t.splits)
+    eps = np.bincount(codes, minlength=len(names))
+    frames = np.bincount(codes, weights=index.lengths.astype(np.float64), minlength=len(names))
     per_ep = np.add.reduceat(t.size.astype(np.uint64), t.episodes[:, FIRST].astype(np.int64)) if index.frames \
         else np.zeros(0, np.uint64)
-    nbytes = np.bincount(codes.astype(np.int64), weights=per_ep.astype(np.float64), minlength=len(names))
-    order = sorted(range(len(names)), key=names.__getitem__)
-    schema_eps = Counter(t.episodes[:, SCHEMA].tolist())
-    cams, arrays = Counter(), set()
-    for k, (c, a) in enumerate(t.schemas):
-        for name, cam in c.items():
-            cams[f"{printable(name)} {cam.height}x{cam.width}"] += schema_eps[k]
-        arrays |= {f"{printable(name)} {s.dtype}{s.shape}" for name, s in a.items()}
+    nbytes = np.bincount(codes, weights=per_ep.astype(np.float64), minlength=len(names))
+    arrays = {(name, s.dtype, tuple(s.shape)) for _, a in t.schemas for name, s in a.items()}
     fps = Counter(f"{t.fps[k]:g}" for k in t.episodes[:, FPS].tolist())
-    size = sum(s.bytes for s in index.shards)
+    return {
+        "format": {"version": index.version, "crc32": index.has_crc},
+        "episodes": {"total": len(index.episodes), "splits": {names[k]: int(eps[k]) for k in range(len(names))}},
+        "frames": {"total": index.frames, "splits": {names[k]: int(frames[k]) for k in range(len(names))}},
+        "cameras": _cameras(index),
+        "arrays": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in sorted(arrays)],
+        "fps": dict(fps),
+        "shards": len(index.shards),
+        "bytes": {"total": sum(s.bytes for s in index.shards),
+                  "frames_splits": {names[k]: int(nbytes[k]) for k in range(len(names))}},
+        "skipped": [{"id": str(s["id"]), "error": str(s["error"])} for s in index.meta.get("skipped", [])],
+    }
+
+
+def _codec(cam: dict) -> str:
+    if cam["codec"] == "jpeg":
+        return "jpeg"
+    return f"{cam['codec']} gop {cam['gop']}" + (" copied" if cam["copied"] else "")
+
+
+def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
+    """(field, value) rows: format, episodes, frames and bytes per split, cameras and their codecs, arrays, fps,
+    skipped."""
+    d = summary(index)
+    p = printable
+    order = sorted(d["episodes"]["splits"], key=p)
+
+    def per_split(values: dict) -> str:
+        return ", ".join(f"{p(k)} {values[k]}" for k in order)
+
+    cams: Counter = Counter()
+    codecs: Counter = Counter()
+    for c in d["cameras"]:
+        cams[f"{p(c['name'])} {c['height']}x{c['width']}"] += c["episodes"]
+        codecs[f"{p(c['name'])} {_codec(c)}"] += c["episodes"]
+    arrays = {f"{p(a['name'])} {a['dtype']}{tuple(a['shape'])}" for a in d["arrays"]}
+    size = d["bytes"]["total"]
     crc = "crc32 per frame" if index.has_crc else "no per-frame crc32 (episodepipes-shard upgrade --crc adds them)"
     rows = [
         ("format", f"version {index.version}, {crc}"),
-        ("episodes", f"{len(index.episodes)} (" + ", ".join(f"{names[k]} {int(eps[k])}" for k in order) + ")"),
-        ("frames", f"{index.frames} (" + ", ".join(f"{names[k]} {int(frames[k])}" for k in order) + ")"),
+        ("episodes", f"{d['episodes']['total']} ({per_split(d['episodes']['splits'])})"),
+        ("frames", f"{d['frames']['total']} ({per_split(d['frames']['splits'])})"),
         ("cameras", ", ".join(f"{k} ({v} ep)" for k, v in sorted(cams.items())) or "-"),
+        ("codecs", ", ".join(f"{k} ({v} ep)" for k, v in sorted(codecs.items())) or "-"),
         ("arrays", ", ".join(sorted(arrays)) or "-"),
-        ("fps", ", ".join(f"{k} ({v} ep)" for k, v in sorted(fps.items())) or "-"),
-        ("shards", f"{len(index.shards)}"),
-        ("bytes", f"{size} ({size / 1e6:.1f} MB; frames: "
-                  + ", ".join(f"{names[k]} {int(nbytes[k])}" for k in order) + ")"),
+        ("fps", ", ".join(f"{k} ({v} ep)" for k, v in sorted(d["fps"].items())) or "-"),
+        ("shards", f"{d['shards']}"),
+        ("bytes", f"{size} ({size / 1e6:.1f} MB; frames: {per_split(d['bytes']['frames_splits'])})"),
     ]
-    skipped = index.meta.get("skipped", [])
-    rows.append(("skipped", f"{len(skipped)}" + "".join(f"\n  {printable(str(s['id']))}: {printable(str(s['error']))}"
-                                                      for s in skipped)))
+    skipped = d["skipped"]
+    rows.append(("skipped", f"{len(skipped)}" + "".join(f"\n  {p(s['id'])}: {p(s['error'])}" for s in skipped)))
     return rows
 
 
@@ -64,6 +109,14 @@ def episode_rows(index: EpisodeIndex) -> list[tuple[str, ...]]:
     return [("id", "split", "length", "attributes", "task"),
             *((printable(e.id), printable(e.split), str(e.length), _attributes(meta.get(e.number, {})),
                printable(e.prompt)) for e in index.episodes)]
+
+
+def episode_data(index: EpisodeIndex) -> list[dict]:
+    """(id, split, length, attributes, task) of every episode as plain data, in index order (``info --episodes
+    --json``)."""
+    meta = index.tables.episode_meta
+    return [{"id": e.id, "split": e.split, "length": e.length, "attributes": meta.get(e.number, {}),
+             "task": e.prompt} for e in index.episodes]
 
 
 def _attributes(attrs: dict) -> str:

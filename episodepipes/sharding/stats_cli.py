@@ -37,12 +37,36 @@ def table(index: EpisodeIndex) -> list[str]:
     return lines or ["no arrays: nothing to normalize"]
 
 
-def run(out: Path, *, recompute: bool) -> list[str]:
-    """The lines to print for ``stats OUT [--recompute]``; an index without statistics is refused by name."""
+def _values(a: np.ndarray) -> object:
+    """An array as nested lists, a non-finite value as None (JSON has no NaN or Infinity)."""
+    a = np.asarray(a, dtype=np.float64)
+    out = a.astype(object)
+    out[~np.isfinite(a)] = None
+    return out.tolist()
+
+
+def data(index: EpisodeIndex) -> dict:
+    """``{split: {key: {"count", "shape", "mean", ...}}}`` with every element (``stats --json``); a key without
+    statistics has ``{"error": why}`` instead. Split and key names are the dataset's text, as it is."""
+    out: dict = {}
+    for split, key in index.stats_keys() or ():
+        try:
+            s = index.stats(key, split=split)
+        except KeyError as e:
+            out.setdefault(split, {})[key] = {"error": str(e.args[0]).split(": ", 1)[-1]}
+            continue
+        out.setdefault(split, {})[key] = {"count": int(s["count"]), "shape": list(s["mean"].shape),
+                                          **{name: _values(s[name]) for name in FIELDS}}
+    return out
+
+
+def run(out: Path, *, recompute: bool, as_json: bool = False) -> list[str] | dict:
+    """The lines to print for ``stats OUT [--recompute]`` (with ``as_json``, `data`'s dict); an index without
+    statistics is refused by name."""
     if recompute:
         add_stats(out)
     index = EpisodeIndex.open(out)
     if index.stats_keys() is None:
         raise ValueError(f"{Path(out) / INDEX_NAME} has no statistics (written by an older episodepipes); "
                          f"compute them with: episodepipes-shard stats {out} --recompute")
-    return table(index)
+    return data(index) if as_json else table(index)

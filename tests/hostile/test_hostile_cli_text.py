@@ -59,7 +59,7 @@ def test_info_episodes_escapes_prompts_splits_and_attributes(out):
     assert r"go\x1b]0;pwned\x07 \x9b31m red\rX\x7f" in text  # the prompt (and the robot= value), shown escaped
     assert r"val\x1b[2J\x9b" in text  # the split, in the summary and on its episode's row
     assert r"\x9b2J" in text
-    assert len(text.strip().splitlines()) == 10 + 1 + 2  # the summary, a header, one line per episode
+    assert len(text.strip().splitlines()) == 11 + 1 + 2  # the summary (codecs included), a header, one line per episode
 
 
 def test_info_summary_escapes_split_names(out):

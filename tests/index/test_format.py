@@ -59,6 +59,7 @@ def test_sha256_mismatch_names_the_shard(tmp_path):
 
 def test_missing_index_says_unfinished_write(tmp_path):
     (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "_progress.json").write_text("{}")  # a write's trace; a bare folder is a source's message
     with pytest.raises(FileNotFoundError, match="unfinished write"):
         EpisodeIndex.open(tmp_path / "s")
 

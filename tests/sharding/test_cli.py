@@ -310,3 +310,90 @@ def test_summary_has_wall_time_and_throughput(tmp_path, capsys, monkeypatch):
     line = capsys.readouterr().out.splitlines()[0]
     words = line.split(" in ")[1].split()
     assert float(words[0]) > 0 and words[1] == "s" and words[2].startswith("(") and words[3] == "frames/s"
+
+
+
+# ---------------------------------------------------------------- issue 27, item 4: the CLI's smaller gaps
+
+def _json_out(capsys, argv):
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    data = json.loads(text)
+    assert text == json.dumps(data, sort_keys=True, indent=2) + "\n"  # stable: sorted keys, one layout
+    return text, data
+
+
+def test_info_and_stats_json_are_sorted_plain_data_with_each_cameras_codec(tmp_path, capsys):
+    src = write_raw(tmp_path / "src", SMALL)
+    meta = json.loads((src / "ep0000" / "meta.json").read_text())
+    (src / "ep0000" / "meta.json").write_text(json.dumps({**meta, "prompt": "red \x1b[31mstop\x9b é"}))
+    out = tmp_path / "out"
+    assert main(["write", str(src), str(out), "--workers", "1"]) == 0
+    capsys.readouterr()
+    text, info = _json_out(capsys, ["info", str(out), "--json", "--episodes"])
+    assert text.isascii() and "\x1b" not in text  # JSON escapes the dataset's text itself
+    assert info["output"] == str(out) and info["episodes"] == {"total": 3, "splits": {"train": 2, "val": 1}}
+    assert info["frames"]["total"] == 18 and info["shards"] == len(EpisodeIndex.open(out).shards)
+    assert info["cameras"] == [{"name": cam, "height": 32, "width": 40, "codec": "jpeg", "gop": 1, "copied": False,
+                                "episodes": 3} for cam in ("front", "wrist")]
+    assert info["episode_list"][0]["task"] == "red \x1b[31mstop\x9b é"  # the text as it is, not escaped twice
+    assert main(["info", str(out)]) == 0 and "codecs    front jpeg (3 ep)" in capsys.readouterr().out
+    _, stats = _json_out(capsys, ["stats", str(out), "--json"])
+    index = EpisodeIndex.open(out)
+    for split, key in index.stats_keys():
+        s, got = index.stats(key, split=split), stats[split][key]
+        assert got["count"] == s["count"] and got["shape"] == list(s["mean"].shape)
+        assert got["q99"] == s["q99"].tolist() and set(got) == {"count", "shape", "mean", "std", "min", "max",
+                                                                "q01", "q10", "q50", "q90", "q99"}
+    h264 = tmp_path / "h264"
+    assert main(["write", str(src), str(h264), "--workers", "1", "--codec", "h264", "--gop", "3"]) == 0
+    capsys.readouterr()
+    _, info = _json_out(capsys, ["info", str(h264), "--json"])
+    assert [(c["codec"], c["gop"], c["copied"]) for c in info["cameras"]] == [("h264", 3, False)] * 2
+    assert main(["info", str(h264)]) == 0 and "front h264 gop 3 (3 ep)" in capsys.readouterr().out
+
+
+def test_every_positional_argument_has_help_text():
+    import argparse
+
+    from episodepipes.sharding.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [f"{name} {a.metavar}" for name, p in sub.choices.items() for a in p._actions
+            if not a.option_strings and not isinstance(a, argparse._SubParsersAction) and not a.help]
+    assert bare == []
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    out = tmp_path / "out"
+    assert main(["write", str(write_raw(tmp_path / "src", SMALL)), str(out), "--workers", "1"]) == 0
+    for argv in (["stats", str(out)], ["info", str(out), "--episodes"], ["info", str(out), "--json"]):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before anything is printed, as `... | head -0` leaves it
+        try:
+            res = subprocess.run([sys.executable, "-m", "episodepipes.sharding.cli", *argv], cwd=ROOT, stdout=write,
+                                 stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write)
+        assert res.returncode == 141 and res.stderr == "", (argv, res.returncode, res.stderr)
+
+
+def test_a_source_folder_is_named_as_one_not_as_an_unfinished_write(tmp_path, capsys):
+    src = write_raw(tmp_path / "src", SMALL)
+    err = _fails(capsys, ["info", str(src)], f"no index.json in {src}", "holds no shards index",
+                 f"episodepipes-shard write {src} OUT")
+    assert "unfinished" not in err
+    with pytest.raises(FileNotFoundError, match="holds no shards index"):
+        EpisodeIndex.open(src)
+    (src / "_progress.json").write_text("{}")  # a write's trace: the old advice stands
+    _fails(capsys, ["info", str(src)], "an unfinished write: re-run the same write command")
+
+
+def test_av1_writes_keep_the_encoders_info_lines_off_stderr(tmp_path):
+    src = write_raw(tmp_path / "src", SMALL)
+    env = {k: v for k, v in os.environ.items() if k != "SVT_LOG"}
+    res = subprocess.run([sys.executable, "-m", "episodepipes.sharding.cli", "write", str(src), str(tmp_path / "o"),
+                          "--workers", "1", "--codec", "av1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "Svt[" not in res.stderr and res.stderr.count("\n") <= 2, res.stderr

@@ -9,8 +9,10 @@ Layout::
 
 The fps comes from ``meta.json``, else from the first video's container; image-only episodes
 without ``meta.json`` fps are an error, because guessing a frame rate would corrupt the videos
-rendered from them later. Other ``meta.json`` keys are kept in `EpisodeData.extra` and must be JSON
-scalars. Frames are yielded in BGR, as OpenCV decodes them, so the JPEG encoder needs no colour conversion.
+rendered from them later, and a ``meta.json`` fps that disagrees with a video's own rate (by more
+than NTSC's 29.97-for-30 rounding) is refused naming both rates, for the same reason. Other
+``meta.json`` keys are kept in `EpisodeData.extra` and must be JSON scalars. Frames are yielded in
+BGR, as OpenCV decodes them, so the JPEG encoder needs no colour conversion.
 
 With ``copy=True`` (``write --codec copy``) a video camera's packets are copied from its file
 (`episodepipes.codec.copy_packets`) into `EpisodeData.packets`, never decoded; an image folder has none
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 VIDEO_EXTS = (".mp4", ".avi", ".mkv", ".webm", ".mov")
 IMAGE_EXTS = (".png", ".jpg", ".jpeg")
 MAX_META_BYTES = 1 << 20  # meta.json holds a few fields; a bigger one is not metadata
+RATE_TOLERANCE = 0.005  # relative: meta.json's fps and a video's rate may differ by NTSC's 1001/1000, not more
 
 
 def _frame_key(p: Path) -> tuple[int, int, str]:
@@ -132,7 +135,9 @@ class RawReader:
                                    "by the video, or remove it")
             if p.is_file() and p.suffix.lower() in VIDEO_EXTS:
                 cam, frames = p.stem, VideoFrames(resolve_inside(p, root, where), where, expected)
-                if video_fps is None and "fps" not in meta:
+                if "fps" in meta:
+                    _same_rate(meta["fps"], frames.fps(), where, d / "meta.json", p)
+                elif video_fps is None:
                     rate = frames.fps()
                     video_fps = None if rate is None else check_fps(rate, f"{where} video {p}")
             elif p.is_dir():
@@ -159,6 +164,15 @@ class RawReader:
         return EpisodeData(id=episode_id, cameras=cameras, arrays=arrays, fps=fps, prompt=meta.pop("prompt", ""),
                            split=meta.pop("split", None), files=files, extra=meta, packets=packets,
                            channel_order="bgr")  # OpenCV and PyAV decode to BGR at no cost
+
+
+def _same_rate(fps: float, rate: float | None, where: str, meta: Path, video: Path) -> None:
+    """Refuse a ``meta.json`` fps that disagrees with a video's own rate: every timestamp and rendered video would
+    run at the wrong speed. NTSC's rounding (29.97 written as 30, 23.976 as 24) is within `RATE_TOLERANCE`."""
+    if rate is not None and abs(fps - rate) > RATE_TOLERANCE * rate:
+        raise EpisodeError(f"{where}: {meta} says fps {fps:g} but {video} plays at {rate:g} frames/s, so every "
+                           f"timestamp would be wrong; set \"fps\": {rate:g} in meta.json (or drop it to take the "
+                           f"video's), or re-encode the video at {fps:g} fps")
 
 
 def _copied(path: Path, where: str) -> Packets:
