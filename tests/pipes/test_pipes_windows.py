@@ -134,3 +134,17 @@ def test_bad_windows_are_refused_by_name(shards):
     with pytest.raises(ValueError, match=r"horizon\['action'\]=0"):
         metric_pipe(shards, frames_per_episode=2, batch_size=2, rank=0, world_size=1, horizon={"action": 0})
 
+
+def test_the_overlay_draws_a_ground_truth_window_as_a_line_through_its_real_steps():
+    import torch
+
+    from episodepipes.lightning_glue.overlay import GROUND_TRUTH, draw_overlay
+
+    frames = np.zeros((1, 100, 100, 3), np.uint8)
+    batch = {"episode": ["ep0002"], "frame": torch.tensor([7]),
+             "keypoints": torch.tensor([[[10.0, 40.0], [60.0, 40.0], [60.0, 80.0]]]),
+             "keypoints_pad": torch.tensor([[False, False, True]])}
+    draw_overlay(frames, batch, None, gt_key="keypoints")
+    r, g, b = frames[0, 40, 35].tolist()  # between the two steps inside the episode (antialiased: near the colour)
+    assert g > 150 and g > 2 * max(r, b) and GROUND_TRUTH[1] > 2 * max(GROUND_TRUTH[0], GROUND_TRUTH[2])
+    assert not frames[0, 60, 60].any()  # the padded step is not drawn
