@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -44,8 +45,7 @@ verify: check the sha256 of the shards the plan reads, once, before the first by
 history: ``{key: K}``, K >= 1 steps ending at the current one, per camera or array key, as in
     `train_pipe`: the value gains a step axis (the current step last) and ``<key>_pad`` (bool ``[K]``) is
     True where a step lies before the episode (it repeats the first step). None: no history. An unknown key
-    is refused, listing the known ones; so is a camera stored as video (window its arrays, or re-shard it
-    as JPEG).
+    is refused, listing the known ones.
 horizon: ``{key: H}``, H >= 1 steps starting at the current one (the current step first), padded past
     the episode's end with its last step; a key in both windows has steps ``t-K+1 .. t+H-1``. None: no
     horizon. Windows do not change which frames are planned or ``len()``; each step they show is read
@@ -144,15 +144,13 @@ def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None)
 def eval_windows(index: EpisodeIndex, episodes: Sequence[Episode], history: Mapping[str, int] | None,
                  horizon: Mapping[str, int] | None) -> dict[str, Window]:
     """``history``/``horizon`` of a metric or video pipe as `train_pipe` plans them (`plan_windows`); a camera
-    stored as video is refused by name (a planned pass decodes its GOPs in frame order, one frame behind)."""
+    stored as video reads its steps' GOPs from its video member (``<camera>.<codec>``), as train_pipe's packed
+    reader does."""
     if not episodes:
         return {}
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
-    video = sorted(set(windows) & set(video_cameras(index)))
-    if video:
-        raise ValueError(f"history/horizon on cameras {video}: they are stored as video, whose frames a metric or "
-                         "video pipe decodes in order only; window the arrays, or re-shard them with --codec jpeg")
-    return windows
+    video = video_cameras(index)
+    return {k: dataclasses.replace(w, field=f"{k}.{video[k][0]}") if k in video else w for k, w in windows.items()}
 
 
 def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int,
@@ -164,7 +162,8 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
     video = video_cameras(index)
-    frames = VideoFrames(video, tail=1) if video else JPEG  # video and metric pipes read a GOP's frames in order
+    # video and metric pipes read a GOP's frames in order; a camera window asks for earlier ones again (train's rule)
+    frames = VideoFrames(video, tail=None if set(video) & set(windows or ()) else 1) if video else JPEG
 
     def build() -> BatchStacker:
         if read.verify and not verified:  # once, before the first byte of the first open pass

@@ -148,3 +148,33 @@ def test_the_overlay_draws_a_ground_truth_window_as_a_line_through_its_real_step
     r, g, b = frames[0, 40, 35].tolist()  # between the two steps inside the episode (antialiased: near the colour)
     assert g > 150 and g > 2 * max(r, b) and GROUND_TRUTH[1] > 2 * max(GROUND_TRUTH[0], GROUND_TRUTH[2])
     assert not frames[0, 60, 60].any()  # the padded step is not drawn
+
+
+@pytest.fixture(scope="module")
+def h264(tmp_path_factory):
+    from helpers import write_raw
+
+    from episodepipes.sharding.cli import main
+    from episodepipes.sharding.formats.synthetic import SyntheticReader
+
+    d = tmp_path_factory.mktemp("windows_h264")
+    src = write_raw(d / "src", SyntheticReader(num_episodes=6, length=9, height=24, width=32))
+    assert main(["write", str(src), str(d / "out"), "--workers", "1", "--shard-size", "30kB", "--codec", "h264",
+                 "--gop", "3"]) == 0
+    return d / "out"
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_camera_windows_on_video_shards_are_the_train_pipes(h264, method):
+    want = _train_rows(h264)
+    video = _rows(video_pipe(h264, episodes=VAL, batch_size=4, max_batches=100, method=method, **WINDOWS))
+    metric = _rows(metric_pipe(h264, frames_per_episode=4, batch_size=3, rank=0, world_size=1, method=method,
+                               **WINDOWS))
+    assert sorted(video) == sorted(want) and len(metric) == 8
+    for got in (video, metric):
+        for key, rows in got.items():
+            for row in rows:
+                _same(row, want[key], key)
+                assert row["valid"]
+    for t in range(1, 9):
+        assert not np.array_equal(*want["ep0002", t]["front"])
