@@ -178,3 +178,33 @@ def test_camera_windows_on_video_shards_are_the_train_pipes(h264, method):
                 assert row["valid"]
     for t in range(1, 9):
         assert not np.array_equal(*want["ep0002", t]["front"])
+
+
+def test_the_overlay_writer_renders_a_video_pipe_with_an_image_history_and_a_keypoint_horizon(shards, tmp_path):
+    import lightning.pytorch as pl
+
+    from episodepipes.lightning_glue import OverlayVideoWriter, ValLoaders
+    from episodepipes.lightning_glue.video_writer import read_rgb
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            self.seen.append((tuple(batch["front"].shape), batch["keypoints_pad"].tolist()))
+            return {}
+
+    class Data(pl.LightningDataModule):
+        def val_dataloader(self):
+            return ValLoaders(videos={"pinned": video_pipe(shards, episodes=["ep0002"], batch_size=5, max_batches=2,
+                                                           history={"front": 2}, horizon={"keypoints": 3})})
+
+    writer = OverlayVideoWriter(tmp_path, cameras=["front"], gt_key="keypoints", every_n_passes=1, log_to=None)
+    model = Model()
+    pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, callbacks=[writer]).validate(model, datamodule=Data(), verbose=False)
+    assert [s for s, _ in model.seen] == [(5, 2, 3, 24, 32), (4, 2, 3, 24, 32)]
+    assert model.seen[1][1][-1] == [False, True, True]  # frame 8: two steps past the episode's end
+    (path,) = writer.written
+    assert read_rgb(path).shape == (9, 24, 32, 3)
