@@ -208,3 +208,26 @@ def test_the_overlay_writer_renders_a_video_pipe_with_an_image_history_and_a_key
     assert model.seen[1][1][-1] == [False, True, True]  # frame 8: two steps past the episode's end
     (path,) = writer.written
     assert read_rgb(path).shape == (9, 24, 32, 3)
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_damaged_frame_makes_every_sample_whose_window_shows_it_corrupt(shards, tmp_path, method):
+    import shutil
+    import tarfile
+
+    root = shutil.copytree(shards, tmp_path / "s")
+    name = "ep0002/000004.front.jpg"
+    for tar_path in sorted(root.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            found = [m for m in tar if m.name == name]
+        if found:
+            break
+    (m,) = found
+    with open(tar_path, "r+b") as f:  # one byte of the JPEG flipped: the index's crc32 no longer matches
+        f.seek(m.offset_data + m.size // 2)
+        b = f.read(1)
+        f.seek(m.offset_data + m.size // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    pipe = video_pipe(root, episodes=["ep0002"], batch_size=4, max_batches=10, history={"front": 2}, method=method)
+    valid = [v for b in pipe for v in b["valid"].tolist()]
+    assert valid == [True] * 4 + [False] * 2 + [True] * 3  # frames 4 and 5 show step 4

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.sample import RawSample, StepWindow
+from episodepipes.pipes.sample import RawSample, StepWindow, crc_mismatch
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,10 @@ def window_samples(items: Sequence[Item], plan: WindowReads, raws: Iterator[RawS
                    windows: Mapping[str, Window]) -> Iterator[RawSample]:
     """Each planned item's window sample, from ``raws`` (the samples of ``plan.reads``, in order).
 
-    A sample is damaged when any step it shows is (`damaged_sample`); the crc32 checks of every step it shows go
-    with it (`RawSample.checks`), so a step that fails them makes each sample showing it damaged.
+    A sample is damaged when any step it shows is (`damaged_sample`). Each step's crc32 (`RawSample.checks`) is
+    checked here, once, not in the decode worker: the `Decoder`'s `BatchMemo` decides which sample decodes a frame
+    the batch shows twice before the workers run, and must not pick one whose bytes turn out damaged there (its
+    borrowers would get zeros, and theirs in turn).
     """
     drop: dict[int, list[tuple[str, int]]] = {}
     for r, i in zip(plan.reads, plan.last):
@@ -168,6 +170,8 @@ def window_samples(items: Sequence[Item], plan: WindowReads, raws: Iterator[RawS
     for i, item in enumerate(items):
         while taken < plan.upto[i]:
             raw = next(raws)
+            if raw.checks:
+                raw.damaged, raw.checks = raw.damaged or crc_mismatch(raw.checks), ()
             held[raw.item.episode, raw.item.frame] = raw
             taken += 1
         n = lengths[item.episode]
@@ -177,8 +181,6 @@ def window_samples(items: Sequence[Item], plan: WindowReads, raws: Iterator[RawS
         if why is not None:
             yield damaged_sample(item, own.shard, n, windows, why)
         else:
-            out = window_sample(item, own.shard, n, windows, {s: r.members for s, r in got.items()})
-            out.checks = tuple(c for r in got.values() for c in r.checks)
-            yield out
+            yield window_sample(item, own.shard, n, windows, {s: r.members for s, r in got.items()})
         for key in drop.pop(i, ()):
             del held[key]
