@@ -231,3 +231,23 @@ def test_a_damaged_frame_makes_every_sample_whose_window_shows_it_corrupt(shards
     pipe = video_pipe(root, episodes=["ep0002"], batch_size=4, max_batches=10, history={"front": 2}, method=method)
     valid = [v for b in pipe for v in b["valid"].tolist()]
     assert valid == [True] * 4 + [False] * 2 + [True] * 3  # frames 4 and 5 show step 4
+
+
+def test_windows_over_an_http_root_are_the_local_ones(shards, tmp_path):
+    import shutil
+
+    from httpserver import RangeServer
+
+    shutil.copytree(shards, tmp_path / "www" / "v1")
+    server = RangeServer(tmp_path / "www")
+    try:
+        url = f"{server.endpoint}/v1/"
+        for build in (lambda r: video_pipe(r, episodes=VAL, batch_size=4, max_batches=100, **WINDOWS),
+                      lambda r: metric_pipe(r, frames_per_episode=4, batch_size=3, rank=0, world_size=1, **WINDOWS)):
+            local, remote = _rows(build(shards)), _rows(build(url))
+            assert sorted(local) == sorted(remote)
+            for key, rows in remote.items():
+                for got, want in zip(rows, local[key], strict=True):
+                    _same(got, want, key)
+    finally:
+        server.close()
