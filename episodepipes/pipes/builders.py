@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -16,7 +15,7 @@ from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.gate import Gate
 from episodepipes.pipes.options import DecodeOptions, ReadOptions
-from episodepipes.pipes.order.window import Window, plan_windows
+from episodepipes.pipes.order.window import Window, plan_windows, video_fields
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
 from episodepipes.pipes.read import ShardReader
@@ -149,8 +148,7 @@ def eval_windows(index: EpisodeIndex, episodes: Sequence[Episode], history: Mapp
     if not episodes:
         return {}
     windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
-    video = video_cameras(index)
-    return {k: dataclasses.replace(w, field=f"{k}.{video[k][0]}") if k in video else w for k, w in windows.items()}
+    return video_fields(windows, video_cameras(index))
 
 
 def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int,

@@ -20,7 +20,7 @@ from them, holding a step only until the last item that shows it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,6 +67,12 @@ def plan_windows(history: Mapping[str, int] | None, horizon: Mapping[str, int] |
         field = f"{k}.jpg" if k in cameras else f"{k}.npy"
         out[k] = Window(k, field, 1 - hist.get(k, 1), hor.get(k, 1) - 1)
     return out
+
+
+def video_fields(windows: Mapping[str, Window], video: Mapping[str, tuple[str, int]]) -> dict[str, Window]:
+    """``windows`` with each video camera's field (``video``: camera -> (codec, gop)) its video member,
+    ``<camera>.<codec>``, instead of ``.jpg``: a window step's bytes are then its GOP up to that step."""
+    return {k: replace(w, field=f"{k}.{video[k][0]}") if k in video else w for k, w in windows.items()}
 
 
 def window_steps(t: int, length: int, w: Window) -> tuple[np.ndarray, np.ndarray]:
