@@ -3,7 +3,9 @@
 Outputs are read if ``validation_step`` returns a mapping with (pixel coordinates, ``x, y``):
 ``"points"`` ``[B, N, 2]`` (or ``[B, 2]``) drawn as dots, and ``"trajectories"`` ``[B, T, 2]`` (or
 ``[B, K, T, 2]``) drawn as polylines. Anything else in the outputs is ignored. Ground truth is the batch's
-array ``gt_key`` (same shapes as ``"points"``, in pixels), drawn as crosses in a second colour.
+array ``gt_key`` (same shapes as ``"points"``, in pixels), drawn as crosses in a second colour; a ``gt_key``
+with a window (``history=``/``horizon=`` on the video pipe: ``[B, W, 2]`` or ``[B, W, N, 2]`` and its mask
+``<gt_key>_pad``) is drawn as a polyline per point through its steps inside the episode, a cross at each.
 
 With several cameras, `tile_cameras` puts them side by side, the first at the left; coordinates are the
 first camera's pixels, so they stay valid on the tiled frame.
@@ -57,12 +59,12 @@ def draw_overlay(frames: np.ndarray, batch: Mapping[str, Any], outputs: Any, *,
     b, h, w = frames.shape[:3]
     points = _per_sample(outputs, "points", b, 3)
     trajs = _per_sample(outputs, "trajectories", b, 4)
-    gt = None
+    gt = gt_lines = None
     if gt_key is not None:
         if gt_key not in batch:
             raise KeyError(f"gt_key={gt_key!r} is not in the video batch; arrays there: "
                            f"{sorted(k for k in batch if k not in ('episode', 'frame', 'valid'))}")
-        gt = _per_sample({gt_key: batch[gt_key]}, gt_key, b, 3)
+        gt, gt_lines = _ground_truth(batch, gt_key, b)
     scale = max(0.3, h / 480)  # OpenCV font scale: ~13 px tall text on a 480 px high frame
     thick = max(1, round(h / 240))
     radius = max(2, h // 60)
@@ -79,6 +81,10 @@ def draw_overlay(frames: np.ndarray, batch: Mapping[str, Any], outputs: Any, *,
             for x, y in points[i]:
                 if np.isfinite(x) and np.isfinite(y):
                     _mark(img, (round(x), round(y)), POINT, "dot", radius, thick)
+        if gt_lines is not None:
+            for line in gt_lines[i]:
+                pts = np.round(line).astype(np.int32).reshape(-1, 1, 2)
+                cv2.polylines(img, [pts], False, GROUND_TRUTH, thick, cv2.LINE_AA)
         if gt is not None:  # after the predictions: a cross stays visible on a dot at the same place
             for x, y in gt[i]:
                 if np.isfinite(x) and np.isfinite(y):
@@ -89,6 +95,22 @@ def draw_overlay(frames: np.ndarray, batch: Mapping[str, Any], outputs: Any, *,
             _mark(img, (4 + radius, y - radius), colour, marker, radius, thick)
             _text(img, name, (10 + 2 * radius, y), scale, thick)
     return frames
+
+
+def _ground_truth(batch: Mapping[str, Any], key: str, b: int) -> tuple[Any, list[list[np.ndarray]] | None]:
+    """(the points to mark per sample, the polylines per sample or None) of the batch's array ``key``: a window
+    (``<key>_pad`` in the batch) gives each point's steps inside the episode as a line, and marks them all."""
+    pad = batch.get(f"{key}_pad")
+    if pad is None:
+        return _per_sample({key: batch[key]}, key, b, 3), None
+    a = as_numpy(batch[key])
+    a = a[:, :, None] if a.ndim == 3 else a
+    keep = ~as_numpy(pad).astype(bool)
+    if a.ndim != 4 or a.shape[0] != b or a.shape[-1] != 2 or keep.shape != a.shape[:2]:
+        raise ValueError(f"batch[{key!r}] is a window of shape {a.shape} (mask {keep.shape}); expected "
+                         f"[B={b}, W, 2] or [B, W, N, 2] in pixels, with a [B, W] mask")
+    lines = [[a[i, keep[i], n] for n in range(a.shape[2])] for i in range(b)]
+    return [a[i, keep[i]].reshape(-1, 2) for i in range(b)], lines
 
 
 def tile_cameras(views: list[np.ndarray], names: list[str]) -> np.ndarray:

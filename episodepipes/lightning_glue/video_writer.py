@@ -54,7 +54,8 @@ class OverlayVideoWriter(RenderGate):
         cameras: several cameras tiled left to right; the overlay is drawn in the first one's pixel coordinates.
             Checked against each video pipe's index when validation starts, on every rank.
         gt_key: a batch array of ground-truth points in pixels (e.g. ``"keypoints"``), drawn in a second colour
-            beside the predictions, with a legend (default None: predictions only).
+            beside the predictions, with a legend (default None: predictions only); with a window on it in the
+            video pipe (``horizon={"keypoints": H}``) its steps are drawn as a polyline (`draw_overlay`).
         every_n_passes, render_sanity_check, pg_timeout: see `RenderGate`.
         log_to: which of the trainer's loggers get each video: ``"auto"`` (default: every TensorBoard logger, as a
             GIF, and every logger with ``log_video`` such as W&B, as the mp4), None (files only), or a list of
@@ -161,8 +162,10 @@ class OverlayVideoWriter(RenderGate):
             if camera not in batch:
                 raise KeyError(f"camera={camera!r} is not in the video batch; cameras there: "
                                f"{sorted(index.episode(batch['episode'][0]).cameras)}")
-        # copy: the pipe reuses batch buffers once nobody holds them
-        views = [np.ascontiguousarray(batch[c].permute(0, 2, 3, 1).cpu().numpy()) for c in cameras]
+        # copy: the pipe reuses batch buffers once nobody holds them; a camera window ([B, W, 3, H, W], history=)
+        # is drawn at its last step, the current one when it has no horizon
+        views = [np.ascontiguousarray((batch[c] if batch[c].ndim == 4 else batch[c][:, -1]).permute(0, 2, 3, 1)
+                                      .cpu().numpy()) for c in cameras]
         frames = self.render(tile_cameras(views, cameras), batch, outputs)
         if not isinstance(frames, np.ndarray) or frames.shape[0] != len(batch["episode"]) or frames.ndim != 4:
             raise ValueError(f"{type(self).__name__}.render returned {type(frames).__name__} of shape "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.gate import Gate
 from episodepipes.pipes.options import DecodeOptions, ReadOptions
+from episodepipes.pipes.order.window import Window, plan_windows, video_fields
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
 from episodepipes.pipes.read import ShardReader
@@ -39,6 +40,15 @@ on_corrupt: ``"skip"`` (a frame that fails its crc32 or does not decode comes as
     ``valid=False``, counted in ``stats["frames_corrupt"]`` and logged) or ``"raise"``.
 verify: check the sha256 of the shards the plan reads, once, before the first byte of the first
     (open) pass; a missing or changed shard raises there. Must be a bool.""",
+    "windows": """\
+history: ``{key: K}``, K >= 1 steps ending at the current one, per camera or array key, as in
+    `train_pipe`: the value gains a step axis (the current step last) and ``<key>_pad`` (bool ``[K]``) is
+    True where a step lies before the episode (it repeats the first step). None: no history. An unknown key
+    is refused, listing the known ones.
+horizon: ``{key: H}``, H >= 1 steps starting at the current one (the current step first), padded past
+    the episode's end with its last step; a key in both windows has steps ``t-K+1 .. t+H-1``. None: no
+    horizon. Windows do not change which frames are planned or ``len()``; each step they show is read
+    once, and a camera frame several samples of a batch show is decoded once.""",
     "where_transform": """\
 where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
 transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
@@ -130,22 +140,36 @@ def check_batchable(episodes: Sequence[Episode], resize: tuple[int, int] | None)
         raise ValueError(f"camera or array names {clash} clash with batch keys {RESERVED}; rename them when sharding")
 
 
+def eval_windows(index: EpisodeIndex, episodes: Sequence[Episode], history: Mapping[str, int] | None,
+                 horizon: Mapping[str, int] | None) -> dict[str, Window]:
+    """``history``/``horizon`` of a metric or video pipe as `train_pipe` plans them (`plan_windows`); a camera
+    stored as video reads its steps' GOPs from its video member (``<camera>.<codec>``), as train_pipe's packed
+    reader does."""
+    if not episodes:
+        return {}
+    windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
+    return video_fields(windows, video_cameras(index))
+
+
 def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, batch_size: int,
-                  decode: DecodeOptions, read: ReadOptions,
-                  transform: SampleTransform | None = None) -> Callable[[], BatchStacker]:
+                  decode: DecodeOptions, read: ReadOptions, transform: SampleTransform | None = None,
+                  windows: dict[str, Window] | None = None) -> Callable[[], BatchStacker]:
     """A zero-argument builder of reader -> decoder -> stacker over ``items`` (what a `Gate` holds);
-    ``transform`` runs per sample in the decode workers, as in train_pipe."""
+    ``transform`` runs per sample in the decode workers, and ``windows`` (`plan_windows`) are read and decoded,
+    as in train_pipe (a camera frame several samples of a batch show is decoded once)."""
     verified: list[bool] = []
     slabs = Slabs(batch_size)  # batch buffers outlive a pass: the next pass reuses them (no page faults)
     video = video_cameras(index)
-    frames = VideoFrames(video, tail=1) if video else JPEG  # video and metric pipes read a GOP's frames in order
+    # video and metric pipes read a GOP's frames in order; a camera window asks for earlier ones again (train's rule)
+    frames = VideoFrames(video, tail=None if set(video) & set(windows or ()) else 1) if video else JPEG
 
     def build() -> BatchStacker:
         if read.verify and not verified:  # once, before the first byte of the first open pass
             index.verify(shards=shards_of(index, items))
             verified.append(True)
-        reader = ShardReader(index, items, stats=stats)
-        dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames, transform=transform)
+        reader = ShardReader(index, items, stats=stats, windows=windows)
+        dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames, transform=transform,
+                      share_frames=bool(windows))
         return BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec)
 
     return build
@@ -157,7 +181,8 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 sampling: str = "even", num_workers: int = 2, method: str = "thread",
                 resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
                 episodes: Sequence[str] | None = None, where: Where | None = None,
-                transform: Transform | None = None) -> Pipe:
+                transform: Transform | None = None, history: Mapping[str, int] | None = None,
+                horizon: Mapping[str, int] | None = None) -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
 
     ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes, see
@@ -187,6 +212,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
         {decode}
         episodes: ids of the episodes to read, all in ``split``; None for every one.
         {where_transform}
+        {windows}
     """
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     read = ReadOptions(verify=verify)
@@ -195,11 +221,12 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     rank, world_size = dist_rank_world(rank, world_size)
     eps = select(idx, split, episodes=episodes, where=where)
     check_batchable(eps, resize)
+    windows = eval_windows(idx, eps, history, horizon)
     chosen = metric_items(eps, frames_per_episode, sampling=sampling, seed=seed)
     items = split_even(chosen, rank=rank, world_size=world_size)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
-                          transform=sample_transform(transform, method=method, pipe="metric_pipe"))
+                          transform=sample_transform(transform, method=method, pipe="metric_pipe"), windows=windows)
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
     return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False,
                 rank_world=(rank, world_size) if inferred else None)
@@ -209,7 +236,8 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
 def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[str] | None = None, batch_size: int,
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
-               verify: bool = False, where: Where | None = None, transform: Transform | None = None) -> Pipe:
+               verify: bool = False, where: Where | None = None, transform: Transform | None = None,
+               history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None) -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
 
     ``where=`` (a predicate over each episode's attributes, `episodepipes.pipes.select.attributes`) keeps
@@ -232,6 +260,7 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
             with ``pipe.gate.bind(fn)`` (e.g. ``lambda: trainer.is_global_zero``).
         {decode}
         {where_transform}
+        {windows}
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(
@@ -245,9 +274,10 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
         raise ValueError("video_pipe needs episodes= (the ids to render) or where= (a predicate choosing them)")
     eps = select(idx, None, episodes=episodes, where=where, index_order=False)
     check_batchable(eps, resize)
+    windows = eval_windows(idx, eps, history, horizon)
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
-                          transform=sample_transform(transform, method=method, pipe="video_pipe"))
+                          transform=sample_transform(transform, method=method, pipe="video_pipe"), windows=windows)
     length = num_batches(len(items), batch_size, max_batches)
     return Pipe(Gate(build, gate, stats=stats), length=length, index=idx, stats=stats, gated=True)

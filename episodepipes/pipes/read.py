@@ -10,6 +10,10 @@ in this process (never in a decode worker).
 Packed shards (video cameras, `episodepipes.codec.chunk`): a run starts at its first frame's key frame (`from_keys`),
 so a sparse frame reads its GOP's records up to itself and nothing else, and each record is CRC-checked and parsed
 into the members a frame of the members layout has (`videoframes.packed_members`).
+
+History/horizon windows (``windows=``): the steps the items' windows show are read with them, each once while
+needed (`order.window.window_reads`), and each item comes as the window sample `train_pipe`'s reader makes
+(`order.window.window_samples`), for the same `SampleDecode`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import functools
 import itertools
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -27,6 +31,7 @@ from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes._decode.mapped import ShardFrames, frame_members
 from episodepipes.pipes._saved import saved_position
+from episodepipes.pipes.order.window import Window, window_reads, window_samples
 from episodepipes.pipes.plan import Item, Run, read_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
@@ -45,6 +50,8 @@ class ShardReader(BaseNode[RawSample]):
         stats: counters to add ``bytes_read`` and ``frames_read`` to.
         source: the byte source the shards are read from; by default the index folder's, which the
             reader opens and closes itself (a source passed in is the caller's to close).
+        windows: history/horizon windows by key (`order.window.plan_windows`): each item then comes as a window
+            sample, its windows' steps read with it; None or empty: each item's own members.
     """
 
     POS_KEY = "pos"
@@ -53,9 +60,10 @@ class ShardReader(BaseNode[RawSample]):
     PIECE = 4 << 20  # bytes of a local run's whole frames read per call (`_read_mapped`)
 
     def __init__(self, index: EpisodeIndex, items: Sequence[Item], *, stats: Stats | None = None,
-                 source: ByteSource | None = None) -> None:
+                 source: ByteSource | None = None, windows: Mapping[str, Window] | None = None) -> None:
         super().__init__()
         self.index, self.items, self.stats = index, items, stats if stats is not None else Stats()
+        self.windows = dict(windows or {})
         if source is None and index.remote:
             source = index.source  # the index's own: kept open across passes, for its connections
         self._own = source is None
@@ -94,6 +102,19 @@ class ShardReader(BaseNode[RawSample]):
             self.source.close()
 
     def _samples(self, items: Sequence[Item]) -> Iterator[RawSample]:
+        return self._read_items(items) if not self.windows else self._windowed(items)
+
+    def _windowed(self, items: Sequence[Item]) -> Iterator[RawSample]:
+        """The window samples of ``items``: their windows' steps read in plan order, each once while needed."""
+        lengths = {e: self.index.episode(e).length for e in {it.episode for it in items}}
+        plan = window_reads(items, lengths, self.windows)
+        raws = self._read_items(plan.reads)
+        try:
+            yield from window_samples(items, plan, raws, lengths, self.windows)
+        finally:
+            raws.close()  # its read-ahead and files, when a pass ends early
+
+    def _read_items(self, items: Sequence[Item]) -> Iterator[RawSample]:
         calls = list(self._calls(items))
         ahead = None
         if self.index.remote:  # the plan is known: the next calls' GETs go out while this one's frames decode

@@ -11,17 +11,21 @@ A windowed key's value gains a step axis (camera ``[W, 3, H, W]``, array ``[W, .
 the episode repeat the nearest real step, and ``<key>_pad`` (bool ``[W]``) is True exactly there.
 The reader hands a window sample over as a `RawSample` whose ``windows`` hold each windowed key's
 `StepWindow` (`window_sample`); `SampleDecode` decodes it.
+
+A planned pass (metric_pipe, video_pipe: items in a fixed order) reads each step a window shows once:
+`window_reads` lists the steps to read in plan order, and `window_samples` assembles each item's sample
+from them, holding a step only until the last item that shows it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from episodepipes.pipes.plan import Item
-from episodepipes.pipes.sample import RawSample, StepWindow
+from episodepipes.pipes.sample import RawSample, StepWindow, crc_mismatch
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,12 @@ def plan_windows(history: Mapping[str, int] | None, horizon: Mapping[str, int] |
         field = f"{k}.jpg" if k in cameras else f"{k}.npy"
         out[k] = Window(k, field, 1 - hist.get(k, 1), hor.get(k, 1) - 1)
     return out
+
+
+def video_fields(windows: Mapping[str, Window], video: Mapping[str, tuple[str, int]]) -> dict[str, Window]:
+    """``windows`` with each video camera's field (``video``: camera -> (codec, gop)) its video member,
+    ``<camera>.<codec>``, instead of ``.jpg``: a window step's bytes are then its GOP up to that step."""
+    return {k: replace(w, field=f"{k}.{video[k][0]}") if k in video else w for k, w in windows.items()}
 
 
 def window_steps(t: int, length: int, w: Window) -> tuple[np.ndarray, np.ndarray]:
@@ -113,3 +123,70 @@ def damaged_sample(item: Item, shard: str, length: int, windows: Mapping[str, Wi
     for w in windows.values():
         out[w.key] = StepWindow(*_steps(item.frame, length, w))
     return RawSample(item, shard, {}, damaged=why, windows=out)
+
+
+@dataclass(frozen=True)
+class WindowReads:
+    """The steps a planned pass of window samples reads, each once while some item shows it.
+
+    Attributes:
+        reads: the steps to read, as items, in plan order (each item's steps ascending, so runs stay contiguous).
+        upto: per planned item, how many of ``reads`` are read before its sample is assembled.
+        last: per read, the planned item after which it is dropped (the last one that shows it).
+    """
+
+    reads: list[Item]
+    upto: list[int]
+    last: list[int]
+
+
+def window_reads(items: Sequence[Item], lengths: Mapping[str, int], windows: Mapping[str, Window]) -> WindowReads:
+    """Which steps to read for ``items`` (``lengths``: episode id -> frames), a step shown again read once."""
+    reads: list[Item] = []
+    upto: list[int] = []
+    last: list[int] = []
+    at: dict[tuple[str, int], int] = {}  # (episode, step) -> its position in reads
+    for i, it in enumerate(items):
+        for s in sorted({it.frame, *fields_by_step(it.frame, lengths[it.episode], windows)}):
+            k = at.get((it.episode, s))
+            if k is None:
+                at[it.episode, s] = len(reads)
+                reads.append(Item(it.episode, s))
+                last.append(i)
+            else:
+                last[k] = i
+        upto.append(len(reads))
+    return WindowReads(reads, upto, last)
+
+
+def window_samples(items: Sequence[Item], plan: WindowReads, raws: Iterator[RawSample], lengths: Mapping[str, int],
+                   windows: Mapping[str, Window]) -> Iterator[RawSample]:
+    """Each planned item's window sample, from ``raws`` (the samples of ``plan.reads``, in order).
+
+    A sample is damaged when any step it shows is (`damaged_sample`). Each step's crc32 (`RawSample.checks`) is
+    checked here, once, not in the decode worker: the `Decoder`'s `BatchMemo` decides which sample decodes a frame
+    the batch shows twice before the workers run, and must not pick one whose bytes turn out damaged there (its
+    borrowers would get zeros, and theirs in turn).
+    """
+    drop: dict[int, list[tuple[str, int]]] = {}
+    for r, i in zip(plan.reads, plan.last):
+        drop.setdefault(i, []).append((r.episode, r.frame))
+    held: dict[tuple[str, int], RawSample] = {}
+    taken = 0
+    for i, item in enumerate(items):
+        while taken < plan.upto[i]:
+            raw = next(raws)
+            if raw.checks:
+                raw.damaged, raw.checks = raw.damaged or crc_mismatch(raw.checks), ()
+            held[raw.item.episode, raw.item.frame] = raw
+            taken += 1
+        n = lengths[item.episode]
+        got = {s: held[item.episode, s] for s in (item.frame, *fields_by_step(item.frame, n, windows))}
+        own = got[item.frame]
+        why = next((r.damaged for r in got.values() if r.damaged is not None), None)
+        if why is not None:
+            yield damaged_sample(item, own.shard, n, windows, why)
+        else:
+            yield window_sample(item, own.shard, n, windows, {s: r.members for s, r in got.items()})
+        for key in drop.pop(i, ()):
+            del held[key]

@@ -22,7 +22,7 @@ from episodepipes.codec.chunk import Record
 from episodepipes.codec.pack import MAGIC
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.frames import JPEG, FrameDecoder, decode_jpeg
-from episodepipes.pipes.order.window import damaged_sample, fields_by_step, window_sample
+from episodepipes.pipes.order.window import damaged_sample, fields_by_step, video_fields, window_sample
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.train.reader import TrainReader
@@ -84,9 +84,7 @@ class PackedTrainReader(TrainReader):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        video = video_cameras(self.index)
-        self.windows = {k: replace(w, field=f"{k}.{video[k][0]}") if k in video else w
-                        for k, w in self.windows.items()}
+        self.windows = video_fields(self.windows, video_cameras(self.index))
 
     def sample(self, flat: int, *_: Any) -> RawSample:  # bytes a read-ahead fetched per frame: not the key range
         e, t = self.table.locate(flat)
