@@ -171,7 +171,6 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 def test_decode_workers_die_with_the_process_running_the_pass(small):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), str(TESTS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_SITS), str(small)], stdout=subprocess.PIPE,
