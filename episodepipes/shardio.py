@@ -26,6 +26,21 @@ from episodepipes.format import check_name  # noqa: F401 (re-export)
 if TYPE_CHECKING:
     from .remote import RemoteOptions
 
+def pread_exact(fd: int, size: int, offset: int, path: str | os.PathLike) -> bytes:
+    """``size`` bytes of the file ``fd`` at ``offset``; `ShardTruncatedError` naming ``path`` where it holds fewer (a
+    file cut short, possibly while it was read: the one check every checked read of a dataset's files makes)."""
+    data = os.pread(fd, size, offset) if size > 0 else b""
+    if len(data) != max(size, 0):
+        raise truncated(path, offset + len(data), offset + size)
+    return data
+
+
+def truncated(path: str | os.PathLike, at: int, want: int) -> ShardTruncatedError:
+    """The error of a read of ``path`` that ended at byte ``at`` where the index expects ``want``."""
+    return ShardTruncatedError(f"{path} ends at byte {at}, the index expects {want} (truncated, or changed while it "
+                               "was read?); restore it or re-shard, or check with verify")
+
+
 def open_regular(path: str | os.PathLike, fix: str, error: type[Exception]) -> tuple[int, os.stat_result]:
     """A read-only descriptor of ``path`` and its stat, if it is a regular file (through links); otherwise ``error``
     naming it and ``fix``. Opened with O_NONBLOCK where the platform has it: opening a FIFO would otherwise wait for
@@ -107,11 +122,7 @@ class LocalSource:
 
     def read(self, name: str, offset: int, size: int) -> bytes:
         fd = self._fds.get(name)  # the common case, without a call: readers ask for every header of a frame
-        data = os.pread(self._fd(name) if fd is None else fd, size, offset)
-        if len(data) != size:
-            raise ShardTruncatedError(f"{self._path(name)} ends at byte {offset + len(data)}, the index expects "
-                               f"{offset + size}: truncated? re-shard it or check with verify=True")
-        return data
+        return pread_exact(self._fd(name) if fd is None else fd, size, offset, self._path(name))
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return [self.read(name, off, size) for off, size in ranges]

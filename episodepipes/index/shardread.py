@@ -13,20 +13,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from episodepipes.errors import ShardIOError, ShardTruncatedError
-from episodepipes.shardio import open_regular
+from episodepipes.errors import ShardIOError
+from episodepipes.shardio import open_regular, pread_exact, truncated
 
 CHUNK = 4 << 20  # bytes per read of a whole-file scan (`chunks`), into one reused buffer
-
-
-def _short(path: Path, at: int, want: int) -> ShardTruncatedError:
-    return ShardTruncatedError(f"{path} ends at byte {at}, the index expects {want} (cut short, or changed while it "
-                               "was read?); restore it or re-shard")
 
 
 def _open(path: Path) -> io.FileIO:
@@ -47,7 +41,7 @@ def chunks(path: Path, size: int) -> Iterator[memoryview]:
             while got < len(want):
                 n = f.readinto(want[got:])
                 if not n:
-                    raise _short(path, pos + got, size)
+                    raise truncated(path, pos + got, size)
                 got += n
             pos += got
             yield want
@@ -60,13 +54,7 @@ def ranges(path: Path) -> Iterator[Callable[[int, int], bytes]]:
     with _open(path) as f:
         fd = f.fileno()
 
-        def pread(size: int, offset: int) -> bytes:
-            data = os.pread(fd, size, offset) if size > 0 else b""
-            if len(data) != max(size, 0):
-                raise _short(path, offset + len(data), offset + size)
-            return data
-
-        yield pread
+        yield lambda size, offset: pread_exact(fd, size, offset, path)
 
 
 def digest(parts: Iterable[memoryview | bytes], ranges: Sequence[tuple[int, int]]) -> tuple[str, list[int]]:

@@ -29,7 +29,7 @@ import numpy as np
 from episodepipes.format import BLOCK
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
-from episodepipes.shardio import LocalSource, ShardIOError, ShardTruncatedError, open_regular
+from episodepipes.shardio import LocalSource, ShardIOError, open_regular, pread_exact
 
 _USTAR = struct.Struct("100s24x12s20xc100x5s")  # name, size, type, magic of a tar header, read in place
 MAX_OPEN = 64  # shards a decode process keeps open (`resolve`)
@@ -164,11 +164,7 @@ def _fd(path: str) -> int:
 
 
 def _pread(path: str, offset: int, size: int) -> bytes:
-    data = os.pread(_fd(path), size, offset)
-    if len(data) != size:
-        raise ShardTruncatedError(f"{path} ends at byte {offset + len(data)}, where its index puts a frame up to "
-                                  f"{offset + size}: cut short while the pass read it? put it back or re-shard it")
-    return data
+    return pread_exact(_fd(path), size, offset, path)
 
 Wire = tuple  # (episode, frame, valid, shard, path, fields, spans, checks): see `to_wire`
 
