@@ -113,6 +113,20 @@ def _ground_truth(batch: Mapping[str, Any], key: str, b: int) -> tuple[Any, list
     return [a[i, keep[i]].reshape(-1, 2) for i in range(b)], lines
 
 
+def with_index_names(batch: Mapping[str, Any], episode: Any) -> dict[str, Any]:
+    """``batch`` with each camera and array of ``episode`` (an `Episode` of the pipe's index) also under its index
+    name, and its window mask as ``<name>_pad``, where the pipe named them by the source (``names="lerobot"``:
+    ``observation.images.top``, ``action_is_pad``); so ``cameras=`` and ``gt_key=`` stay the index's names.
+    Keys already in the batch are kept as they are; the values are the same tensors."""
+    out = dict(batch)
+    for key, spec in [*episode.cameras.items(), *episode.arrays.items()]:
+        if key not in out and spec.source in batch:
+            out[key] = batch[spec.source]
+        if f"{key}_pad" not in out and f"{spec.source}_is_pad" in batch:
+            out[f"{key}_pad"] = batch[f"{spec.source}_is_pad"]
+    return out
+
+
 def tile_cameras(views: list[np.ndarray], names: list[str]) -> np.ndarray:
     """Camera frames ``[B, H_i, W_i, 3]`` side by side (left to right, shorter ones padded black at the bottom),
     each labelled with its camera name at its top right."""
