@@ -192,3 +192,20 @@ def test_names_lerobot_on_a_dataset_whose_names_are_its_own_renames_only_the_mas
     batch = next(iter(metric_pipe(shards, split="train", frames_per_episode=2, batch_size=2, names="lerobot",
                                   history={"state": 2})))
     assert {"state", "state_is_pad", "front", "task"} <= set(batch) and "state_pad" not in batch
+
+
+def test_the_readme_example_runs_on_a_lerobot_dataset_s_shards(dataset, tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if 'names="lerobot"' in b]
+    shards, _ = dataset
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lerobot_shards").symlink_to(shards)
+    scope = {}
+    exec(compile(code, "README.md:lerobot", "exec"), scope)
+    batch = scope["batch"]
+    assert batch["observation.images.front"].shape == (8, 2, 3, 32, 48)
+    assert batch["action"].shape == (8, 16, 7) and batch["action_is_pad"].shape == (8, 16)
+    assert batch["task"] == batch["prompt"] and len(scope["val"]) == 1
