@@ -209,3 +209,20 @@ def test_the_readme_example_runs_on_a_lerobot_dataset_s_shards(dataset, tmp_path
     assert batch["observation.images.front"].shape == (8, 2, 3, 32, 48)
     assert batch["action"].shape == (8, 16, 7) and batch["action_is_pad"].shape == (8, 16)
     assert batch["task"] == batch["prompt"] and len(scope["val"]) == 1
+
+
+def test_the_current_step_alone_keeps_a_step_axis_as_lerobot_gives_it(dataset):
+    shards, _ = dataset
+    batch = next(iter(metric_pipe(shards, frames_per_episode=2, batch_size=4, num_workers=1, names="lerobot",
+                                  delta_timestamps={"action": [0.0], "observation.images.wrist": [0.0]})))
+    assert batch["action"].shape == (4, 1, 7) and batch["action_is_pad"].shape == (4, 1)
+    assert batch["observation.images.wrist"].shape == (4, 1, 3, 32, 48) and not batch["action_is_pad"].any()
+
+
+def test_a_closed_gate_of_a_renamed_video_pipe_still_reads_nothing(dataset):
+    shards, _ = dataset
+    pipe = video_pipe(shards, episodes=VAL, batch_size=4, max_batches=2, gate=lambda: False, names="lerobot",
+                      delta_timestamps={"action": [0.0, 0.1]})
+    assert list(pipe) == [] and len(pipe) == 2
+    assert pipe.stats["bytes_read"] == pipe.stats["frames_decoded"] == pipe.stats["workers_started"] == 0
+    assert pipe.stats["closed_passes"] == 1
