@@ -14,7 +14,7 @@ from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.gate import Gate
-from episodepipes.pipes.names import batch_keys, renamed_builder, window_keys
+from episodepipes.pipes.names import batch_keys, keyed_builder, window_keys
 from episodepipes.pipes.options import DecodeOptions, ReadOptions
 from episodepipes.pipes.order.window import Window, plan_windows, video_fields
 from episodepipes.pipes.pipe import Pipe
@@ -54,7 +54,7 @@ horizon: ``{key: H}``, H >= 1 steps starting at the current one (the current ste
     "seconds_names": """\
 delta_timestamps: LeRobot's ``{key: [offsets in seconds]}``, as in `train_pipe`: each key's offsets become
     steps at the episodes' fps by LeRobot's rule (within ``tolerance_s`` of a step, else refused), and must
-    be a consecutive run through 0 (`episodepipes.pipes.seconds`); a key may be a LeRobot name. None: none.
+    be consecutive and ascending (`episodepipes.pipes.seconds`); a key may be a LeRobot name. None: none.
 tolerance_s: how far (seconds) an offset of ``delta_timestamps`` may lie from a step, > 0 (LeRobot's 1e-4).
 names: ``"index"`` (batch keys are the index's tar-safe names, masks ``<key>_pad``) or ``"lerobot"`` (the
     source dataset's names, ``observation.images.top``, masks ``<name>_is_pad``, and ``task``;
@@ -234,9 +234,9 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     rank, world_size = dist_rank_world(rank, world_size)
     eps = select(idx, split, episodes=episodes, where=where)
     check_batchable(eps, resize)
-    history, horizon = seconds_windows(delta_timestamps, eps, tolerance_s=tolerance_s, history=history,
-                                       horizon=horizon, keys=window_keys(eps))
-    windows = eval_windows(idx, eps, history, horizon)
+    sw = seconds_windows(delta_timestamps, eps, tolerance_s=tolerance_s, history=history, horizon=horizon,
+                         keys=window_keys(eps))
+    windows = eval_windows(idx, eps, sw.history, sw.horizon)
     rename = batch_keys(names, idx, eps, windows)
     chosen = metric_items(eps, frames_per_episode, sampling=sampling, seed=seed)
     items = split_even(chosen, rank=rank, world_size=world_size)
@@ -244,7 +244,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
                           transform=sample_transform(transform, method=method, pipe="metric_pipe"), windows=windows)
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
-    return Pipe(Gate(renamed_builder(build, rename), stats=stats), length=length, index=idx, stats=stats,
+    return Pipe(Gate(keyed_builder(build, rename, sw.trim), stats=stats), length=length, index=idx, stats=stats,
                 gated=False, rank_world=(rank, world_size) if inferred else None)
 
 
@@ -293,14 +293,14 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
         raise ValueError("video_pipe needs episodes= (the ids to render) or where= (a predicate choosing them)")
     eps = select(idx, None, episodes=episodes, where=where, index_order=False)
     check_batchable(eps, resize)
-    history, horizon = seconds_windows(delta_timestamps, eps, tolerance_s=tolerance_s, history=history,
-                                       horizon=horizon, keys=window_keys(eps))
-    windows = eval_windows(idx, eps, history, horizon)
+    sw = seconds_windows(delta_timestamps, eps, tolerance_s=tolerance_s, history=history, horizon=horizon,
+                         keys=window_keys(eps))
+    windows = eval_windows(idx, eps, sw.history, sw.horizon)
     rename = batch_keys(names, idx, eps, windows)
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
                           transform=sample_transform(transform, method=method, pipe="video_pipe"), windows=windows)
     length = num_batches(len(items), batch_size, max_batches)
-    return Pipe(Gate(renamed_builder(build, rename), gate, stats=stats), length=length, index=idx, stats=stats,
+    return Pipe(Gate(keyed_builder(build, rename, sw.trim), gate, stats=stats), length=length, index=idx, stats=stats,
                 gated=True)

@@ -15,7 +15,7 @@ The ``source`` names come from the index, a file from anyone: they are refused b
 `MAX_NAME` characters of ``A-Z a-z 0-9 _ . - /`` (not starting with ``.`` or ``/``), no two keys share one, every
 episode of the pipe gives a key the same one, and none (nor a mask) takes a batch key the pipe sets itself.
 
-The renaming is a node (`RenameKeys`) after the batch stacker: a dict of the same tensors under other keys,
+The renaming is a node (`BatchKeys`) after the batch stacker: a dict of the same tensors under other keys,
 with its source's state as its own, so a checkpoint resumes with or without it.
 """
 
@@ -120,29 +120,37 @@ def lerobot_keys(index: EpisodeIndex, episodes: Sequence[Episode], windowed: Ite
 
 def batch_keys(names: str, index: EpisodeIndex, episodes: Sequence[Episode],
                windowed: Iterable[str]) -> dict[str, str] | None:
-    """What `RenameKeys` renames for ``names`` (`check_names`): None for ``"index"`` (nothing to do)."""
+    """What `BatchKeys` renames for ``names`` (`check_names`): None for ``"index"`` (nothing to do)."""
     if check_names(names) == "index" or not episodes:
         return None
     return lerobot_keys(index, episodes, windowed)
 
 
-class RenameKeys(BaseNode[dict]):
-    """Each batch of ``source`` with its keys renamed by ``rename`` (others kept) and ``task`` set to its prompts.
+class BatchKeys(BaseNode[dict]):
+    """Each batch of ``source`` with the windows of ``trim`` cut (``{key: (front, back)}`` steps, masks too), then
+    its keys renamed by ``rename`` (others kept) and ``task`` set to its prompts when ``rename`` is given.
 
     Its state is its source's (``get_state`` returns it and ``reset`` passes it down), so a pipe's state has the
-    same shape with or without renaming.
+    same shape with or without it.
     """
 
-    def __init__(self, source: BaseNode[dict], rename: Mapping[str, str]) -> None:
+    def __init__(self, source: BaseNode[dict], rename: Mapping[str, str] | None,
+                 trim: Mapping[str, tuple[int, int]] | None = None) -> None:
         super().__init__()
-        self.source, self.rename = source, dict(rename)
+        self.source, self.rename, self.trim = source, None if rename is None else dict(rename), dict(trim or {})
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self.source.reset(initial_state)
 
     def next(self) -> dict[str, Any]:
-        batch = next(self.source)
+        batch = dict(next(self.source))
+        for key, (front, back) in self.trim.items():
+            for k in (key, key + PAD):
+                v = batch[k]
+                batch[k] = v[:, front:v.shape[1] - back].contiguous()  # a policy may .view() it
+        if self.rename is None:
+            return batch
         out = {self.rename.get(k, k): v for k, v in batch.items()}
         if "prompt" in batch:
             out[TASK] = list(batch["prompt"])
@@ -156,13 +164,15 @@ class RenameKeys(BaseNode[dict]):
         shutdown_node(self.source)
 
 
-def renamed(node: BaseNode[dict], rename: Mapping[str, str] | None) -> BaseNode[dict]:
-    """``node``, or a `RenameKeys` over it when there is something to rename."""
-    return node if rename is None else RenameKeys(node, rename)
+def keyed(node: BaseNode[dict], rename: Mapping[str, str] | None,
+          trim: Mapping[str, tuple[int, int]] | None = None) -> BaseNode[dict]:
+    """``node``, or a `BatchKeys` over it when there is something to rename or trim."""
+    return node if rename is None and not trim else BatchKeys(node, rename, trim)
 
 
-def renamed_builder(build: Callable[[], BaseNode[dict]], rename: Mapping[str, str] | None) -> Callable[[], BaseNode]:
-    """A `Gate`'s ``build`` whose node is `renamed` (``build`` itself when there is nothing to rename)."""
-    if rename is None:
+def keyed_builder(build: Callable[[], BaseNode[dict]], rename: Mapping[str, str] | None,
+                  trim: Mapping[str, tuple[int, int]] | None = None) -> Callable[[], BaseNode]:
+    """A `Gate`'s ``build`` whose node is `keyed` (``build`` itself when there is nothing to do)."""
+    if rename is None and not trim:
         return build
-    return lambda: RenameKeys(build(), rename)
+    return lambda: BatchKeys(build(), rename, trim)

@@ -7,16 +7,19 @@ of that step (``abs(d * fps - round(d * fps)) / fps <= tolerance_s``, 1e-4 s by 
 it is refused naming the key, the offset and the fps.
 
 A pipe's windows are runs of consecutive steps through the current one (`episodepipes.pipes.order.window`), so the
-steps of a key must be consecutive, ascending and include 0: ``[-0.1, 0.0]`` is ``history={key: 2}``,
-``[0.0, 0.1, ..., 1.5]`` is ``horizon={key: 16}`` and ``[-0.1, 0.0, ..., 1.4]`` both. Other offsets (a stride,
-a gap, no current step) are refused with the steps they give. Steps depend on the fps, so every episode of the
-pipe must give each key the same steps (episodes of different fps are refused naming two of them).
+steps of a key must be consecutive and ascending: ``[-0.1, 0.0]`` is ``history={key: 2}``, ``[0.0, 0.1, ..., 1.5]``
+is ``horizon={key: 16}`` and ``[-0.1, 0.0, ..., 1.4]`` both. A run that does not reach the current step
+(``[0.1, 0.2]``, ``[-0.3, -0.2]``) is read as the run from or to it, and the steps between are dropped from the
+batch (`SecondsWindows.trim`): the current step is read in any case, so this costs little. Other offsets (a stride,
+a gap, a repeat, another order) are refused with the steps they give. Steps depend on the fps, so every episode of
+the pipe must give each key the same steps (episodes of different fps are refused naming two of them).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from numbers import Real
 
 from episodepipes.index import Episode
@@ -70,28 +73,47 @@ def delta_steps(delta_timestamps: Mapping[str, Sequence[float]], fps: float,
     return out
 
 
-def step_windows(steps: Mapping[str, Sequence[int]]) -> tuple[dict[str, int], dict[str, int]]:
-    """``(history, horizon)`` in steps of `delta_steps`' output; steps that are not a consecutive ascending run
-    through 0 are refused, naming the key and its steps."""
-    history, horizon = {}, {}
+@dataclass(frozen=True)
+class SecondsWindows:
+    """A pipe's windows in steps, with what `delta_timestamps` asked for.
+
+    Attributes:
+        history: ``{key: K}`` for `plan_windows`, or None.
+        horizon: ``{key: H}``, or None.
+        trim: ``{key: (front, back)}``: steps to drop from the front and the back of the key's window (and its
+            mask) in each batch, where the steps asked for do not reach the current step.
+    """
+
+    history: dict[str, int] | None
+    horizon: dict[str, int] | None
+    trim: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def step_windows(steps: Mapping[str, Sequence[int]]) -> SecondsWindows:
+    """The windows of `delta_steps`' output; steps that are not a consecutive ascending run are refused, naming
+    the key and its steps. A run that misses step 0 is widened to it, and the widening put in ``trim``."""
+    history, horizon, trim = {}, {}, {}
     for key, s in steps.items():
         lo, hi = min(s), max(s)
-        if list(s) != list(range(lo, hi + 1)) or not lo <= 0 <= hi:
+        if list(s) != list(range(lo, hi + 1)):
             raise ValueError(f"delta_timestamps[{key!r}] gives steps {list(s)[:20]}; a window is consecutive steps in "
-                             "ascending order through the current one (0), e.g. [-0.1, 0.0] or [0.0, 0.1, 0.2] at "
-                             "10 fps; ask for the run of steps and slice the batch")
+                             "ascending order, e.g. [-0.1, 0.0] or [0.0, 0.1, 0.2] at 10 fps; ask for the run of "
+                             "steps and slice the batch")
+        if lo > 0 or hi < 0:
+            trim[key] = (max(lo, 0), max(-hi, 0))
+            lo, hi = min(lo, 0), max(hi, 0)
         if lo < 0:
             history[key] = 1 - lo
         if hi > 0:
             horizon[key] = hi + 1
         if lo == hi == 0:
             history[key] = 1  # the current step alone, with a step axis, as LeRobot gives it
-    return history, horizon
+    return SecondsWindows(history, horizon, trim)
 
 
 def seconds_windows(delta_timestamps: Mapping[str, Sequence[float]] | None, episodes: Sequence[Episode], *,
                     tolerance_s: float, history: Mapping[str, int] | None, horizon: Mapping[str, int] | None,
-                    keys: Mapping[str, str] | None = None) -> tuple[dict[str, int] | None, dict[str, int] | None]:
+                    keys: Mapping[str, str] | None = None) -> SecondsWindows:
     """``history`` and ``horizon`` with ``delta_timestamps`` (converted at the episodes' fps) added to them.
 
     Args:
@@ -108,7 +130,7 @@ def seconds_windows(delta_timestamps: Mapping[str, Sequence[float]] | None, epis
     hor = None if horizon is None else _resolved("horizon", _mapping("horizon", horizon), keys)
     if delta_timestamps is None:
         check_tolerance(tolerance_s)
-        return hist, hor
+        return SecondsWindows(hist, hor)
     steps: dict[str, list[int]] | None = None
     by: Episode | None = None
     for e in episodes:
@@ -121,12 +143,12 @@ def seconds_windows(delta_timestamps: Mapping[str, Sequence[float]] | None, epis
                              "(history=/horizon=)")
         steps, by = got, e
     if steps is None:
-        return hist, hor
-    dh, dz = step_windows(_resolved("delta_timestamps", steps, keys))
-    for k in {*dh, *dz}:
+        return SecondsWindows(hist, hor)
+    got = step_windows(_resolved("delta_timestamps", steps, keys))
+    for k in {*got.history, *got.horizon}:
         if k in (hist or {}) or k in (hor or {}):
             raise ValueError(f"window key {k!r} is in delta_timestamps and in history=/horizon=; give it once")
-    return {**(hist or {}), **dh} or None, {**(hor or {}), **dz} or None
+    return SecondsWindows({**(hist or {}), **got.history} or None, {**(hor or {}), **got.horizon} or None, got.trim)
 
 
 def _resolved(name: str, spec: Mapping, keys: Mapping[str, str]) -> dict:

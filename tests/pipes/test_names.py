@@ -141,7 +141,7 @@ def test_seconds_off_the_frame_grid_and_bad_options_are_refused_by_name(dataset)
     with pytest.raises(ValueError, match=r"delta_timestamps\['action'\]: offset 0.105 s .* tolerance_s"):
         metric_pipe(shards, delta_timestamps={"action": [0.0, 0.105]}, **kw)
     assert len(metric_pipe(shards, delta_timestamps={"action": [0.0, 0.105]}, tolerance_s=0.01, **kw)) == 1
-    with pytest.raises(ValueError, match=r"gives steps \[-10, -5, 0\]"):
+    with pytest.raises(ValueError, match=r"gives steps \[-10, -5, 0\]; a window is consecutive"):
         train_pipe(shards, batch_size=2, seed=0, delta_timestamps={"action": [-1.0, -0.5, 0.0]})
     with pytest.raises(ValueError, match="in delta_timestamps and in history"):
         metric_pipe(shards, delta_timestamps={"action": [0.0]}, history={"action": 2}, **kw)
@@ -226,3 +226,18 @@ def test_a_closed_gate_of_a_renamed_video_pipe_still_reads_nothing(dataset):
     assert list(pipe) == [] and len(pipe) == 2
     assert pipe.stats["bytes_read"] == pipe.stats["frames_decoded"] == pipe.stats["workers_started"] == 0
     assert pipe.stats["closed_passes"] == 1
+
+
+def test_a_run_short_of_the_current_step_gives_those_steps_of_the_run_from_it(dataset):
+    shards, _ = dataset
+    kw = dict(batch_size=4, seed=2, rank=0, world_size=1, num_workers=1)
+    delta = {"action": [0.2, 0.3], "observation.state": [-0.2, -0.1], "observation.images.wrist": [0.1]}
+    short = train_pipe(shards, names="lerobot", delta_timestamps=delta, **kw)
+    full = train_pipe(shards, horizon={"action": 4, "observation_images_wrist": 2}, history={"observation_state": 3},
+                      **kw)
+    for a, b in zip(short, full, strict=True):
+        for name, key, cut in (("action", "action", slice(2, 4)), ("observation.state", "observation_state",
+                               slice(0, 2)), ("observation.images.wrist", "observation_images_wrist", slice(1, 2))):
+            assert torch.equal(a[name], b[key][:, cut]) and a[name].is_contiguous(), name
+            assert torch.equal(a[f"{name}_is_pad"], b[f"{key}_pad"][:, cut])
+    assert short.state_dict()["root"] == full.state_dict()["root"]

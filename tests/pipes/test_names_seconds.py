@@ -22,11 +22,17 @@ def test_an_offset_within_tolerance_of_a_step_is_that_step_and_one_past_it_is_re
 
 
 def test_steps_become_history_and_horizon_and_other_runs_are_refused():
-    assert step_windows({"img": [-1, 0], "act": [0, 1, 2], "s": [-2, -1, 0, 1], "now": [0]}) == (
-        {"img": 2, "s": 3, "now": 1}, {"act": 3, "s": 2})
-    for bad in ([-2, 0], [1, 2], [0, -1], [0, 0], [-3, -2, -1]):
+    got = step_windows({"img": [-1, 0], "act": [0, 1, 2], "s": [-2, -1, 0, 1], "now": [0]})
+    assert (got.history, got.horizon, got.trim) == ({"img": 2, "s": 3, "now": 1}, {"act": 3, "s": 2}, {})
+    for bad in ([-2, 0], [0, -1], [0, 0], [2, 1], [0, 2, 4]):
         with pytest.raises(ValueError, match=rf"gives steps \[{', '.join(map(str, bad))}\]; a window is consecutive"):
             step_windows({"k": bad})
+
+
+def test_a_run_short_of_the_current_step_is_widened_to_it_and_the_widening_trimmed():
+    got = step_windows({"future": [2, 3], "past": [-3, -2, -1], "next": [1]})
+    assert got.history == {"past": 4} and got.horizon == {"future": 4, "next": 2}
+    assert got.trim == {"future": (2, 0), "past": (0, 1), "next": (1, 0)}
 
 
 @pytest.mark.parametrize(("spec", "why"), [
@@ -52,9 +58,10 @@ def test_episodes_whose_fps_give_other_steps_are_refused_naming_two_and_equal_st
     eps = [_ep("a", 10.0), _ep("b", 10.0), _ep("c", 20.0)]
     with pytest.raises(ValueError, match=r"other steps in episode 'c' \(20 fps\) than in 'a' \(10 fps\)"):
         seconds_windows({"x": [0.0, 0.1]}, eps, tolerance_s=1e-4, history=None, horizon=None)
-    assert seconds_windows({"x": [0.0]}, eps, tolerance_s=1e-4, history={"y": 2}, horizon=None) == (
-        {"y": 2, "x": 1}, None)
-    assert seconds_windows(None, eps, tolerance_s=1e-4, history=None, horizon={"y": 3}) == (None, {"y": 3})
+    got = seconds_windows({"x": [0.0]}, eps, tolerance_s=1e-4, history={"y": 2}, horizon=None)
+    assert (got.history, got.horizon, got.trim) == ({"y": 2, "x": 1}, None, {})
+    got = seconds_windows(None, eps, tolerance_s=1e-4, history=None, horizon={"y": 3})
+    assert (got.history, got.horizon, got.trim) == (None, {"y": 3}, {})
 
 
 def _spec(source):

@@ -16,7 +16,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import CHUNK, Decoder
-from episodepipes.pipes.names import batch_keys, check_names, renamed, window_keys
+from episodepipes.pipes.names import batch_keys, check_names, keyed, window_keys
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.order import block_order as bo
 from episodepipes.pipes.order.window import plan_windows
@@ -156,9 +156,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
             (None: 8). More mix, and more memory (a window's frames are held until it is consumed).
         delta_timestamps: windows in seconds, LeRobot's ``{key: [offsets in seconds]}`` (``[-0.1, 0.0]`` at 10
             fps is ``history={key: 2}``), converted at the episodes' fps by LeRobot's rule: an offset must lie
-            within ``tolerance_s`` of a step, and a key's steps must be a consecutive run through 0, else it is
-            refused by name (`episodepipes.pipes.seconds`). A key may be a LeRobot name; a key also in
-            ``history``/``horizon`` is refused. None: none. A mixture takes windows in steps only.
+            within ``tolerance_s`` of a step, and a key's steps must be consecutive and ascending, else it is
+            refused by name (a run short of the current step reads it too and drops it from the batch;
+            `episodepipes.pipes.seconds`). A key may be a LeRobot name; a key also in ``history``/``horizon`` is
+            refused. None: none. A mixture takes windows in steps only.
         tolerance_s: how far (seconds) an offset of ``delta_timestamps`` may lie from a step, > 0 (LeRobot's
             default, 1e-4).
         names: ``"index"`` (the default: batch keys are the index's tar-safe names, masks ``<key>_pad``) or
@@ -198,9 +199,9 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     train_packed.check_trainable(idx, str(idx.root))
-    history, horizon = seconds_windows(delta_timestamps, episodes, tolerance_s=tolerance_s, history=history,
-                                       horizon=horizon, keys=window_keys(episodes))
-    windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
+    sw = seconds_windows(delta_timestamps, episodes, tolerance_s=tolerance_s, history=history, horizon=horizon,
+                         keys=window_keys(episodes))
+    windows = plan_windows(sw.history, sw.horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
     rename = batch_keys(names, idx, episodes, windows)
     stats = Stats()
     reader = train_packed.reader_class(idx)(idx, episodes, windows=windows, seed=int(seed), rank=rank,
@@ -211,7 +212,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
-    return TrainPipe(renamed(BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec), rename),
+    return TrainPipe(keyed(BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec), rename, sw.trim),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
                      rank_world=(rank, world_size) if inferred else None)
 
