@@ -10,19 +10,23 @@ A pipe's windows are runs of consecutive steps through the current one (`episode
 steps of a key must be consecutive and ascending: ``[-0.1, 0.0]`` is ``history={key: 2}``, ``[0.0, 0.1, ..., 1.5]``
 is ``horizon={key: 16}`` and ``[-0.1, 0.0, ..., 1.4]`` both. A run that does not reach the current step
 (``[0.1, 0.2]``, ``[-0.3, -0.2]``) is read as the run from or to it, and the steps between are dropped from the
-batch (`SecondsWindows.trim`): the current step is read in any case, so this costs little. Other offsets (a stride,
+batch (`SecondsWindows.trim`); they cost reads (and a camera's decodes), so a warning names a key whose dropped
+steps outnumber the steps asked for. Other offsets (a stride,
 a gap, a repeat, another order) are refused with the steps they give. Steps depend on the fps, so every episode of
 the pipe must give each key the same steps (episodes of different fps are refused naming two of them).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 
 from episodepipes.index import Episode
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOLERANCE_S = 1e-4  # LeRobotDataset's
 MAX_OFFSETS = 100_000
@@ -144,7 +148,12 @@ def seconds_windows(delta_timestamps: Mapping[str, Sequence[float]] | None, epis
         steps, by = got, e
     if steps is None:
         return SecondsWindows(hist, hor)
-    got = step_windows(_resolved("delta_timestamps", steps, keys))
+    asked = _resolved("delta_timestamps", steps, keys)
+    got = step_windows(asked)
+    for k, (front, back) in got.trim.items():
+        if front + back > len(asked[k]):
+            log.warning("delta_timestamps[%r] gives steps %d..%d: the %d steps between them and the current one are "
+                        "read too, then dropped", k, min(asked[k]), max(asked[k]), front + back)
     for k in {*got.history, *got.horizon}:
         if k in (hist or {}) or k in (hor or {}):
             raise ValueError(f"window key {k!r} is in delta_timestamps and in history=/horizon=; give it once")

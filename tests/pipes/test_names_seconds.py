@@ -88,3 +88,12 @@ def test_episodes_giving_a_key_two_source_names_are_refused_naming_both():
 def test_window_keys_resolve_only_unambiguous_source_names_that_are_no_key_themselves():
     e = _schema_ep("e0", {"a_b": "a.b", "c": "c"}, {"x_y": "x.y", "x-y": "x.y", "q": "a_b"})
     assert window_keys([e]) == {"a.b": "a_b"}
+
+
+def test_a_run_far_from_the_current_step_warns_that_the_steps_between_are_read(caplog):
+    eps = [_ep("a", 10.0)]
+    got = seconds_windows({"near": [0.1, 0.2], "far": [0.5]}, eps, tolerance_s=1e-4, history=None, horizon=None)
+    assert got.trim == {"near": (1, 0), "far": (5, 0)}
+    assert [r.getMessage() for r in caplog.records] == [
+        "delta_timestamps['far'] gives steps 5..5: the 5 steps between them and the current one are read too, then "
+        "dropped"]
