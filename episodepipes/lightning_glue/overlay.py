@@ -89,11 +89,11 @@ def draw_overlay(frames: np.ndarray, batch: Mapping[str, Any], outputs: Any, *,
             for x, y in gt[i]:
                 if np.isfinite(x) and np.isfinite(y):
                     _mark(img, (round(x), round(y)), GROUND_TRUTH, "cross", radius, thick)
-        _text(img, f"{batch['episode'][i]}  f{frame_ids[i]}", (4, max(10, round(28 * scale))), scale, thick)
+        _text_inside(img, f"{batch['episode'][i]}  f{frame_ids[i]}", 4, max(10, round(28 * scale)), scale, thick)
         for k, (name, colour, marker) in enumerate(reversed(legend)):  # bottom-left, one line per entry
             y = h - 6 - k * max(12, round(30 * scale))
             _mark(img, (4 + radius, y - radius), colour, marker, radius, thick)
-            _text(img, name, (10 + 2 * radius, y), scale, thick)
+            _text_inside(img, name, 10 + 2 * radius, y, scale, thick)
     return frames
 
 
@@ -111,6 +111,20 @@ def _ground_truth(batch: Mapping[str, Any], key: str, b: int) -> tuple[Any, list
                          f"[B={b}, W, 2] or [B, W, N, 2] in pixels, with a [B, W] mask")
     lines = [[a[i, keep[i], n] for n in range(a.shape[2])] for i in range(b)]
     return [a[i, keep[i]].reshape(-1, 2) for i in range(b)], lines
+
+
+def with_index_names(batch: Mapping[str, Any], episode: Any) -> dict[str, Any]:
+    """``batch`` with each camera and array of ``episode`` (an `Episode` of the pipe's index) also under its index
+    name, and its window mask as ``<name>_pad``, where the pipe named them by the source (``names="lerobot"``:
+    ``observation.images.top``, ``action_is_pad``); so ``cameras=`` and ``gt_key=`` stay the index's names.
+    Keys already in the batch are kept as they are; the values are the same tensors."""
+    out = dict(batch)
+    for key, spec in [*episode.cameras.items(), *episode.arrays.items()]:
+        if key not in out and spec.source in batch:
+            out[key] = batch[spec.source]
+        if f"{key}_pad" not in out and f"{spec.source}_is_pad" in batch:
+            out[f"{key}_pad"] = batch[f"{spec.source}_is_pad"]
+    return out
 
 
 def tile_cameras(views: list[np.ndarray], names: list[str]) -> np.ndarray:
@@ -137,6 +151,31 @@ def _mark(img: np.ndarray, xy: tuple[int, int], colour: tuple[int, int, int], ma
         cv2.circle(img, xy, radius, colour, -1, cv2.LINE_AA)
     else:  # a cross with exact colour at its centre (no antialiasing)
         cv2.drawMarker(img, xy, colour, cv2.MARKER_CROSS, 2 * radius + 3, thick, cv2.LINE_8)
+
+
+def ink_span(text: str, scale: float, thick: int) -> tuple[int, int]:
+    """The first and last pixel columns, relative to the origin's x, that `_text` inks for ``text`` (its outline
+    included): a glyph may reach left of the origin (``j``'s descender) and past ``getTextSize``'s width."""
+    (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, thick + 2)
+    pad = th + base + thick + 4
+    canvas = np.zeros((th + base + 2 * pad, tw + 2 * pad), np.uint8)
+    cv2.putText(canvas, text, (pad, pad + th), cv2.FONT_HERSHEY_SIMPLEX, scale, 255, thick + 2, cv2.LINE_AA)
+    cols = np.flatnonzero(canvas.any(axis=0))
+    return (int(cols[0]) - pad, int(cols[-1]) - pad) if cols.size else (0, 0)
+
+
+def _text_inside(img: np.ndarray, text: str, x: int, y: int, scale: float, thick: int, margin: int = 1) -> None:
+    """`_text` at ``(x, y)``, moved right until its ink clears the left edge by ``margin`` columns, and drawn
+    smaller when it would not fit the frame's width: a label is never cut at either edge."""
+    width = img.shape[1] - 2 * margin
+    first, last = ink_span(text, scale, thick)
+    if last - first + 1 > width and width > 0:  # too wide: shrink (the span scales with the font, near enough)
+        for _ in range(4):
+            scale *= width / (last - first + 1)
+            first, last = ink_span(text, scale, thick)
+            if last - first + 1 <= width:
+                break
+    _text(img, text, (max(x, margin - first), y), scale, thick)
 
 
 def _text(img: np.ndarray, text: str, org: tuple[int, int], scale: float, thick: int) -> None:

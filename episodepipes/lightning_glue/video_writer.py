@@ -37,7 +37,7 @@ from episodepipes.lightning_glue.fps import fps_problem
 from episodepipes.lightning_glue.gating import RenderGate
 from episodepipes.lightning_glue.mp4 import AtomicMp4, is_disk_full
 from episodepipes.lightning_glue.names import video_stem
-from episodepipes.lightning_glue.overlay import draw_overlay, tile_cameras
+from episodepipes.lightning_glue.overlay import draw_overlay, tile_cameras, with_index_names
 from episodepipes.lightning_glue.partials import remove_abandoned, run_token
 from episodepipes.lightning_glue.upload import Uploader, choose_loggers
 from episodepipes.safefile import make_dir
@@ -157,6 +157,7 @@ class OverlayVideoWriter(RenderGate):
         if not trainer.is_global_zero or loaders is None or not loaders.is_video(dataloader_idx) or self._disk_full:
             return
         name, index = loaders.name(dataloader_idx), loaders.pipe(dataloader_idx).index
+        batch = with_index_names(batch, index.episode(batch["episode"][0]))  # a names="lerobot" pipe's batch too
         cameras = self.cameras or [next(iter(index.episode(batch["episode"][0]).cameras))]
         for camera in cameras:
             if camera not in batch:

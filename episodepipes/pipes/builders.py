@@ -14,11 +14,13 @@ from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.gate import Gate
+from episodepipes.pipes.names import batch_keys, keyed_builder, window_keys
 from episodepipes.pipes.options import DecodeOptions, ReadOptions
 from episodepipes.pipes.order.window import Window, plan_windows, video_fields
 from episodepipes.pipes.pipe import Pipe
 from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
 from episodepipes.pipes.read import ShardReader
+from episodepipes.pipes.seconds import DEFAULT_TOLERANCE_S, seconds_windows
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.transform import SampleTransform, Transform, sample_transform
@@ -49,6 +51,14 @@ horizon: ``{key: H}``, H >= 1 steps starting at the current one (the current ste
     the episode's end with its last step; a key in both windows has steps ``t-K+1 .. t+H-1``. None: no
     horizon. Windows do not change which frames are planned or ``len()``; each step they show is read
     once, and a camera frame several samples of a batch show is decoded once.""",
+    "seconds_names": """\
+delta_timestamps: LeRobot's ``{key: [offsets in seconds]}``, as in `train_pipe`: each key's offsets become
+    steps at the episodes' fps by LeRobot's rule (within ``tolerance_s`` of a step, else refused), and must
+    be consecutive and ascending (`episodepipes.pipes.seconds`); a key may be a LeRobot name. None: none.
+tolerance_s: how far (seconds) an offset of ``delta_timestamps`` may lie from a step, > 0 (LeRobot's 1e-4).
+names: ``"index"`` (batch keys are the index's tar-safe names, masks ``<key>_pad``) or ``"lerobot"`` (the
+    source dataset's names, ``observation.images.top``, masks ``<name>_is_pad``, and ``task``;
+    `episodepipes.pipes.names`).""",
     "where_transform": """\
 where: ``where(attributes) -> bool``, keeping the episodes it is True for; None keeps all.
 transform: ``transform(sample) -> sample`` on each decoded sample dict, in the decode workers, before
@@ -182,7 +192,9 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
                 resize: tuple[int, int] | None = None, on_corrupt: str = "skip", verify: bool = False,
                 episodes: Sequence[str] | None = None, where: Where | None = None,
                 transform: Transform | None = None, history: Mapping[str, int] | None = None,
-                horizon: Mapping[str, int] | None = None) -> Pipe:
+                horizon: Mapping[str, int] | None = None,
+                delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+                tolerance_s: float = DEFAULT_TOLERANCE_S, names: str = "index") -> Pipe:
     """K frames of every ``split`` episode, split so every rank yields the same number of batches.
 
     ``episodes=`` (ids, all in ``split``) and ``where=`` (a predicate over each episode's attributes, see
@@ -213,6 +225,7 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
         episodes: ids of the episodes to read, all in ``split``; None for every one.
         {where_transform}
         {windows}
+        {seconds_names}
     """
     decode = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     read = ReadOptions(verify=verify)
@@ -221,15 +234,18 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     rank, world_size = dist_rank_world(rank, world_size)
     eps = select(idx, split, episodes=episodes, where=where)
     check_batchable(eps, resize)
-    windows = eval_windows(idx, eps, history, horizon)
+    sw = seconds_windows(delta_timestamps, eps, tolerance_s=tolerance_s, history=history, horizon=horizon,
+                         keys=window_keys(eps))
+    windows = eval_windows(idx, eps, sw.history, sw.horizon)
+    rename = batch_keys(names, idx, eps, windows)
     chosen = metric_items(eps, frames_per_episode, sampling=sampling, seed=seed)
     items = split_even(chosen, rank=rank, world_size=world_size)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
                           transform=sample_transform(transform, method=method, pipe="metric_pipe"), windows=windows)
     length = num_batches(per_rank(len(chosen), world_size), batch_size)
-    return Pipe(Gate(build, stats=stats), length=length, index=idx, stats=stats, gated=False,
-                rank_world=(rank, world_size) if inferred else None)
+    return Pipe(Gate(keyed_builder(build, rename, sw.trim), stats=stats), length=length, index=idx, stats=stats,
+                gated=False, rank_world=(rank, world_size) if inferred else None)
 
 
 @_shared_args
@@ -237,7 +253,9 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
                max_batches: int | None, gate: Callable[[], bool] | None = None, num_workers: int = 2,
                method: str = "thread", resize: tuple[int, int] | None = None, on_corrupt: str = "skip",
                verify: bool = False, where: Where | None = None, transform: Transform | None = None,
-               history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None) -> Pipe:
+               history: Mapping[str, int] | None = None, horizon: Mapping[str, int] | None = None,
+               delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+               tolerance_s: float = DEFAULT_TOLERANCE_S, names: str = "index") -> Pipe:
     """The pinned ``episodes``' frames in order, behind a `Gate` deciding each pass with ``gate()``.
 
     ``where=`` (a predicate over each episode's attributes, `episodepipes.pipes.select.attributes`) keeps
@@ -261,6 +279,7 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
         {decode}
         {where_transform}
         {windows}
+        {seconds_names}
     """
     if max_batches is None or isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(
@@ -274,10 +293,14 @@ def video_pipe(index: EpisodeIndex | str | os.PathLike, *, episodes: Sequence[st
         raise ValueError("video_pipe needs episodes= (the ids to render) or where= (a predicate choosing them)")
     eps = select(idx, None, episodes=episodes, where=where, index_order=False)
     check_batchable(eps, resize)
-    windows = eval_windows(idx, eps, history, horizon)
+    sw = seconds_windows(delta_timestamps, eps, tolerance_s=tolerance_s, history=history, horizon=horizon,
+                         keys=window_keys(eps))
+    windows = eval_windows(idx, eps, sw.history, sw.horizon)
+    rename = batch_keys(names, idx, eps, windows)
     items = video_items(eps, batch_size=batch_size, max_batches=max_batches)
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
                           transform=sample_transform(transform, method=method, pipe="video_pipe"), windows=windows)
     length = num_batches(len(items), batch_size, max_batches)
-    return Pipe(Gate(build, gate, stats=stats), length=length, index=idx, stats=stats, gated=True)
+    return Pipe(Gate(keyed_builder(build, rename, sw.trim), gate, stats=stats), length=length, index=idx, stats=stats,
+                gated=True)

@@ -16,9 +16,11 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
 from episodepipes.pipes.decode import CHUNK, Decoder
+from episodepipes.pipes.names import batch_keys, check_names, keyed, window_keys
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.order import block_order as bo
 from episodepipes.pipes.order.window import plan_windows
+from episodepipes.pipes.seconds import DEFAULT_TOLERANCE_S, seconds_windows
 from episodepipes.pipes.select import Where, select
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train import packed as train_packed
@@ -38,7 +40,8 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
                resize: tuple[int, int] | None = None, on_corrupt: str = "skip", on_resize: str = "refuse",
                episodes: Sequence[str] | None = None, where: Where | None = None,
                stop: str | None = None, shuffle: str = "full", block_frames: int | None = None,
-               window_blocks: int | None = None) -> TrainPipe:
+               window_blocks: int | None = None, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+               tolerance_s: float = DEFAULT_TOLERANCE_S, names: str = "index") -> TrainPipe:
     """Shuffled frames of ``split``: ``epochs`` epochs per ``iter()``, the same whole number of batches per rank.
 
     Order: epoch ``e`` is a keyed permutation of every frame (`permute.IndexShuffle`, from ``seed`` and
@@ -151,6 +154,18 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
             ends at a shard's end). Larger blocks mean fewer, bigger GETs and less mix.
         window_blocks: with ``shuffle="block"``, the blocks whose frames are shuffled together, an int >= 1
             (None: 8). More mix, and more memory (a window's frames are held until it is consumed).
+        delta_timestamps: windows in seconds, LeRobot's ``{key: [offsets in seconds]}`` (``[-0.1, 0.0]`` at 10
+            fps is ``history={key: 2}``), converted at the episodes' fps by LeRobot's rule: an offset must lie
+            within ``tolerance_s`` of a step, and a key's steps must be consecutive and ascending, else it is
+            refused by name (a run short of the current step reads it too and drops it from the batch;
+            `episodepipes.pipes.seconds`). A key may be a LeRobot name; a key also in ``history``/``horizon`` is
+            refused. None: none. A mixture takes windows in steps only.
+        tolerance_s: how far (seconds) an offset of ``delta_timestamps`` may lie from a step, > 0 (LeRobot's
+            default, 1e-4).
+        names: ``"index"`` (the default: batch keys are the index's tar-safe names, masks ``<key>_pad``) or
+            ``"lerobot"``: the source dataset's names (``observation.images.top``), masks ``<name>_is_pad`` and
+            ``task`` beside ``prompt``, as a LeRobot policy reads them (`episodepipes.pipes.names`); the state is
+            the same either way. A mixture names its keys with ``keys=``.
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     if isinstance(index, Sequence | Set) and not isinstance(index, str | bytes):
@@ -173,6 +188,9 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
         raise ValueError(f"{shuffle=} is not supported for a mixture of sources; pass shuffle='full' (the default), "
                          "or train on one source")
     checked = sample_transform(transform, method=method, pipe="train_pipe")
+    if mixture and (delta_timestamps is not None or check_names(names) != "index"):
+        raise ValueError("delta_timestamps= and names= are for a pipe of one source: a mixture's sources may differ "
+                         "in fps and names; give its windows in steps (history=/horizon=) and its keys with keys=")
     if mixture:
         return mixture_pipe(index, split=split, batch_size=batch_size, seed=int(seed), history=history,
                             horizon=horizon, rank=rank, world_size=world_size, inferred=inferred, options=options,
@@ -181,7 +199,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     episodes = select(idx, split, episodes=episodes, where=where)
     check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
     train_packed.check_trainable(idx, str(idx.root))
-    windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
+    sw = seconds_windows(delta_timestamps, episodes, tolerance_s=tolerance_s, history=history, horizon=horizon,
+                         keys=window_keys(episodes))
+    windows = plan_windows(sw.history, sw.horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
+    rename = batch_keys(names, idx, episodes, windows)
     stats = Stats()
     reader = train_packed.reader_class(idx)(idx, episodes, windows=windows, seed=int(seed), rank=rank,
                                             world_size=world_size, batch_size=batch_size, epochs=epochs, stats=stats,
@@ -191,7 +212,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
     per = reader.per_epoch // batch_size
     log.debug("train_pipe: %d frames, %d batches per epoch on rank %d of %d", len(reader.table), per, rank,
               world_size)
-    return TrainPipe(BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec),
+    return TrainPipe(keyed(BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec), rename, sw.trim),
                      length=None if epochs is None else epochs * per, index=idx, stats=stats, reader=reader,
                      rank_world=(rank, world_size) if inferred else None)
 
