@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from episodepipes import safefile
-from episodepipes.index import EpisodeIndex
+from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.sharding import inspect
 from episodepipes.sharding.show import figures, page, summary
 from episodepipes.sharding.show.read import Counts, read_episode
@@ -79,7 +79,11 @@ def show(out: str | os.PathLike, episodes: Sequence[str] = (), *, page_path: str
         s = read_episode(index, ep, max_frames=max_frames, counts=counts)
         shown.append(s)
         figs.append({k: figures.array_figure(k, v, ep.fps) for k, v in s.arrays.items()})
-    table = summary.stats(index)
+    try:
+        table, unreadable = summary.stats(index), ""
+    except IndexFormatError as e:  # the page is where a damaged dataset gets looked at: say so there, go on
+        table, unreadable = None, str(e)
+        log.warning("%s", e)
     views = {"splits": summary.split_figure(index), "lengths": summary.length_figure(index)}
     for k, (_, fig) in enumerate(summary.distribution_figures(index, table or []).items()):
         views[f"dist-{k}"] = fig
@@ -94,7 +98,7 @@ def show(out: str | os.PathLike, episodes: Sequence[str] = (), *, page_path: str
         notes.append(f"{len(cut)} episodes shown up to frame {max_frames} (--max-frames {max_frames}; raise it to "
                      "see more)")
     data = page.render(page.Page(title=str(out), facts=inspect.summarize(index), note="; ".join(notes),
-                                 summary=views, stats=table, episodes=shown, figures=figs))
+                                 summary=views, stats=table, stats_error=unreadable, episodes=shown, figures=figs))
     safefile.write_file(target, data)
     for n in notes:
         log.warning("%s", n)

@@ -17,10 +17,12 @@ CURSOR = {"type": "line", "xref": "x", "yref": "paper", "x0": 0, "x1": 0, "y0": 
           "line": {"color": "#d62728", "width": 2}}
 
 
-def label(text: str) -> str:
-    """Text from the dataset as plotly shows it: its HTML-like markup escaped (plotly.js draws ``<b>`` and links
-    in labels, and turns entities back into the characters)."""
-    return html.escape(str(text), quote=True)
+def label(text: str, limit: int = 40) -> str:
+    """Text from the dataset as plotly shows it: cut to ``limit`` characters (a long split name would squeeze the
+    plot; the page's tables give it whole), its markup escaped (plotly.js draws ``<b>`` and links in labels and
+    turns ``&lt;``, ``&gt;`` and ``&amp;`` back into characters; quotes need no escape outside a tag)."""
+    text = str(text)
+    return html.escape(text if len(text) <= limit else text[:limit - 1] + "\u2026", quote=False)
 
 
 def element_names(name: str, shape: tuple[int, ...]) -> list[str]:
@@ -44,7 +46,7 @@ def array_figure(name: str, values: np.ndarray, fps: float) -> dict:
         fig.add_trace(go.Scatter(x=t, y=flat[:, k], mode="lines", name=label(names[k]),
                                  hovertemplate="%{x:.3f} s: %{y:.4g}"))
     title = label(name) if flat.shape[1] <= MAX_LINES else \
-        label(f"{name} (first {MAX_LINES} of {flat.shape[1]} elements)")
+        label(f"{name} (first {MAX_LINES} of {flat.shape[1]} elements)", limit=80)
     fig.update_layout(title={"text": title, "x": 0.01}, height=220, margin={"l": 50, "r": 10, "t": 30, "b": 30},
                       xaxis={"title": {"text": "seconds"}, "range": [0, max(n - 1, 1) / fps]},
                       shapes=[CURSOR], showlegend=flat.shape[1] > 1, legend={"font": {"size": 10}})

@@ -50,8 +50,9 @@ class Page:
         facts: (field, value) rows of the dataset (``info``'s table).
         note: what the page leaves out and the option that shows it ("" when nothing).
         summary: element id -> figure of the dataset's view.
-        stats: the stored statistics (None: the index has none).
-        episodes: the episodes shown, with their figures' ids and figures (array name -> figure).
+        stats: the stored statistics (None: the index has none, or they are unreadable).
+        stats_error: why the statistics are unreadable ("" when they are not).
+        episodes: the episodes shown.
         figures: per shown episode, array name -> figure.
     """
 
@@ -60,6 +61,7 @@ class Page:
     note: str
     summary: dict[str, dict]
     stats: list[Stat] | None
+    stats_error: str
     episodes: Sequence[Shown]
     figures: Sequence[dict[str, dict]]
 
@@ -69,7 +71,9 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
         "</table>"
 
 
-def _stats_html(stats: list[Stat] | None) -> str:
+def _stats_html(stats: list[Stat] | None, error: str) -> str:
+    if error:
+        return f"<p class=\"note\">The statistics are unreadable: {esc(error)}</p>"
     if stats is None:
         return ("<p>The index has no statistics (written before episodepipes computed them): "
                 "<code>episodepipes-shard stats OUT --recompute</code> adds them.</p>")
@@ -147,7 +151,7 @@ def render(page: Page) -> bytes:
     episodes = "".join(_episode_html(i, s, f) for i, (s, f) in enumerate(zip(page.episodes, page.figures)))
     body = (f"<h1>{esc(page.title)}</h1>{_table(page.facts)}{note}<h2>The dataset</h2><div class=\"pair\">"
             "<div class=\"plot\" id=\"splits\"></div><div class=\"plot\" id=\"lengths\"></div></div>"
-            f"<h2>Episodes</h2>{episodes}<h2>Statistics</h2>{dist}{_stats_html(page.stats)}")
+            f"<h2>Episodes</h2>{episodes}<h2>Statistics</h2>{dist}{_stats_html(page.stats, page.stats_error)}")
     text = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">"
             f"<title>{esc(page.title)}</title><style>{STYLE}</style><script>{plotly_js}</script></head><body>{body}"

@@ -53,6 +53,8 @@ def split_figure(index: EpisodeIndex) -> dict:
     eps = np.bincount(codes, minlength=len(t.splits))
     frames = np.bincount(codes, weights=index.lengths.astype(np.float64), minlength=len(t.splits))
     names = [label(s) for s in t.splits]
+    if len(set(names)) < len(names):  # two names alike up to the cut would share one bar
+        names = [f"{k}: {n}" for k, n in enumerate(names)]
     fig = go.Figure(go.Bar(x=names, y=eps.tolist(), customdata=frames.astype(np.int64).tolist(),
                            hovertemplate="%{x}: %{y} episodes, %{customdata} frames<extra></extra>"))
     fig.update_layout(title={"text": "episodes per split", "x": 0.01}, height=240,
@@ -100,7 +102,8 @@ def distribution_figures(index: EpisodeIndex, table: list[Stat]) -> dict[str, di
                              median=v["q50"], q3=v["q90"], upperfence=v["q99"], mean=v["mean"], sd=v["std"]))
     out = {}
     for key, fig in sorted(figs.items()):
-        fig.update_layout(title={"text": label(f"{key}: q10-q90 box, q01-q99 whiskers, mean and std dashed"),
-                                 "x": 0.01}, boxmode="group", height=280, margin={"l": 50, "r": 10, "t": 30, "b": 40})
+        title = label(f"{key}: q10-q90 box, q01-q99 whiskers, mean and std dashed", limit=120)
+        fig.update_layout(title={"text": title, "x": 0.01}, boxmode="group", height=280,
+                          margin={"l": 50, "r": 10, "t": 30, "b": 40})
         out[key] = fig.to_plotly_json()
     return out
