@@ -286,7 +286,7 @@ def test_a_remote_root_reads_only_the_shown_episodes(moto, proxy, datasets, tmp_
     assert {p.rsplit("/", 1)[-1] for p, _ in shard_gets} == {index.shards[s.shard].name for s in ep.segments}
     spans = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for _, r in shard_gets]
     got = sum(b - a + 1 for a, b in spans)
-    assert got == shown_bytes(index, ["ep0003"])[0] + 0  # the episode's records, one range per run of them
+    assert got == shown_bytes(index, ["ep0003"])[0]  # the episode's records, one range per run of them
     assert f"read {got} bytes of 1 shards" in capsys.readouterr().out
     local = show(out, ["ep0003"], page_path=tmp_path / "local.html")
     assert page_data(local.page)[1] == page_data(tmp_path / "remote.html")[1]

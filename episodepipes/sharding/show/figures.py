@@ -48,6 +48,6 @@ def array_figure(name: str, values: np.ndarray, fps: float) -> dict:
     title = label(name) if flat.shape[1] <= MAX_LINES else \
         label(f"{name} (first {MAX_LINES} of {flat.shape[1]} elements)", limit=80)
     fig.update_layout(title={"text": title, "x": 0.01}, height=220, margin={"l": 50, "r": 10, "t": 30, "b": 30},
-                      xaxis={"title": {"text": "seconds"}, "range": [0, max(n - 1, 1) / fps]},
+                      xaxis={"title": {"text": "seconds"}, "range": [0, n / fps]},
                       shapes=[CURSOR], showlegend=flat.shape[1] > 1, legend={"font": {"size": 10}})
     return fig.to_plotly_json()
