@@ -140,6 +140,19 @@ def test_only_the_shown_episodes_frames_are_read(datasets, tmp_path):
     assert page_videos(again.page.read_text()) == page_videos(res.page.read_text())
 
 
+def test_a_packed_episode_of_several_chunks_is_one_read(tmp_path):
+    out = write(tmp_path / "long", codec="h264", num_episodes=2, length=150, height=16, width=24)
+    index = EpisodeIndex.open(out)
+    ep = index.episode("ep0001")
+    assert len(set(index.tables.columns["member"][ep.rows.start:ep.rows.stop].tolist())) >= 2  # chunks
+    res = show(out, ["ep0001"], page_path=tmp_path / "p.html")
+    first, last = ep.frame_range(0), ep.frame_range(ep.length - 1)
+    frames_only, _ = shown_bytes(index, ["ep0001"])
+    # the episode's records and the chunks' framing between them, and nothing of ep0000 before it
+    assert (res.counts.reads, res.counts.bytes) == (1, last[2] - first[1])
+    assert frames_only < res.counts.bytes < frames_only + 2048 * 3
+
+
 def test_the_dataset_view_comes_from_the_index_and_its_statistics(datasets, tmp_path):
     out = datasets["h264"]
     index = EpisodeIndex.open(out)

@@ -1,7 +1,7 @@
 """Read one episode's first frames for the page: its arrays and a video per camera, reading nothing else.
 
 The frames' byte ranges come from the index's columns (`EpisodeIndex.frame_ranges`); the ranges of one shard that
-touch (or are a tar header apart) are read together, at most `PIECE` bytes a read, through the dataset's byte
+touch (or are a chunk's framing apart) are read together, at most `PIECE` bytes a read, through the dataset's byte
 source: a local folder or a remote root (``s3://``...) alike. `Counts` adds up what was read, so a test can check
 that a page of two episodes reads those two episodes' frames and nothing more.
 
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 _npy_header = functools.lru_cache(maxsize=256)(npy_header)  # numpy's writer costs ~60 us a call
 
 PIECE = 16 << 20  # bytes a read asks for at most (an episode's frames are held one piece at a time)
-GAP = 1024  # bytes between two frames' ranges read rather than split (the packed layout's tar header)
+# bytes between two frames' ranges read rather than split: between frames of one episode in one shard (one segment)
+# lie only its chunks' framing (a tar header, a chunk's record table), never another episode's bytes
+GAP = 64 << 10
 
 
 @dataclass
