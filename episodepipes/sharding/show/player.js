@@ -7,6 +7,7 @@
   var show = { ready: false, episodes: [] };
   window.episodepipesShow = show;
   var config = { responsive: true, displaylogo: false };
+  var REDRAW_MS = 100;
   var pending = [];
 
   function draw(id, fig) {
@@ -23,7 +24,14 @@
     var plots = ep.plots.map(function (p) { return p.id; });
     var duration = ep.frames / ep.fps;
     var timer = { playing: false, at: 0, since: 0 };  // the clock of an episode without video
-    var shown = -1, moving = false;
+    var shown = -1, moving = false, drawn = 0;
+    var visible = {};  // plot id -> whether it is on screen (unknown: drawn)
+    if (window.IntersectionObserver) {
+      var watch = new IntersectionObserver(function (entries) {
+        entries.forEach(function (en) { visible[en.target.id] = en.isIntersecting; });
+      });
+      plots.forEach(function (id) { watch.observe(document.getElementById(id)); });
+    }
 
     function time() {
       if (videos.length) return videos[0].currentTime;
@@ -58,12 +66,17 @@
         if (Math.abs(v.currentTime - t) > 1 / ep.fps) v.currentTime = t;
         if (v.paused !== videos[0].paused) { if (videos[0].paused) v.pause(); else v.play(); }
       }
-      if (t !== shown && !moving) {
-        shown = t;
+      var now = performance.now(), live = playing();
+      // a relayout redraws a plot's shapes: while playing, only the plots on screen, ten times a second (the page
+      // stays responsive on a slow machine); paused or seeking, every plot at once, to the video's exact time
+      if (t !== shown && !moving && (!live || now - drawn >= REDRAW_MS)) {
+        drawn = now;
         scrub.value = t;
         readout.textContent = t.toFixed(2) + " s, frame " + Math.min(ep.frames - 1, Math.floor(t * ep.fps + 1e-6));
+        var ids = live ? plots.filter(function (id) { return visible[id] !== false; }) : plots;
+        if (!live) shown = t;
         moving = true;
-        Promise.all(plots.map(function (id) {
+        Promise.all(ids.map(function (id) {
           return Plotly.relayout(id, { "shapes[0].x0": t, "shapes[0].x1": t });
         })).then(function () { moving = false; }, function () { moving = false; });
       }
