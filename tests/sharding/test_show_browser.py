@@ -49,7 +49,7 @@ var g = c.getContext("2d"); g.drawImage(v, 0, 0);
 return Array.from(g.getImageData(0, 0, c.width, c.height).data);"""
 
 
-def test_an_episode_plays_with_its_plots_cursor_following(page, driver, tmp_path, record_property):
+def test_an_episode_plays_with_its_plots_cursor_following(page, driver, tmp_path, record_property, capsys):
     path, split = page
     driver.get(path.as_uri())
     until(driver, "return window.episodepipesShow && window.episodepipesShow.ready")
@@ -98,5 +98,6 @@ def test_an_episode_plays_with_its_plots_cursor_following(page, driver, tmp_path
 
     shot = tmp_path / "show-page.png"
     assert driver.save_screenshot(str(shot))
-    record_property("screenshot", str(shot))
-    print(f"screenshot of the show page: {shot}")
+    record_property("screenshot", str(shot))  # in a junit report (--junitxml) too
+    with capsys.disabled():  # shown in every run's output, not only a failing one's
+        print(f"\nscreenshot of the show page: {shot}")
