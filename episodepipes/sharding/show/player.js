@@ -1,5 +1,5 @@
 // The page's player: draws the plotly figures the page carries as JSON, and keeps each episode's videos and plot
-// cursors on one clock (the first camera's video; a timer when an episode has no camera). Text from the dataset
+// cursors on one clock, the first camera's video (an index holds no episode without a camera). Text from the dataset
 // is never put into the page by this script: it is in the HTML already, escaped where the page was written.
 (function () {
   "use strict";
@@ -23,7 +23,6 @@
     var readout = root.querySelector("span.time");
     var plots = ep.plots.map(function (p) { return p.id; });
     var duration = ep.frames / ep.fps;
-    var timer = { playing: false, at: 0, since: 0 };  // the clock of an episode without video
     var shown = -1, moving = false, drawn = 0;
     var visible = {};  // plot id -> whether it is on screen (unknown: drawn)
     if (window.IntersectionObserver) {
@@ -33,28 +32,13 @@
       plots.forEach(function (id) { watch.observe(document.getElementById(id)); });
     }
 
-    function time() {
-      if (videos.length) return videos[0].currentTime;
-      if (!timer.playing) return timer.at;
-      var t = timer.at + (performance.now() - timer.since) / 1000;
-      if (t >= duration) { timer.playing = false; timer.at = duration; return duration; }
-      return t;
-    }
-    function playing() { return videos.length ? !videos[0].paused && !videos[0].ended : timer.playing; }
-    function play() {
-      if (videos.length) return Promise.all(videos.map(function (v) { return v.play(); }));
-      if (timer.at >= duration) timer.at = 0;
-      timer.playing = true; timer.since = performance.now();
-      return Promise.resolve();
-    }
-    function pause() {
-      if (videos.length) videos.forEach(function (v) { v.pause(); });
-      else { timer.at = time(); timer.playing = false; }
-    }
+    function time() { return videos[0].currentTime; }
+    function playing() { return !videos[0].paused && !videos[0].ended; }
+    function play() { return Promise.all(videos.map(function (v) { return v.play(); })); }
+    function pause() { videos.forEach(function (v) { v.pause(); }); }
     function seek(t) {
       t = Math.max(0, Math.min(duration, t));
-      if (videos.length) videos.forEach(function (v) { v.currentTime = t; });
-      else { timer.at = t; timer.since = performance.now(); }
+      videos.forEach(function (v) { v.currentTime = t; });
     }
     function cursor() {
       return plots.map(function (id) { return document.getElementById(id).layout.shapes[0].x0; });
