@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SRC ?=
 FORMAT ?= auto
 
-.PHONY: demo test lint bench docs clean
+.PHONY: demo test lint bench docs clean browser
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or: make PY=python3 ...)"; exit 1; }
@@ -30,6 +30,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
+
+browser:  # Debian's chromium + chromium-driver for the show page's browser test (as root; tests/browser.py does the same)
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver
 
 docs: $(STAMP)  # regenerate docs/API.md from the docstrings (tests/project/test_docs.py checks it is current)
 	$(BIN)/python scripts/gen_api_docs.py

@@ -8,6 +8,9 @@ Commands::
     verify OUT       check every shard's sha256, every frame's crc32, and that every frame is where the index says
     stats OUT        normalization statistics per split and array key (--recompute: for older indexes;
                      --json: every element, as JSON)
+    show OUT [EPISODE ...]
+                     write one self-contained HTML page: the episodes' videos in sync with plots of their
+                     arrays, their attributes, the dataset's splits, lengths and statistics (--serve: on 127.0.0.1)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
     upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
                      add every frame's crc32)
@@ -127,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true",
                     help="print one JSON object, {split: {key: {count, shape, mean, std, min, max, q01..q99}}}, "
                          "every element (a non-finite one as null), sorted keys")
+    from episodepipes.sharding.show.cli import add_parser as add_show
+
+    add_show(sub, _root)
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
     m.add_argument("out", type=_root, metavar="OUT", help="the OUT of the jobs: a folder or a remote root")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
@@ -268,6 +274,10 @@ def _run(a: argparse.Namespace) -> int:
         shown = run(a.out, recompute=a.recompute, as_json=a.json)
         _say(_json(shown) if a.json else shown)
         return 0
+    if a.command == "show":
+        from episodepipes.sharding.show.cli import run
+
+        return run(a, _say)
     if a.command == "verify":
         problems = inspect.verify(a.out)
         if problems:
