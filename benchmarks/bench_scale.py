@@ -101,9 +101,10 @@ def row_lookup(path: str) -> dict:
     tracemalloc.start()
     peaks = []
     for k in np.random.default_rng(1).choice(n, size=min(20, n), replace=False).tolist():
+        base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
         index.frame_ranges(np.arange(k * LENGTH, (k + 1) * LENGTH))
-        peaks.append(tracemalloc.get_traced_memory()[1])
+        peaks.append(tracemalloc.get_traced_memory()[1] - base)
     tracemalloc.stop()
     return {"lookup_ms": per * 1e3, "lookup_peak_kb": max(peaks) / 1024}
 

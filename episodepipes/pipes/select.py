@@ -148,8 +148,9 @@ def keep_numbers(idx: EpisodeIndex, numbers: np.ndarray, where: Where) -> np.nda
             _, at, sub = np.unique(lengths[members], return_index=True, return_inverse=True)
             for s, a in enumerate(at.tolist()):
                 rep = int(members[a])
-                probe = _Seen(dict(base, id=idx.ids[int(numbers[rep])], length=int(lengths[rep])))
-                got = _check(where, probe, probe["id"])
+                eid = idx.ids[int(numbers[rep])]
+                probe = _Seen(dict(base, id=eid, length=int(lengths[rep])))
+                got = _check(where, probe, eid)
                 if {"id", _ALL} & probe.read:
                     _each(idx, where, base, numbers, lengths, members[sub == s], keep)
                 else:
