@@ -34,7 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if "--child" not in sys.argv:  # a child imports episodepipes from the PYTHONPATH `measure` gives it (--code)
+    sys.path.insert(0, str(ROOT))
 
 SIZES = [1_000, 10_000, 100_000, 1_000_000]
 LENGTH = 100
@@ -152,7 +153,7 @@ def measure(name: str, path: Path, code: Path | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(code or ROOT))
     try:
         res = subprocess.run([sys.executable, __file__, "--child", name, str(path)], capture_output=True,
-                             text=True, cwd=ROOT, env=env, timeout=TIMEOUT)
+                             text=True, cwd=code or ROOT, env=env, timeout=TIMEOUT)  # a holder's `-c` imports from cwd
     except subprocess.TimeoutExpired:
         return {"error": f"over {TIMEOUT:.0f} s"}
     if res.returncode:
@@ -170,7 +171,7 @@ def run(workdir: Path, quick: bool, *, sizes: list[int] | None = None, listed: b
     for n in sizes:
         path = scale_index.make(workdir / f"e{n}", n, length=LENGTH, listed=listed)
         fig: dict = {}
-        for name, fn, pipes in ROWS:
+        for name, _, pipes in ROWS:
             if pipes and n > pipes_max:
                 continue
             got = measure(name, path, code)

@@ -226,7 +226,8 @@ class EpisodeIndex:
 
         near = idcols.near(self._tables.ids, self._tables.id_order, str(episode_id))
         close = difflib.get_close_matches(str(episode_id), near, n=5, cutoff=0.5)
-        raise KeyError(f"episode {episode_id!r} is not in {self.location(INDEX_NAME)}; close matches: {close or 'none'}")
+        raise KeyError(f"episode {episode_id!r} is not in {self.location(INDEX_NAME)}; "
+                       f"close matches: {close or 'none'}")
 
     def numbers(self, ids: Sequence[str]) -> np.ndarray:
         """The episode number (position in `episodes`) of each id, int64, -1 for an id not in the index: one

@@ -76,16 +76,21 @@ def check(w: Where, cols: Mapping[str, np.ndarray], attrs: Sequence[dict]) -> No
         k = int(np.argmax(attr >= len(attrs)))
         raise w.fail(f"episode {k} (column 'attr')", f"its code {int(attr[k])} is not below the "
                                                      f"{len(attrs)} attrs the index lists")
-    for a in range(0, n, BLOCK):
-        b = ids[a:a + BLOCK].view(np.uint8).reshape(-1, width)
-        nul = b == 0
-        bad = ~_ALLOWED[b].all(axis=1) | nul[:, 0] | (nul[:, :-1] & ~nul[:, 1:]).any(axis=1) | (b[:, 0] == ord("."))
-        last = b[np.arange(len(b)), np.maximum(width - nul.sum(axis=1) - 1, 0)]
-        bad |= last == ord(".")
-        if bad.any():
-            k = a + int(np.argmax(bad))
-            raise w.fail(f"episode {k} (column 'ids')", f"id {ids[k]!r} is not a tar-safe episode id (letters, "
-                                                        "digits, '_', '-', '.')")
+    lens = np.strings.str_len(ids)  # up to the last non-NUL byte
+    flat = ids.view(np.uint8)
+    chars = all(_ALLOWED[flat[a:a + BLOCK * width]].all() for a in range(0, len(flat), BLOCK * width))
+    # every byte before an id's end is non-NUL iff the non-NUL bytes are exactly the lengths' sum
+    if n and (not chars or lens.min() == 0 or np.count_nonzero(flat) != int(lens.sum(dtype=np.int64))
+              or np.strings.startswith(ids, b".").any() or np.strings.endswith(ids, b".").any()):
+        for a in range(0, n, BLOCK):  # find the first bad one to name it
+            b = ids[a:a + BLOCK].view(np.uint8).reshape(-1, width)
+            nul = b == 0
+            bad = ~_ALLOWED[b].all(axis=1) | nul[:, 0] | (nul[:, :-1] & ~nul[:, 1:]).any(axis=1) \
+                | (b[:, 0] == ord(".")) | np.strings.endswith(ids[a:a + BLOCK], b".")
+            if bad.any():
+                k = a + int(np.argmax(bad))
+                raise w.fail(f"episode {k} (column 'ids')", f"id {bytes(ids[k])!r} is not a tar-safe episode id "
+                                                            "(letters, digits, '_', '-', '.')")
     if n and (order.min() < 0 or order.max() >= n):
         raise w.fail("column 'id_order'", f"it should hold the episode numbers 0 to {n - 1}")
     seen = np.zeros(n, bool)
@@ -95,14 +100,14 @@ def check(w: Where, cols: Mapping[str, np.ndarray], attrs: Sequence[dict]) -> No
                                           "episode number once")
     for a in range(0, max(n - 1, 0), BLOCK):
         s = ids[order[a:a + BLOCK + 1]]
+        if not (s[1:] <= s[:-1]).any():
+            continue
         same, down = s[1:] == s[:-1], s[1:] < s[:-1]
         if same.any():
             k = int(order[a + int(np.argmax(same))])
             raise w.fail(f"episode {id_text(ids, k)!r}", "this id appears twice; every episode needs its own id")
-        if down.any():
-            raise w.fail("column 'id_order'", f"it does not sort the ids (at position {a + int(np.argmax(down))}); "
-                                              "the ids are looked up through it")
-
+        raise w.fail("column 'id_order'", f"it does not sort the ids (at position {a + int(np.argmax(down))}); "
+                                          "the ids are looked up through it")
 
 def id_text(ids: np.ndarray, n: int) -> str:
     """Episode ``n``'s id (checked ASCII) as text."""

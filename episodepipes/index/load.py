@@ -139,7 +139,8 @@ def check_steps(meta: dict, cols: dict[str, np.ndarray], file: Path | str) -> No
     if small.any():
         row = int(np.argmax(small))
         n = int(np.searchsorted(ep[:, indexv2.FIRST], row, side="right")) - 1
-        raise IndexFormatError(f"{file} is damaged: episode {idcols.id_text(cols['ids'], n)!r} frame {row - int(ep[n, indexv2.FIRST])} "
+        raise IndexFormatError(f"{file} is damaged: episode {idcols.id_text(cols['ids'], n)!r} "
+                               f"frame {row - int(ep[n, indexv2.FIRST])} "
                                f"holds {int(cols['size'][row])} bytes, fewer than one step of its arrays "
                                f"({int(least[n])} bytes by their shapes); re-shard with write --overwrite")
 

@@ -79,9 +79,11 @@ from episodepipes.index.check import (
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
 SHARD, ROW, COUNT = range(3)  # columns of the segments table
 EPISODE_KEYS = BUILTIN  # v1 entry fields; no episode attribute takes their names
-V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "attrs", "columns")
+V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "attrs",
+           "columns")
 _MAX_FRAMES = 2**40
 _BLOCK_ROWS = 1 << 20  # frames `frame_problem` checks at a time (a few tens of MB)
+_TABLE_ROWS = 1 << 15  # rows of the episodes or segments table `check_tables` reads at a time (under 2 MB)
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
 
 
@@ -264,8 +266,8 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
             raise w.fail(at, f"should have a sha256 of 64 hex digits and dtype {dtype!r}"
                              + (f"<width up to {idcols.MAX_ID_BYTES}>" if name == "ids" else ""))
         shape = w.seq(c, "shape", at)
-        rows = {"episodes": n, "ids": n, "id_order": n, "attr": n, "offset": frames, "size": frames, "crc32": frames, "member": frames,
-                "key": frames}.get(name)
+        rows = {"episodes": n, "ids": n, "id_order": n, "attr": n, "offset": frames, "size": frames, "crc32": frames,
+                "member": frames, "key": frames}.get(name)
         if any(type(x) is not int or x < 0 for x in shape) or len(shape) != (2 if width else 1) \
                 or (width and shape[1] != width) or (rows is not None and shape[0] != rows):
             raise w.fail(at, f"shape={shape!r} should be [{rows if rows is not None else 'segments'}"
@@ -348,42 +350,74 @@ def check_attrs(w: Where, cols: Mapping[str, np.ndarray], attrs: list) -> None:
 
 def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[int], samples: list[int]) -> None:
     """The episodes and segments tables, vectorised: rows tile the frames, segments tile the episodes. ``cols``
-    holds the checked id columns (`check_attrs`, or built from the JSON's list), which the messages name."""
+    holds the checked id columns (`check_attrs`, or built from the JSON's list), which the messages name.
+
+    Read a block of whole rows at a time (`_TABLE_ROWS`): a column of a row-major table is strided, and passes over
+    a block that stays in cache cost a fraction of passes over the whole mapped table, nor grow what is allocated."""
     ep, seg, frames = cols["episodes"], cols["segments"], data["frames"]
     n, ns = len(ep), len(seg)
-
-    def tiles(lengths: np.ndarray, firsts: np.ndarray, what: str) -> None:
-        ends = np.cumsum(lengths, dtype=np.uint64)  # strictly increasing iff every length >= 1 and nothing wraps
-        if len(lengths) and (not (lengths >= 1).all() or not (ends[1:] > ends[:-1]).all()
-                             or not (firsts == ends - lengths).all() or int(ends[-1]) != frames):
-            k = int(np.flatnonzero(~((lengths >= 1) & (firsts == ends - lengths)))[:1].sum())
-            name = f"episode {idcols.id_text(cols['ids'], k)!r}" if what == "episode" else f"segment {k}"
-            raise w.fail(name, "its first frame row and count should follow the previous one's, and all of "
-                               f"them should hold the index's {frames} frames")
     if n == 0 or ns == 0:
         if n or ns or frames:
             raise w.fail("the index", f"{n} episodes, {ns} segments and {frames} frames do not go together")
         return
-    tiles(ep[:, LENGTH], ep[:, FIRST], "episode")
-    tiles(seg[:, COUNT], seg[:, ROW], "segment")
-    first = ep[:, SEGMENT]
-    if first[0] != 0 or not (first[1:] > first[:-1]).all() or first[-1] >= ns \
-            or not (seg[first, ROW] == ep[:, FIRST]).all():
-        raise w.fail("the episodes table", "each episode's first segment should start at its first frame row")
-    for col, name, count in ((SCHEMA, "schema", len(data["schemas"])), (SPLIT, "split", len(data["splits"])),
-                             (PROMPT, "prompt", len(data["prompts"])), (FPS, "fps", len(data["fps"]))):
-        if (ep[:, col] >= count).any():
-            k = int(np.argmax(ep[:, col] >= count))
-            raise w.fail(f"episode {idcols.id_text(cols['ids'], k)!r}", f"its {name} code is not below the {count} in the index")
-    shard = seg[:, SHARD]
-    if (shard >= len(sizes)).any():
-        raise w.fail(f"segment {int(np.argmax(shard >= len(sizes)))}", f"shard should be below {len(sizes)}")
+
+    def name(what: str, k: int) -> str:
+        return f"episode {idcols.id_text(cols['ids'], k)!r}" if what == "episode" else f"segment {k}"
+
+    def tiles(what: str, table: np.ndarray, first_col: int, count_col: int) -> None:
+        end = 0  # rows tile the frames: each starts where the one before ends, holds a frame at least, none past
+        for a in range(0, len(table), _TABLE_ROWS):
+            blk = table[a:a + _TABLE_ROWS]
+            f, c = blk[:, first_col], blk[:, count_col]
+            e = f + c
+            prev = np.empty_like(f)
+            prev[0], prev[1:] = end, e[:-1]
+            ok = (c >= 1) & (e > f) & (e <= frames) & (f == prev)
+            if not ok.all():
+                raise w.fail(name(what, a + int(np.argmax(~ok))), "its first frame row and count should follow the "
+                             f"previous one's, and all of them should hold the index's {frames} frames")
+            end = int(e[-1])
+        if end != frames:
+            raise w.fail(name(what, 0), "its first frame row and count should follow the previous one's, and all "
+                                        f"of them should hold the index's {frames} frames")
+    tiles("episode", ep, FIRST, LENGTH)
+    tiles("segment", seg, ROW, COUNT)
+    counts = np.array([0, 0, 0, len(data["schemas"]), len(data["splits"]), len(data["prompts"]), len(data["fps"])],
+                      np.uint64)
     starts = np.zeros(ns, bool)
-    starts[first] = True
-    bad = ~(shard[1:] > shard[:-1]) & ~starts[1:]
-    if bad.any():
-        raise w.fail(f"segment {int(np.argmax(bad)) + 1}", "shard should be after the previous segment's shard")
-    held = np.bincount(shard.astype(np.int64), weights=seg[:, COUNT].astype(np.float64), minlength=len(sizes))
+    last = -1
+    for a in range(0, n, _TABLE_ROWS):
+        blk = ep[a:a + _TABLE_ROWS]
+        first = blk[:, SEGMENT]
+        prev = np.empty(len(first), np.int64)
+        prev[0], prev[1:] = last, first[:-1].astype(np.int64)
+        if (a == 0 and first[0] != 0) or not (first.astype(np.int64) > prev).all() or int(first[-1]) >= ns \
+                or not (seg[first, ROW] == blk[:, FIRST]).all():
+            raise w.fail("the episodes table", "each episode's first segment should start at its first frame row")
+        last = int(first[-1])
+        starts[first] = True
+        over = blk[:, SCHEMA:] >= counts[SCHEMA:]
+        if over.any():
+            k, col = np.argwhere(over)[0]
+            what = ("schema", "split", "prompt", "fps")[col]
+            raise w.fail(name("episode", a + int(k)), f"its {what} code is not below the {counts[SCHEMA + col]} "
+                                                      "in the index")
+    held = np.zeros(len(sizes), np.float64)
+    last_shard = -1
+    for a in range(0, ns, _TABLE_ROWS):
+        blk = seg[a:a + _TABLE_ROWS]
+        shard = blk[:, SHARD]
+        if (shard >= len(sizes)).any():
+            raise w.fail(f"segment {a + int(np.argmax(shard >= len(sizes)))}", f"shard should be below {len(sizes)}")
+        prev = np.empty(len(shard), np.int64)
+        prev[0], prev[1:] = last_shard, shard[:-1].astype(np.int64)
+        bad = ~(shard.astype(np.int64) > prev) & ~starts[a:a + len(blk)]
+        if a == 0:
+            bad[0] = False
+        if bad.any():
+            raise w.fail(f"segment {a + int(np.argmax(bad))}", "shard should be after the previous segment's shard")
+        last_shard = int(shard[-1])
+        held += np.bincount(shard.astype(np.int64), weights=blk[:, COUNT].astype(np.float64), minlength=len(sizes))
     for i in np.flatnonzero(held != np.asarray(samples, np.float64)):
         raise w.fail(f"shard {i}", f"samples={samples[i]} but the segments put {int(held[i])} frames in it")
     if data["layout"] == "packed":
