@@ -4,8 +4,9 @@ The episodes and segments tables are row-major (``(episodes, 7)`` and ``(segment
 strided view, and ``np.searchsorted`` copies a strided (or differently typed) array whole before searching it: 8
 bytes times the episodes on every frame lookup, 35 ms at 10**6 episodes. `Sorted` keeps a contiguous sample of every
 `STEP`-th value (made on first use: 1/`STEP` of the column) and searches it, then the one window of at most `STEP`
-values between two samples, by a binary search that reads ``log2(STEP)`` values per lookup: what a lookup reads and
-allocates does not grow with the column. A contiguous column of the right dtype is searched directly.
+values between two samples (copied: 8 KB), or for values spread over many windows a binary search of all of them at
+once that reads ``log2(STEP)`` values each: what a lookup reads and allocates does not grow with the column. A
+contiguous column of the right dtype is searched directly.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 STEP = 1024  # values between two samples: a window searched per lookup
+_FEW = 16  # windows searched one by one (a copy of each); more are searched together, log2(STEP) reads per value
 
 
 class Sorted:
@@ -41,6 +43,15 @@ class Sorted:
         lo = np.maximum(s - 1, 0) * STEP + (s > 0)  # col[(s - 1) * STEP] is on the left side already
         hi = np.minimum(s * STEP, len(col))
         lo = np.minimum(lo, hi)
+        wins = np.unique(s)
+        if len(wins) <= _FEW:  # a lookup's few windows: copy each (at most STEP values) and search it
+            out = lo.copy()
+            for w in wins.tolist():
+                sel = s == w
+                a, b = int(lo[sel][0]), int(hi[sel][0])
+                if a < b:
+                    out[sel] = a + np.searchsorted(np.ascontiguousarray(col[a:b]), v[sel], side=side)
+            return out
         while True:  # the window's binary search, every value at once
             open_ = lo < hi
             if not open_.any():

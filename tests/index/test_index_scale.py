@@ -112,12 +112,14 @@ def test_where_is_called_per_distinct_attributes_and_keeps_what_a_per_episode_lo
 
 def test_sorted_search_equals_numpy_on_strided_columns():
     rng = np.random.default_rng(0)
-    for n in (0, 1, 5, STEP - 1, STEP, STEP + 1, 3 * STEP + 7, 10_000):
+    for n in (0, 1, 5, STEP - 1, STEP, STEP + 1, 3 * STEP + 7, 10_000, 100_000):
         table = np.zeros((n, 3), np.uint64)
         table[:, 1] = np.cumsum(rng.integers(1, 4, n)).astype(np.uint64)
         col = table[:, 1]
         assert not col.flags.c_contiguous or n <= 1
-        values = np.concatenate([np.arange(0, int(col[-1]) + 3 if n else 3), rng.integers(0, 2**40, 5)])
-        for side in ("left", "right"):
-            got = Sorted(col).search(values, side=side)
-            assert got.tolist() == np.searchsorted(col, values.astype(np.uint64), side=side).tolist(), (n, side)
+        top = int(col[-1]) + 3 if n else 3
+        many = np.concatenate([np.arange(0, top), rng.integers(0, 2**40, 5)])  # every window: searched together
+        for values in (many, rng.integers(0, top, 3), np.array([top - 3])):  # a few windows: each copied
+            for side in ("left", "right"):
+                got = Sorted(col).search(values, side=side)
+                assert got.tolist() == np.searchsorted(col, values.astype(np.uint64), side=side).tolist(), (n, side)
