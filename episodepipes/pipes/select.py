@@ -6,13 +6,14 @@ built, so every rank selects the same episodes and the frame plan and ``len()`` 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.index import Episode, EpisodeIndex, Tables
 from episodepipes.index.v2 import FPS, LENGTH, PROMPT, SCHEMA, SPLIT
 
 Where = Callable[[dict[str, Any]], bool]
@@ -127,37 +128,63 @@ def keep_numbers(idx: EpisodeIndex, numbers: np.ndarray, where: Where) -> np.nda
     t = idx.tables
     if not len(numbers):
         return numbers
-    ep = t.episodes[numbers]
-    codes = [ep[:, SCHEMA], ep[:, SPLIT], ep[:, PROMPT], ep[:, FPS], t.attr[numbers]]
-    key = codes[0].astype(np.int64)
-    for c, top in zip(codes[1:], (len(t.splits), len(t.prompts), len(t.fps), len(t.attrs))):
-        key = np.unique(key, return_inverse=True)[1].astype(np.int64) * max(top, 1) + c.astype(np.int64)
-    _, first, group = np.unique(key, return_index=True, return_inverse=True)
-    order = np.argsort(group, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(first)))])
-    keep = np.zeros(len(numbers), bool)
-    lengths = ep[:, LENGTH]
-    for g in range(len(first)):
-        members = order[bounds[g]:bounds[g + 1]]
-        base = attributes(idx.episodes[int(numbers[first[g]])])
+    group, first = _groups(t, numbers)
+    verdict = np.zeros(len(first), bool)
+    finer: list[tuple[int, dict[str, Any], bool]] = []  # groups whose answer depends on length or id
+    for g, at in enumerate(first.tolist()):
+        base = attributes(idx.episodes[int(numbers[at])])
         seen = _Seen(base)
         got = _check(where, seen, base["id"])
-        if not ({"id", _ALL} & seen.read or "length" in seen.read):
-            keep[members] = got
-        elif not ({"id", _ALL} & seen.read):  # reads the length too: once per distinct length of the group
-            _, at, sub = np.unique(lengths[members], return_index=True, return_inverse=True)
-            for s, a in enumerate(at.tolist()):
-                rep = int(members[a])
-                eid = idx.ids[int(numbers[rep])]
-                probe = _Seen(dict(base, id=eid, length=int(lengths[rep])))
-                got = _check(where, probe, eid)
-                if {"id", _ALL} & probe.read:
-                    _each(idx, where, base, numbers, lengths, members[sub == s], keep)
-                else:
-                    keep[members[sub == s]] = got
-        else:
+        if {"id", _ALL} & seen.read or "length" in seen.read:
+            finer.append((g, base, not ({"id", _ALL} & seen.read)))
+        verdict[g] = got
+    keep = verdict[group]
+    if finer:
+        lengths = t.episodes[numbers, LENGTH]
+    for g, base, by_length in finer:
+        members = np.flatnonzero(group == g)
+        if not by_length:
             _each(idx, where, base, numbers, lengths, members, keep)
+            continue
+        _, at, sub = np.unique(lengths[members], return_index=True, return_inverse=True)
+        for s, a in enumerate(at.tolist()):  # once per distinct length of the group
+            rep = int(members[a])
+            eid = idx.ids[int(numbers[rep])]
+            probe = _Seen(dict(base, id=eid, length=int(lengths[rep])))
+            got = _check(where, probe, eid)
+            if {"id", _ALL} & probe.read:
+                _each(idx, where, base, numbers, lengths, members[sub == s], keep)
+            else:
+                keep[members[sub == s]] = got
     return numbers[keep]
+
+
+def _groups(t: Tables, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each of ``numbers``' group, the position in ``numbers`` of each group's first episode): episodes of one
+    schema, split, prompt, fps and attribute set are a group. No sort when the codes' combinations are few."""
+    cols = [t.episodes[:, c] for c in (SCHEMA, SPLIT, PROMPT, FPS)] + [t.attr]
+    whole = len(numbers) * 8 >= len(t.episodes)  # most episodes: combine the columns, then take ``numbers``
+    codes = cols if whole else [c[numbers] for c in cols]
+    tops = [max(len(x), 1) for x in (t.schemas, t.splits, t.prompts, t.fps, t.attrs)]
+    key = codes[0].astype(np.int64)
+    if math.prod(tops) < 2**62:  # one mixed-radix key (codes are checked below their tops at open)
+        for c, top in zip(codes[1:], tops[1:]):
+            key = key * top + c.astype(np.int64)
+    else:  # renumber the distinct prefixes before each step, so the key never overflows
+        for c, top in zip(codes[1:], tops[1:]):
+            key = np.unique(key, return_inverse=True)[1].astype(np.int64) * top + c.astype(np.int64)
+    if whole:
+        key = key[numbers]
+    space = math.prod(tops)
+    if space <= 4 * len(key) + 1024:  # few combinations: number them through a table, no sort
+        firsts = np.full(space, len(key), np.int64)
+        firsts[key[::-1]] = np.arange(len(key) - 1, -1, -1)  # a member of each (numpy writes in order: the first)
+        present = np.flatnonzero(firsts < len(key))
+        dense = np.zeros(space, np.int64)
+        dense[present] = np.arange(len(present))
+        return dense[key], firsts[present]
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
+    return group, first
 
 
 def _each(idx: EpisodeIndex, where: Where, base: dict[str, Any], numbers: np.ndarray, lengths: np.ndarray,
