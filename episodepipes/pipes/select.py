@@ -159,9 +159,10 @@ def keep_numbers(idx: EpisodeIndex, numbers: np.ndarray, where: Where) -> np.nda
     return numbers[keep]
 
 
-def _groups(t: Tables, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(each of ``numbers``' group, the position in ``numbers`` of each group's first episode): episodes of one
-    schema, split, prompt, fps and attribute set are a group. No sort when the codes' combinations are few."""
+def _groups(t: Tables, numbers: np.ndarray, *, sort: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(each of ``numbers``' group, the position in ``numbers`` of an episode of each group): episodes of one
+    schema, split, prompt, fps and attribute set are a group. No sort when the codes' combinations are few
+    (``sort`` sorts anyway: what many combinations take)."""
     cols = [t.episodes[:, c] for c in (SCHEMA, SPLIT, PROMPT, FPS)] + [t.attr]
     whole = len(numbers) * 8 >= len(t.episodes)  # most episodes: combine the columns, then take ``numbers``
     codes = cols if whole else [c[numbers] for c in cols]
@@ -176,7 +177,7 @@ def _groups(t: Tables, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if whole:
         key = key[numbers]
     space = math.prod(tops)
-    if space <= 4 * len(key) + 1024:  # few combinations: number them through a table, no sort
+    if space <= 4 * len(key) + 1024 and not sort:  # few combinations: number them through a table, no sort
         firsts = np.full(space, len(key), np.int64)
         firsts[key[::-1]] = np.arange(len(key) - 1, -1, -1)  # a member of each (numpy writes in order: the first)
         present = np.flatnonzero(firsts < len(key))

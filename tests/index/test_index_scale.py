@@ -110,6 +110,18 @@ def test_where_is_called_per_distinct_attributes_and_keeps_what_a_per_episode_lo
         select(index, None, where=lambda a: "x")
 
 
+def test_episodes_are_grouped_alike_with_or_without_a_sort(sizes):
+    from episodepipes.pipes.select import _groups
+
+    t = EpisodeIndex.open(sizes[10_000]).tables
+    for numbers in (np.arange(10_000), np.arange(3, 10_000, 7), np.array([5, 2, 9000])):
+        (g1, f1), (g2, f2) = _groups(t, numbers), _groups(t, numbers, sort=True)
+        assert (f1[g1] == f1[g1][0]).sum() == (f2[g2] == f2[g2][0]).sum()  # the same partition, numbered apart
+        assert np.array_equal(g1[f1], np.arange(len(f1))) and np.array_equal(g2[f2], np.arange(len(f2)))
+        pairs = set(zip(g1.tolist(), g2.tolist()))
+        assert len(pairs) == len(f1) == len(f2)
+
+
 def test_sorted_search_equals_numpy_on_strided_columns():
     rng = np.random.default_rng(0)
     for n in (0, 1, 5, STEP - 1, STEP, STEP + 1, 3 * STEP + 7, 10_000, 100_000):
