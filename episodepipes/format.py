@@ -38,7 +38,13 @@ COLUMNS: dict[str, tuple[str, str, int]] = {
     "crc32": ("index.crc32.npy", "<u4", 0),  # zlib.crc32 of those bytes
     "member": ("index.member.npy", "<u8", 0),  # packed: the byte its chunk's tar member (header) starts at
     "key": ("index.key.npy", "<u8", 0),  # packed: the frame row its decode reads from (itself, or an earlier one)
+    # per episode, written since ids and attributes left index.json (`episodepipes.index.idcols`); an index whose
+    # JSON still lists "ids" has none of them
+    "ids": ("index.ids.npy", "|S", 0),  # each episode's id, ASCII, NUL-padded to the longest ("|S<width>")
+    "id_order": ("index.id_order.npy", "<i8", 0),  # the episode numbers in the ids' sorted order (lookup by id)
+    "attr": ("index.attr.npy", "<u4", 0),  # each episode's code into the JSON's "attrs" (its attributes)
 }
+EPISODE_COLUMNS = ("ids", "id_order", "attr")
 # v2: "members": each frame is a run of whole tar members at [offset, offset + size); "packed": each frame is one
 # record inside its chunk's member (`episodepipes.codec.chunk`), [offset, offset + size) being that record
 LAYOUTS = ("members", "packed")

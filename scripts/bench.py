@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "mixture", "lerobot", "peers", "codec", "remote"]
+SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "mixture", "lerobot", "peers", "codec", "remote",
+            "scale"]
 
 
 def _commit() -> str:
@@ -173,6 +174,11 @@ def _plots(results: dict[str, dict], out: Path) -> list[str]:
 
         plot(results["index"], out / "bench_index.png")
         made.append("bench_index.png")
+    if "scale" in results:
+        from benchmarks.bench_scale import plot as plot_scale
+
+        plot_scale(results["scale"], out / "bench_scale.png")
+        made.append("bench_scale.png")
     return made
 
 

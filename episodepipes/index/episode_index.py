@@ -22,15 +22,17 @@ import numpy as np
 
 from episodepipes.filebytes import mapped, sha256_file
 from episodepipes.format import INDEX_NAME
+from episodepipes.index import idcols
 from episodepipes.index import stats as indexstats
 from episodepipes.index.check import IndexFormatError
 from episodepipes.index.episodes import Episode, LazyEpisodes
+from episodepipes.index.idcols import IdList
 from episodepipes.index.load import parse, read_local, read_remote
 from episodepipes.index.load import tables as load_tables
 from episodepipes.index.records import ArraySpec, Camera, Segment, Shard
 from episodepipes.index.tables import Tables
 from episodepipes.index.v1 import v1_layout
-from episodepipes.index.v2 import LENGTH, ROW, SEGMENT, SHARD, SPLIT
+from episodepipes.index.v2 import LENGTH, SHARD, SPLIT
 from episodepipes.normstats import StatsTable
 from episodepipes.shardio import ByteSource, ShardMissingError, is_url, open_source
 
@@ -65,7 +67,7 @@ class EpisodeIndex:
 
     def _load(self, root: Path | str, data: Any, fingerprint: str, file: Path | str,
               source: ByteSource | None = None) -> None:
-        self.version, meta, self._v1, cols, seg_ok = load_tables(root, data, file, source)  # messages name file
+        self.version, meta, self._v1, cols, seg_ok, attrs = load_tables(root, data, file, source)  # messages: file
         self.root, self.file, self.fingerprint = root, file, fingerprint  # fingerprint: resume checks the index
         self._source = source  # a remote root's, given by open; a local one is opened on first use
         self.meta: dict = meta
@@ -76,9 +78,9 @@ class EpisodeIndex:
 
             if isinstance(source, RemoteSource):
                 source.pin({s.name: s.sha256 for s in self.shards})
-        self.ids: list[str] = meta["ids"]
-        self._tables = Tables.of(meta, cols, seg_ok, file)
-        self._by_id = dict(zip(self.ids, range(len(self.ids))))
+        self._tables = Tables.of(meta, cols, seg_ok, file, attrs)
+        # episode n's id is ids[n], decoded from the mapped column on access: no list or dict of every id
+        self.ids: Sequence[str] = IdList(self._tables.ids, self._tables.id_order)
         self.episodes: Sequence[Episode] = LazyEpisodes(self)
         self._by_shard: dict[int, list[int]] | None = None
         self._data: dict | None = None
@@ -217,15 +219,24 @@ class EpisodeIndex:
         Args:
             episode_id: the episode's id; an unknown one raises KeyError naming up to five close matches.
         """
-        try:
-            return self.episodes[self._by_id[episode_id]]
-        except (KeyError, TypeError):
-            import difflib
+        n = int(self._tables.numbers([episode_id])[0]) if isinstance(episode_id, str) else -1
+        if n >= 0:
+            return self.episodes[n]
+        import difflib
 
-            close = difflib.get_close_matches(str(episode_id), list(self._by_id), n=5, cutoff=0.5)
-            raise KeyError(
-                f"episode {episode_id!r} is not in {self.location(INDEX_NAME)}; close matches: {close or 'none'}"
-            ) from None
+        near = idcols.near(self._tables.ids, self._tables.id_order, str(episode_id))
+        close = difflib.get_close_matches(str(episode_id), near, n=5, cutoff=0.5)
+        raise KeyError(f"episode {episode_id!r} is not in {self.location(INDEX_NAME)}; "
+                       f"close matches: {close or 'none'}")
+
+    def numbers(self, ids: Sequence[str]) -> np.ndarray:
+        """The episode number (position in `episodes`) of each id, int64, -1 for an id not in the index: one
+        vectorised search of the mapped id column, nothing made per episode.
+
+        Args:
+            ids: episode ids.
+        """
+        return self._tables.numbers(ids)
 
     def stats(self, key: str, split: str = "train") -> dict[str, Any]:
         """Normalization statistics of array ``key`` over ``split``: ``count`` and float64 arrays of the step
@@ -283,7 +294,7 @@ class EpisodeIndex:
             rows: frame rows (`Episode.rows`), any order.
         """
         rows, t = np.asarray(rows, np.int64), self._tables
-        seg = np.searchsorted(t.segments[:, ROW], rows, side="right") - 1
+        seg = t.segment_of_rows(rows)  # O(log) reads per row: no column is copied
         t.check_segments(np.unique(seg).tolist())
         start = t.offset[rows]
         return t.segments[seg, SHARD], start, start + t.size[rows]
@@ -305,7 +316,7 @@ class EpisodeIndex:
         """
         if self._by_shard is None:
             self._by_shard, t = {}, self._tables
-            owners = np.searchsorted(t.episodes[:, SEGMENT], np.arange(len(t.segments)), side="right") - 1
+            owners = t.episode_of_segments(np.arange(len(t.segments)))
             for s, n in zip(t.segments[:, SHARD].tolist(), owners.tolist()):
                 self._by_shard.setdefault(s, []).append(n)
         out = []

@@ -147,10 +147,11 @@ class LazyEpisodes(Sequence):
 
     def __init__(self, index: Indexed) -> None:
         self._ix = index
-        self._made: list[Episode | None] = [None] * len(index.ids)
+        self._n = len(index.ids)
+        self._made: dict[int, Episode] = {}  # only the episodes asked for: nothing per episode at open
 
     def __len__(self) -> int:
-        return len(self._made)
+        return self._n
 
     @overload
     def __getitem__(self, i: int) -> Episode: ...
@@ -159,15 +160,15 @@ class LazyEpisodes(Sequence):
 
     def __getitem__(self, i: int | slice) -> Episode | list[Episode]:
         if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self._made)))]
-        e = self._made[i]
+            return [self[k] for k in range(*i.indices(self._n))]
+        n = range(self._n)[i]  # IndexError, negative indexes and numpy integers as a list has them
+        e = self._made.get(n)
         if e is None:
-            n = range(len(self._made))[i]  # IndexError and negative indexes as a list has them
             e = self._made[n] = Episode(self._ix, n)
         return e
 
     def __iter__(self) -> Iterator[Episode]:
-        return (self[k] for k in range(len(self._made)))
+        return (self[k] for k in range(self._n))
 
     def __repr__(self) -> str:
         return f"<{len(self)} episodes of {self._ix.root}>"

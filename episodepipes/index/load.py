@@ -18,6 +18,7 @@ import numpy as np
 
 from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, VERSIONS
 from episodepipes.index import columns as indexcolumns
+from episodepipes.index import idcols
 from episodepipes.index import v2 as indexv2
 from episodepipes.index.check import IndexFormatError, check_index
 from episodepipes.shardio import ByteSource, ShardMissingError, ShardTooLargeError, open_regular, open_source
@@ -96,26 +97,37 @@ def read_remote(url: str, options: RemoteOptions | None) -> tuple[ByteSource, st
 
 
 def tables(root: Path | str, data: Any, file: Path | str,
-           source: ByteSource | None) -> tuple[int, dict, dict | None, dict[str, np.ndarray], np.ndarray]:
-    """(version, the v2 metadata, the v1 JSON or None, the columns, which segments' frames are checked) of a parsed
-    index, every field checked before it is returned; ``file`` is what the messages name."""
+           source: ByteSource | None) -> tuple[int, dict, dict | None, dict[str, np.ndarray], np.ndarray, list[dict]]:
+    """(version, the v2 metadata, the v1 JSON or None, the columns, which segments' frames are checked, the distinct
+    attribute sets the ``attr`` column codes) of a parsed index, every field checked before it is returned; ``file``
+    is what the messages name. The columns always hold the id columns (`episodepipes.index.idcols`): mapped when the
+    index has them, else built from its JSON lists."""
     version = version_of(data, file)
     if version == 1:
         offsets, crcs = check_index(data, file)
         rest = {k: v for k, v in data.items() if k not in ("format", "version", "options", "shards", "episodes")}
         meta, cols = indexv2.build(data["shards"], data["episodes"], data.get("options", {}), rest,
                                    offsets=offsets, crcs=crcs)
+        attrs, idc = idcols.from_json(meta)
+        cols.update(idc)
         check_steps(meta, cols, file)
         seg_ok = np.ones(len(cols["segments"]), bool)  # v1 checks every offset at open
         warn_v1(file, root)
-        return version, meta, data, cols, seg_ok
+        return version, meta, data, cols, seg_ok, attrs
     w, sizes, samples = indexv2.check_meta(data, file)
     for name in data["columns"] if source is None else ():  # np.load would block on a FIFO, read a device forever
         regular_file(Path(root) / COLUMNS[name][0], "restore it or re-shard")
     cols = (indexcolumns.load_columns(root, data, file) if source is None
             else indexcolumns.read_columns(source, data, file))
+    if "ids" in data:  # written before the id columns
+        attrs, idc = idcols.from_json(data)
+        cols.update(idc)
+        warn_listed_ids(file, root)
+    else:
+        attrs = data["attrs"]
+        indexv2.check_attrs(w, cols, attrs)
     indexv2.check_tables(w, data, cols, sizes, samples)
-    return version, data, None, cols, np.zeros(len(cols["segments"]), bool)
+    return version, data, None, cols, np.zeros(len(cols["segments"]), bool), attrs
 
 
 def check_steps(meta: dict, cols: dict[str, np.ndarray], file: Path | str) -> None:
@@ -127,7 +139,8 @@ def check_steps(meta: dict, cols: dict[str, np.ndarray], file: Path | str) -> No
     if small.any():
         row = int(np.argmax(small))
         n = int(np.searchsorted(ep[:, indexv2.FIRST], row, side="right")) - 1
-        raise IndexFormatError(f"{file} is damaged: episode {meta['ids'][n]!r} frame {row - int(ep[n, indexv2.FIRST])} "
+        raise IndexFormatError(f"{file} is damaged: episode {idcols.id_text(cols['ids'], n)!r} "
+                               f"frame {row - int(ep[n, indexv2.FIRST])} "
                                f"holds {int(cols['size'][row])} bytes, fewer than one step of its arrays "
                                f"({int(least[n])} bytes by their shapes); re-shard with write --overwrite")
 
@@ -163,3 +176,12 @@ def warn_v1(file: Path | str, root: Path | str) -> None:
         _WARNED.add(key)
         log.warning("%s is an index of format version 1, which costs time and memory per frame to open; "
                     "rewrite it as version 2 with: episodepipes-shard upgrade %s", file, root)
+
+
+def warn_listed_ids(file: Path | str, root: Path | str) -> None:
+    """Log, once per file and process, that an index listing its ids in its JSON costs per episode to open."""
+    key = "ids:" + (str(file.resolve()) if isinstance(file, Path) else file)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("%s lists its episode ids in its JSON (written by an older episodepipes), which costs time and "
+                    "memory per episode to open; rewrite it with: episodepipes-shard upgrade %s", file, root)

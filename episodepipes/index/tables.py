@@ -16,10 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from episodepipes.index import idcols
 from episodepipes.index import v2 as indexv2
 from episodepipes.index.check import IndexFormatError
+from episodepipes.index.idcols import EpisodeAttrs
 from episodepipes.index.records import ArraySpec, Camera, dtype_str, read_camera
-from episodepipes.index.v2 import FIRST, SCHEMA, SEGMENT, SHARD
+from episodepipes.index.search import Sorted
+from episodepipes.index.v2 import FIRST, ROW, SCHEMA, SEGMENT, SHARD
 
 Schema = tuple[dict[str, Camera], dict[str, ArraySpec]]
 
@@ -43,7 +46,12 @@ class Tables:
         prompts: the prompts.
         fps: the frame rates.
         schemas: (cameras, arrays) of each schema; episodes of one schema share these dicts.
-        episode_meta: episode number -> its attributes, only for the episodes that have some.
+        episode_meta: episode number -> its attributes, only for the episodes that have some (a read-only
+            mapping over the ``attr`` column: nothing is made per episode until asked).
+        ids: every episode's id, the mapped ``|S<width>`` column (`episodepipes.index.idcols`).
+        id_order: the episode numbers in the ids' sorted order (``np.searchsorted(ids, key, sorter=id_order)``).
+        attr: each episode's code into `attrs`.
+        attrs: the distinct attribute sets.
     """
 
     episodes: np.ndarray
@@ -57,18 +65,73 @@ class Tables:
     fps: Sequence[float]
     schemas: Sequence[Schema]
     episode_meta: Mapping[int, dict[str, Any]]
+    ids: np.ndarray
+    id_order: np.ndarray
+    attr: np.ndarray
+    attrs: Sequence[dict[str, Any]]
     _checks: _SegmentChecks = field(repr=False)
+    _search: dict[str, Sorted] = field(repr=False, default_factory=dict)
 
     @classmethod
-    def of(cls, meta: dict, cols: dict[str, np.ndarray], checked: np.ndarray, file: Path | str) -> Tables:
-        """The tables of a checked index: ``meta`` its v2 metadata, ``cols`` its columns (held, not copied),
-        ``checked`` which segments' frames are already checked (a v1 index checks all at open)."""
+    def of(cls, meta: dict, cols: dict[str, np.ndarray], checked: np.ndarray, file: Path | str,
+           attrs: Sequence[dict[str, Any]]) -> Tables:
+        """The tables of a checked index: ``meta`` its v2 metadata, ``cols`` its columns (held, not copied; the id
+        columns among them), ``checked`` which segments' frames are already checked (a v1 index checks all at open),
+        ``attrs`` the attribute sets the ``attr`` column codes."""
         schemas = [({n: read_camera(n, c) for n, c in sc["cameras"].items()},
                     {n: ArraySpec(n, dtype_str(a["dtype"]), tuple(a["shape"]), a.get("source", n))
                      for n, a in sc["arrays"].items()}) for sc in meta["schemas"]]
         return cls(cols["episodes"], cols["segments"], cols["offset"], cols["size"], cols.get("crc32"),
                    cols, meta["splits"], meta["prompts"], [float(x) for x in meta["fps"]],
-                   schemas, {n: m for n, m in meta["episode_meta"]}, _SegmentChecks(meta, checked, file))
+                   schemas, EpisodeAttrs(cols["attr"], attrs), cols["ids"], cols["id_order"], cols["attr"], attrs,
+                   _SegmentChecks(meta, checked, file))
+
+    def sorted_column(self, table: str, column: int) -> Sorted:
+        """Column ``column`` of the (row-major) ``"episodes"`` or ``"segments"`` table, searched without copying it:
+        ``FIRST`` and ``SEGMENT`` of the episodes and ``ROW`` of the segments strictly increase (checked at open).
+
+        Args:
+            table: ``"episodes"`` or ``"segments"``.
+            column: ``FIRST`` or ``SEGMENT`` (episodes), ``ROW`` (segments).
+        """
+        key = f"{table}:{column}"
+        got = self._search.get(key)
+        if got is None:
+            got = self._search[key] = Sorted(getattr(self, table)[:, column])
+        return got
+
+    def segment_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The segment (row of `segments`) each frame row is in, int64; O(log) reads per row, nothing copied.
+
+        Args:
+            rows: frame rows, each below the index's frames.
+        """
+        return self.sorted_column("segments", ROW).search(rows, side="right") - 1
+
+    def episode_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The episode number each frame row is in, int64; O(log) reads per row, nothing copied.
+
+        Args:
+            rows: frame rows, each below the index's frames.
+        """
+        return self.sorted_column("episodes", FIRST).search(rows, side="right") - 1
+
+    def episode_of_segments(self, js: np.ndarray) -> np.ndarray:
+        """The episode number each segment belongs to, int64; O(log) reads per segment, nothing copied.
+
+        Args:
+            js: segment numbers, rows of `segments`.
+        """
+        return self.sorted_column("episodes", SEGMENT).search(js, side="right") - 1
+
+    def numbers(self, ids: Sequence[str]) -> np.ndarray:
+        """The episode number of each id (int64), -1 where the index has no such episode: one search of the
+        mapped id column, nothing per episode read or made.
+
+        Args:
+            ids: episode ids.
+        """
+        return idcols.numbers(self.ids, self.id_order, ids)
 
     def check_segments(self, js: Iterable[int]) -> None:
         """Check the per-frame values of segments ``js`` before any of them is used to slice a shard (v2 checks them
@@ -101,17 +164,19 @@ class _SegmentChecks:
         self.step_bytes: dict[int, int] = {}  # schema code -> bytes of one step of its arrays
 
     def check(self, t: Tables, js: Iterable[int]) -> None:
-        for j in js:
-            if not self.checked[j]:
-                shard = int(t.segments[j, SHARD])
-                n = int(np.searchsorted(t.episodes[:, SEGMENT], j, side="right")) - 1
-                code = int(t.episodes[n, SCHEMA])
-                least = self.step_bytes.get(code)
-                if least is None:
-                    least = self.step_bytes[code] = indexv2.step_bytes(self.meta["schemas"][code])
-                why = indexv2.frame_problem(t.columns, int(j), self.meta["shards"][shard]["bytes"], least)
-                if why:
-                    raise IndexFormatError(f"{self.file} is damaged: episode {self.meta['ids'][n]!r} segment "
-                                           f"{int(j) - int(t.episodes[n, SEGMENT])}: {why}; re-shard with "
-                                           "write --overwrite")
-                self.checked[j] = True
+        todo = [j for j in js if not self.checked[j]]
+        if not todo:
+            return
+        owners = t.episode_of_segments(np.asarray(todo, np.int64)).tolist()
+        for j, n in zip(todo, owners):
+            shard = int(t.segments[j, SHARD])
+            code = int(t.episodes[n, SCHEMA])
+            least = self.step_bytes.get(code)
+            if least is None:
+                least = self.step_bytes[code] = indexv2.step_bytes(self.meta["schemas"][code])
+            why = indexv2.frame_problem(t.columns, int(j), self.meta["shards"][shard]["bytes"], least)
+            if why:
+                raise IndexFormatError(f"{self.file} is damaged: episode {idcols.id_text(t.ids, n)!r} segment "
+                                       f"{int(j) - int(t.episodes[n, SEGMENT])}: {why}; re-shard with "
+                                       "write --overwrite")
+            self.checked[j] = True

@@ -43,7 +43,7 @@ import json
 import math
 import re
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,18 @@ import numpy as np
 
 from episodepipes import safefile
 from episodepipes.episode_attrs import BUILTIN, problem
-from episodepipes.format import BLOCK, COLUMNS, FORMAT_NAME, INDEX_NAME, LAYOUTS, MAX_BACK, PACKED_COLUMNS, npy_bytes
+from episodepipes.format import (
+    BLOCK,
+    COLUMNS,
+    EPISODE_COLUMNS,
+    FORMAT_NAME,
+    INDEX_NAME,
+    LAYOUTS,
+    MAX_BACK,
+    PACKED_COLUMNS,
+    npy_bytes,
+)
+from episodepipes.index import idcols
 from episodepipes.index.check import (
     SHA256_HEX,
     U32_CODE,
@@ -68,9 +79,11 @@ from episodepipes.index.check import (
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
 SHARD, ROW, COUNT = range(3)  # columns of the segments table
 EPISODE_KEYS = BUILTIN  # v1 entry fields; no episode attribute takes their names
-V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "columns")
+V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "frames", "episode_meta", "attrs",
+           "columns")
 _MAX_FRAMES = 2**40
 _BLOCK_ROWS = 1 << 20  # frames `frame_problem` checks at a time (a few tens of MB)
+_TABLE_ROWS = 1 << 15  # rows of the episodes or segments table `check_tables` reads at a time (under 2 MB)
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
 
 
@@ -181,10 +194,19 @@ def packed_spans(cols: Mapping[str, np.ndarray], row: int, count: int, first: in
 
 
 def write(out: Path, data: dict, cols: dict[str, np.ndarray]) -> bytes:
-    """Write the columns, then ``index.json`` (atomically, last); returns the index bytes."""
+    """Write the columns, then ``index.json`` (atomically, last); returns the index bytes.
+
+    ``data`` and ``cols`` are what `build` gives: its ``ids`` and ``episode_meta`` lists are written as the ``ids``,
+    ``id_order`` and ``attr`` columns and the JSON's ``attrs`` (`episodepipes.index.idcols`), so opening the index
+    parses nothing per episode."""
+    if "ids" in data:
+        attrs, idc = idcols.build(data["ids"], data["episode_meta"])
+        data = dict({k: v for k, v in data.items() if k not in ("ids", "episode_meta")}, attrs=attrs)
+        cols = {**cols, **idc}
     info, files = {}, []
     for name, arr in cols.items():
         file, dtype, _ = COLUMNS[name]
+        dtype = arr.dtype.str if name == "ids" else dtype  # "|S<width of the longest id>"
         blob = npy_bytes(np.ascontiguousarray(arr, dtype=dtype))
         info[name] = {"dtype": dtype, "shape": list(arr.shape), "sha256": hashlib.sha256(blob).hexdigest()}
         files.append((out / file, blob))
@@ -212,6 +234,67 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
             raise w.fail("the index", f"{key} should hold strings only")
     for x in w.seq(data, "fps", "the index"):
         check_fps(w, x, "the index's fps list")
+    frames = w.num(data, "frames", "the index", high=_MAX_FRAMES)
+    if "ids" in data:  # written before the id columns: ids and attributes listed in the JSON
+        n = _check_listed_ids(w, data)
+    else:
+        n = _episode_count(w, data)
+        if "episode_meta" in data:
+            raise w.fail("the index", "episode_meta is listed but ids are not: attributes live in 'attrs' and the "
+                                      "'attr' column")
+        if len(w.seq(data, "attrs", "the index")) > n + 1:  # {} and at most one set per episode
+            raise w.fail("the index", f"attrs lists {len(data['attrs'])} attribute sets, more than its {n} episodes")
+    check_extras(w, data)
+    cols = w.get(data, "columns", "the index")
+    want = {"episodes", "segments", "offset", "size"} | ({"crc32"} if data["crc32"] else set())
+    if "ids" not in data:
+        want |= set(EPISODE_COLUMNS)
+    if data["layout"] == "packed":
+        want |= set(PACKED_COLUMNS)
+        for j, sc in enumerate(data["schemas"]):
+            if not any("codec" in c for c in sc["cameras"].values()):
+                raise w.fail(f"schema {j}", "the packed layout holds video cameras, and this schema has none")
+    if type(cols) is not dict or set(cols) != want:
+        raise w.fail("the index", f"columns should name exactly {sorted(want)}")
+    for name in sorted(want):
+        c, dtype, width = cols[name], COLUMNS[name][1], COLUMNS[name][2]
+        at = f"column {name!r}"
+        if type(c) is not dict or set(c) != {"dtype", "shape", "sha256"}:  # no file name: it is fixed, never data
+            raise w.fail(at, f"should hold exactly dtype, shape and sha256 (its file is always {COLUMNS[name][0]})")
+        ok_dtype = idcols.id_width(w.get(c, "dtype", at)) is not None if name == "ids" else c["dtype"] == dtype
+        if not SHA256_HEX.fullmatch(str(w.get(c, "sha256", at))) or not ok_dtype:
+            raise w.fail(at, f"should have a sha256 of 64 hex digits and dtype {dtype!r}"
+                             + (f"<width up to {idcols.MAX_ID_BYTES}>" if name == "ids" else ""))
+        shape = w.seq(c, "shape", at)
+        rows = {"episodes": n, "ids": n, "id_order": n, "attr": n, "offset": frames, "size": frames, "crc32": frames,
+                "member": frames, "key": frames}.get(name)
+        if any(type(x) is not int or x < 0 for x in shape) or len(shape) != (2 if width else 1) \
+                or (width and shape[1] != width) or (rows is not None and shape[0] != rows):
+            raise w.fail(at, f"shape={shape!r} should be [{rows if rows is not None else 'segments'}"
+                             f"{', ' + str(width) if width else ''}]")
+    # A frame takes at least a tar header (members) or a byte (a packed record) of its shard, and frames do not
+    # overlap (`frame_problem`): so the shard sizes bound every count the columns declare, before any is mapped.
+    least = BLOCK if data["layout"] == "members" else 1
+    if sum(samples) != frames:
+        raise w.fail("the index", f"frames={frames}, but the shards hold samples={sum(samples)} in all")
+    for i, (size, count) in enumerate(zip(sizes, samples)):
+        if count * least > size:
+            raise w.fail(f"shard {i}", f"samples={count} frames of at least {least} bytes each do not fit in its "
+                                       f"bytes={size}")
+    segs, most = cols["segments"]["shape"][0], min(frames, n * len(sizes))
+    if not n <= segs <= most:  # every episode has a segment per shard it is in, of a frame at least
+        raise w.fail("column 'segments'", f"shape[0]={segs} should be at least the {n} episodes and at most "
+                                          f"{most}, the frames and the episodes times the shards")
+    check_memory(file, "checking its tables", 64 * n + 48 * segs
+                 + (160 * frames if data["layout"] == "packed" else 0))  # what check_tables allocates
+    return w, sizes, samples
+
+
+def _check_listed_ids(w: Where, data: dict) -> int:
+    """An index that lists its ids and attributes in the JSON (written before the id columns): both checked
+    here, per episode (what such an index has always cost); returns the number of episodes."""
+    if "attrs" in data:
+        raise w.fail("the index", "it lists both ids and attrs; one writer writes one or the other")
     ids = w.seq(data, "ids", "the index")
     try:  # one C-level pass over every id; the loop below only runs to name a bad one
         text = "\n" + "\n".join(ids) + "\n"  # no id may be empty, or start or end with a dot
@@ -228,7 +311,6 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))
         raise w.fail(f"episode {dup!r}", "this id appears twice; every episode needs its own id")
-    frames = w.num(data, "frames", "the index", high=_MAX_FRAMES)
     last = -1
     for entry in w.seq(data, "episode_meta", "the index"):
         if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int or not last < entry[0] < len(ids) \
@@ -239,92 +321,110 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
         if why:
             raise w.fail(f"episode {ids[entry[0]]!r}", f"episode_meta {why}")
         last = entry[0]
-    check_extras(w, data)
-    cols = w.get(data, "columns", "the index")
-    want = {"episodes", "segments", "offset", "size"} | ({"crc32"} if data["crc32"] else set())
-    if data["layout"] == "packed":
-        want |= set(PACKED_COLUMNS)
-        for j, sc in enumerate(data["schemas"]):
-            if not any("codec" in c for c in sc["cameras"].values()):
-                raise w.fail(f"schema {j}", "the packed layout holds video cameras, and this schema has none")
-    if type(cols) is not dict or set(cols) != want:
-        raise w.fail("the index", f"columns should name exactly {sorted(want)}")
-    for name in sorted(want):
-        c, dtype, width = cols[name], COLUMNS[name][1], COLUMNS[name][2]
-        at = f"column {name!r}"
-        if type(c) is not dict or set(c) != {"dtype", "shape", "sha256"}:  # no file name: it is fixed, never data
-            raise w.fail(at, f"should hold exactly dtype, shape and sha256 (its file is always {COLUMNS[name][0]})")
-        if not SHA256_HEX.fullmatch(str(w.get(c, "sha256", at))) or w.get(c, "dtype", at) != dtype:
-            raise w.fail(at, f"should have a sha256 of 64 hex digits and dtype {dtype!r}")
-        shape = w.seq(c, "shape", at)
-        rows = {"episodes": len(ids), "offset": frames, "size": frames, "crc32": frames, "member": frames,
-                "key": frames}.get(name)
-        if any(type(x) is not int or x < 0 for x in shape) or len(shape) != (2 if width else 1) \
-                or (width and shape[1] != width) or (rows is not None and shape[0] != rows):
-            raise w.fail(at, f"shape={shape!r} should be [{rows if rows is not None else 'segments'}"
-                             f"{', ' + str(width) if width else ''}]")
-    # A frame takes at least a tar header (members) or a byte (a packed record) of its shard, and frames do not
-    # overlap (`frame_problem`): so the shard sizes bound every count the columns declare, before any is mapped.
-    least = BLOCK if data["layout"] == "members" else 1
-    if sum(samples) != frames:
-        raise w.fail("the index", f"frames={frames}, but the shards hold samples={sum(samples)} in all")
-    for i, (size, count) in enumerate(zip(sizes, samples)):
-        if count * least > size:
-            raise w.fail(f"shard {i}", f"samples={count} frames of at least {least} bytes each do not fit in its "
-                                       f"bytes={size}")
-    segs, most = cols["segments"]["shape"][0], min(frames, len(ids) * len(sizes))
-    if not len(ids) <= segs <= most:  # every episode has a segment per shard it is in, of a frame at least
-        raise w.fail("column 'segments'", f"shape[0]={segs} should be at least the {len(ids)} episodes and at most "
-                                          f"{most}, the frames and the episodes times the shards")
-    check_memory(file, "checking its tables", 64 * len(ids) + 48 * segs
-                 + (160 * frames if data["layout"] == "packed" else 0))  # what check_tables allocates
-    return w, sizes, samples
+    return len(ids)
+
+
+def _episode_count(w: Where, data: dict) -> int:
+    """The episodes an index with id columns declares (its episodes table's rows), at most its frames."""
+    shape = w.seq(w.get(w.get(data, "columns", "the index"), "episodes", "the index's columns"), "shape",
+                  "column 'episodes'")
+    n = shape[0] if shape else None
+    if type(n) is not int or not 0 <= n <= data["frames"]:
+        raise w.fail("column 'episodes'", f"shape={shape!r} should start with the number of episodes, at most "
+                                          f"the {data['frames']} frames")
+    return n
+
+
+def check_attrs(w: Where, cols: Mapping[str, np.ndarray], attrs: list) -> None:
+    """Each distinct attribute set of ``attrs`` (`episodepipes.episode_attrs`), named by the first episode that has
+    it; then the id columns (`episodepipes.index.idcols.check`)."""
+    idcols.check(w, cols, attrs)
+    for k, a in enumerate(attrs):
+        why = problem(a) or (f"attribute {next(x for x in a if x in EPISODE_KEYS)!r} is a built-in episode field"
+                             if isinstance(a, dict) and any(x in EPISODE_KEYS for x in a) else None)
+        if why:
+            users = np.flatnonzero(cols["attr"] == k)
+            at = f"episode {idcols.id_text(cols['ids'], int(users[0]))!r}" if len(users) else f"attrs entry {k}"
+            raise w.fail(at, f"episode_meta {why}")
 
 
 def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[int], samples: list[int]) -> None:
-    """The episodes and segments tables, vectorised: rows tile the frames, segments tile the episodes."""
+    """The episodes and segments tables, vectorised: rows tile the frames, segments tile the episodes. ``cols``
+    holds the checked id columns (`check_attrs`, or built from the JSON's list), which the messages name.
+
+    Read a block of whole rows at a time (`_TABLE_ROWS`): a column of a row-major table is strided, and passes over
+    a block that stays in cache cost a fraction of passes over the whole mapped table, nor grow what is allocated."""
     ep, seg, frames = cols["episodes"], cols["segments"], data["frames"]
     n, ns = len(ep), len(seg)
-
-    def tiles(lengths: np.ndarray, firsts: np.ndarray, what: str) -> None:
-        ends = np.cumsum(lengths, dtype=np.uint64)  # strictly increasing iff every length >= 1 and nothing wraps
-        if len(lengths) and (not (lengths >= 1).all() or not (ends[1:] > ends[:-1]).all()
-                             or not (firsts == ends - lengths).all() or int(ends[-1]) != frames):
-            k = int(np.flatnonzero(~((lengths >= 1) & (firsts == ends - lengths)))[:1].sum())
-            name = f"episode {data['ids'][k]!r}" if what == "episode" else f"segment {k}"
-            raise w.fail(name, "its first frame row and count should follow the previous one's, and all of "
-                               f"them should hold the index's {frames} frames")
     if n == 0 or ns == 0:
         if n or ns or frames:
             raise w.fail("the index", f"{n} episodes, {ns} segments and {frames} frames do not go together")
         return
-    tiles(ep[:, LENGTH], ep[:, FIRST], "episode")
-    tiles(seg[:, COUNT], seg[:, ROW], "segment")
-    first = ep[:, SEGMENT]
-    if first[0] != 0 or not (first[1:] > first[:-1]).all() or first[-1] >= ns \
-            or not (seg[first, ROW] == ep[:, FIRST]).all():
-        raise w.fail("the episodes table", "each episode's first segment should start at its first frame row")
-    for col, name, count in ((SCHEMA, "schema", len(data["schemas"])), (SPLIT, "split", len(data["splits"])),
-                             (PROMPT, "prompt", len(data["prompts"])), (FPS, "fps", len(data["fps"]))):
-        if (ep[:, col] >= count).any():
-            k = int(np.argmax(ep[:, col] >= count))
-            raise w.fail(f"episode {data['ids'][k]!r}", f"its {name} code is not below the {count} in the index")
-    shard = seg[:, SHARD]
-    if (shard >= len(sizes)).any():
-        raise w.fail(f"segment {int(np.argmax(shard >= len(sizes)))}", f"shard should be below {len(sizes)}")
+
+    def name(what: str, k: int) -> str:
+        return f"episode {idcols.id_text(cols['ids'], k)!r}" if what == "episode" else f"segment {k}"
+
+    def tiles(what: str, table: np.ndarray, first_col: int, count_col: int) -> None:
+        end = 0  # rows tile the frames: each starts where the one before ends, holds a frame at least, none past
+        for a in range(0, len(table), _TABLE_ROWS):
+            blk = table[a:a + _TABLE_ROWS]
+            f, c = blk[:, first_col], blk[:, count_col]
+            e = f + c
+            prev = np.empty_like(f)
+            prev[0], prev[1:] = end, e[:-1]
+            ok = (c >= 1) & (e > f) & (e <= frames) & (f == prev)
+            if not ok.all():
+                raise w.fail(name(what, a + int(np.argmax(~ok))), "its first frame row and count should follow the "
+                             f"previous one's, and all of them should hold the index's {frames} frames")
+            end = int(e[-1])
+        if end != frames:
+            raise w.fail(name(what, 0), "its first frame row and count should follow the previous one's, and all "
+                                        f"of them should hold the index's {frames} frames")
+    tiles("episode", ep, FIRST, LENGTH)
+    tiles("segment", seg, ROW, COUNT)
+    counts = np.array([0, 0, 0, len(data["schemas"]), len(data["splits"]), len(data["prompts"]), len(data["fps"])],
+                      np.uint64)
     starts = np.zeros(ns, bool)
-    starts[first] = True
-    bad = ~(shard[1:] > shard[:-1]) & ~starts[1:]
-    if bad.any():
-        raise w.fail(f"segment {int(np.argmax(bad)) + 1}", "shard should be after the previous segment's shard")
-    held = np.bincount(shard.astype(np.int64), weights=seg[:, COUNT].astype(np.float64), minlength=len(sizes))
+    last = -1
+    for a in range(0, n, _TABLE_ROWS):
+        blk = ep[a:a + _TABLE_ROWS]
+        first = blk[:, SEGMENT]
+        prev = np.empty(len(first), np.int64)
+        prev[0], prev[1:] = last, first[:-1].astype(np.int64)
+        if (a == 0 and first[0] != 0) or not (first.astype(np.int64) > prev).all() or int(first[-1]) >= ns \
+                or not (seg[first, ROW] == blk[:, FIRST]).all():
+            raise w.fail("the episodes table", "each episode's first segment should start at its first frame row")
+        last = int(first[-1])
+        starts[first] = True
+        over = blk[:, SCHEMA:] >= counts[SCHEMA:]
+        if over.any():
+            k, col = np.argwhere(over)[0]
+            what = ("schema", "split", "prompt", "fps")[col]
+            raise w.fail(name("episode", a + int(k)), f"its {what} code is not below the {counts[SCHEMA + col]} "
+                                                      "in the index")
+    held = np.zeros(len(sizes), np.float64)
+    last_shard = -1
+    for a in range(0, ns, _TABLE_ROWS):
+        blk = seg[a:a + _TABLE_ROWS]
+        shard = blk[:, SHARD]
+        if (shard >= len(sizes)).any():
+            raise w.fail(f"segment {a + int(np.argmax(shard >= len(sizes)))}", f"shard should be below {len(sizes)}")
+        prev = np.empty(len(shard), np.int64)
+        prev[0], prev[1:] = last_shard, shard[:-1].astype(np.int64)
+        bad = ~(shard.astype(np.int64) > prev) & ~starts[a:a + len(blk)]
+        if a == 0:
+            bad[0] = False
+        if bad.any():
+            raise w.fail(f"segment {a + int(np.argmax(bad))}", "shard should be after the previous segment's shard")
+        last_shard = int(shard[-1])
+        held += np.bincount(shard.astype(np.int64), weights=blk[:, COUNT].astype(np.float64), minlength=len(sizes))
     for i in np.flatnonzero(held != np.asarray(samples, np.float64)):
         raise w.fail(f"shard {i}", f"samples={samples[i]} but the segments put {int(held[i])} frames in it")
     if data["layout"] == "packed":
-        check_packed(w, cols, np.asarray(sizes, np.int64), data["ids"])
+        check_packed(w, cols, np.asarray(sizes, np.int64), idcols.IdList(cols["ids"], cols["id_order"]))
 
 
-def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray, ids: list[str]) -> None:
+def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray, ids: Sequence[str]) -> None:
     """The packed layout's per-frame columns, vectorised over every frame: each chunk's records lie back to back
     after its tar header and pack table, inside its shard, chunks go forward, and each frame's decode starts within
     its chunk (`episodepipes.codec.chunk`)."""

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 from helpers import write_raw
 
@@ -59,9 +60,9 @@ def test_an_attribute_name_in_another_spelling_or_with_control_characters_is_ref
 @pytest.mark.parametrize("name", [NFD, "robot\x00"])
 def test_an_index_attribute_name_in_another_spelling_is_refused_at_open(written, tmp_path, name):
     data = json.loads((written / "index.json").read_text())
-    data["episode_meta"][1][1][name] = "franka"
+    data["attrs"][int(np.load(written / "index.attr.npy")[1])][name] = "franka"  # episode 1's attribute set
     copy = _index_with(written, tmp_path, lambda raw: json.dumps(data))
-    with pytest.raises(IndexFormatError, match=r"index.json is damaged: episode 'ep0001': episode_meta attribute "
+    with pytest.raises(IndexFormatError, match=r"index.json is damaged: episode 'ep000[01]': episode_meta attribute "
                                                rf"name {re.escape(ascii(name))} should be NFC-normalised") as e:
         EpisodeIndex.open(copy)
     assert "\n" not in str(e.value)

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 import zarr
@@ -135,7 +136,7 @@ def _hostile(written, tmp_path, attrs):
     copy = tmp_path / "h"
     shutil.copytree(written, copy)
     data = json.loads((copy / "index.json").read_text())
-    data["episode_meta"][1][1] = attrs
+    data["attrs"][int(np.load(copy / "index.attr.npy")[1])] = attrs  # episode 1's attribute set
     (copy / "index.json").write_text(json.dumps(data))
     return copy
 

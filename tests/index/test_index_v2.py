@@ -211,11 +211,13 @@ def _json(d, key, value):
 JSON_CASES = {
     "unknown layout": (lambda d: _json(d, "layout", "packed-v9"), "layout='packed-v9'"),
     "crc32 not a bool": (lambda d: _json(d, "crc32", 1), "crc32=1"),
-    "duplicate id": (lambda d: d["ids"].__setitem__(1, d["ids"][0]), "appears twice"),
-    "id escapes": (lambda d: d["ids"].__setitem__(0, "../x"), "tar-safe episode id"),
-    "id not a str": (lambda d: d["ids"].__setitem__(0, 7), "id=7"),
-    "too few ids": (lambda d: d["ids"].pop(), "shape=[5, 7]"),
-    "meta overrides the id": (lambda d: _json(d, "episode_meta", [[0, {"id": "x"}]]), "episode_meta entry"),
+    "attrs not a list": (lambda d: _json(d, "attrs", {}), "attrs"),
+    "attrs and ids": (lambda d: _json(d, "ids", ["a"]), "both ids and attrs"),
+    "too many attrs": (lambda d: _json(d, "attrs", [{}] * 7), "attrs lists 7 attribute sets"),
+    "attrs override the id": (lambda d: d["attrs"].append({"id": "x"}), "built-in episode field"),
+    "ids dtype": (lambda d: d["columns"]["ids"].update(dtype="<U6"), "dtype '|S'<width"),
+    "ids too wide": (lambda d: d["columns"]["ids"].update(dtype="|S5000"), "dtype '|S'<width"),
+    "episode_meta without ids": (lambda d: _json(d, "episode_meta", []), "episode_meta is listed but ids are not"),
     "fps zero": (lambda d: _json(d, "fps", [0]), "fps=0"),
     "split not a str": (lambda d: _json(d, "splits", [1, 2]), "splits should hold strings"),
     "schema dtype": (lambda d: d["schemas"][0]["arrays"]["state"].update(dtype="O"), "dtype='O'"),
@@ -228,6 +230,56 @@ JSON_CASES = {
     "samples": (lambda d: d["shards"][0].update(samples=d["shards"][0]["samples"] + 1), "samples="),
     "fewer fps values": (lambda d: _json(d, "prompts", []), "prompt code"),
 }
+
+
+def _listed(root):
+    """The index at ``root`` as an older writer wrote it: ids and attributes listed in the JSON, no id columns."""
+    from episodepipes.format import EPISODE_COLUMNS
+
+    data = json.loads((root / "index.json").read_text())
+    ids = [bytes(x).decode() for x in np.load(root / COLUMNS["ids"][0])]
+    attr = np.load(root / COLUMNS["attr"][0])
+    data["ids"] = ids
+    data["episode_meta"] = [[n, data["attrs"][c]] for n, c in enumerate(attr.tolist()) if data["attrs"][c]]
+    del data["attrs"]
+    for name in EPISODE_COLUMNS:
+        del data["columns"][name]
+        (root / COLUMNS[name][0]).unlink()
+    (root / "index.json").write_text(json.dumps(data))
+    return root
+
+
+LISTED_CASES = {
+    "duplicate id": (lambda d: d["ids"].__setitem__(1, d["ids"][0]), "appears twice"),
+    "id escapes": (lambda d: d["ids"].__setitem__(0, "../x"), "tar-safe episode id"),
+    "id not a str": (lambda d: d["ids"].__setitem__(0, 7), "id=7"),
+    "too few ids": (lambda d: d["ids"].pop(), "shape=[5, 7]"),
+    "meta overrides the id": (lambda d: _json(d, "episode_meta", [[0, {"id": "x"}]]), "episode_meta entry"),
+    "attrs beside ids": (lambda d: _json(d, "attrs", [{}]), "both ids and attrs"),
+}
+
+
+def test_an_index_listing_its_ids_opens_alike_and_upgrade_moves_them_to_columns(pair, tmp_path, caplog):
+    copy = _listed(shutil.copytree(pair[1], tmp_path / "c"))
+    old, new = EpisodeIndex.open(copy), EpisodeIndex.open(pair[1])
+    assert "episodepipes-shard upgrade" in caplog.text and "ids" in old.meta and "ids" not in new.meta
+    assert list(old.episodes) == list(new.episodes) and list(old.ids) == list(new.ids)
+    assert old.episode("ep0001").meta == {"robot_type": "aloha", "scene_table": 2}
+    upgrade(copy)
+    assert _files(copy) == _files(pair[1])
+
+
+@pytest.mark.parametrize("case", sorted(LISTED_CASES))
+def test_every_crafted_listed_id_is_refused_in_one_line(pair, tmp_path, case):
+    change, needle = LISTED_CASES[case]
+    copy = _listed(shutil.copytree(pair[1], tmp_path / "c"))
+    data = json.loads((copy / "index.json").read_text())
+    change(data)
+    (copy / "index.json").write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError) as e:
+        EpisodeIndex.open(copy)
+    msg = str(e.value)
+    assert msg.startswith(str(copy / "index.json")) and needle in msg and "\n" not in msg, msg
 
 
 @pytest.mark.parametrize("case", sorted(JSON_CASES))

@@ -1,0 +1,137 @@
+"""Issue 25 by counting: opening costs nothing per episode, a frame lookup copies no column, ``where=`` is called
+per distinct attribute combination; on synthetic indexes laid out as the writer lays them (`benchmarks.scale_index`)."""
+
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from benchmarks import scale_index
+from episodepipes.index import EpisodeIndex
+from episodepipes.index.search import STEP, Sorted
+from episodepipes.pipes.select import attributes, keep_numbers, select
+
+
+@pytest.fixture(scope="module")
+def sizes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scale")
+    return {n: scale_index.make(root / f"e{n}", n, length=2) for n in (1_000, 10_000, 100_000)}
+
+
+def _blocks_after_open(path):
+    """Memory blocks (Python objects, numpy buffers) an open index holds, counted by tracemalloc."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        index = EpisodeIndex.open(path)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    count = sum(s.count_diff for s in after.compare_to(before, "filename"))
+    return index, count
+
+
+def test_opening_makes_no_object_per_episode(sizes):
+    _blocks_after_open(sizes[1_000])  # imports and the per-process caches out of the count
+    small, at_10k = _blocks_after_open(sizes[10_000])
+    big, at_100k = _blocks_after_open(sizes[100_000])
+    assert len(big.episodes) == 100_000 and big.episode("ep0099999").meta == {"robot": "widowx"}
+    # 90,000 more episodes, not one more object each (on main: 79,859 and 800,003 blocks); 18 more shards, a few each
+    assert abs(at_100k - at_10k) < 300, (at_10k, at_100k)
+    assert at_100k < 2_000
+
+
+def _lookup_peak(index, rows):
+    """The most memory `frame_ranges` of ``rows`` holds at once beyond what was held before (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        index.frame_ranges(rows)
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_frame_lookup_allocates_the_same_at_100x_the_episodes(sizes):
+    """Before: np.searchsorted on a strided column copied it whole, 8 bytes per segment on every new lookup."""
+    peaks = {}
+    for n in (1_000, 100_000):
+        index = EpisodeIndex.open(sizes[n])
+        index.frame_ranges(np.arange(2))  # the first use's sample of the column (1 value in STEP) out of the count
+        peaks[n] = max(_lookup_peak(index, np.arange(2 * k, 2 * k + 2)) for k in (n // 3, n // 2, n - 1))
+    assert peaks[100_000] < 2 * peaks[1_000], peaks  # on main: 9 KB and 801 KB, a copy of the column
+    assert peaks[100_000] < 16 * 1024, peaks
+
+
+def test_an_episode_found_by_id_and_its_first_frame_copy_no_column(sizes):
+    index = EpisodeIndex.open(sizes[100_000])
+    index.episode("ep0000001").frame_range(0)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        e = index.episode("ep0076543")
+        e.frame_range(1)  # its segments found and checked on first use
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert e.number == 76543 and peak < 16 * 1024, peak
+    assert index.numbers(["ep0000010", "nope", "ep0099999", "../x", "ep00000100"]).tolist() == [10, -1, 99999, -1, -1]
+    with pytest.raises(KeyError, match=r"'ep00765430' is not in .*close matches: \['ep0076543'"):
+        index.episode("ep00765430")
+
+
+def test_where_is_called_per_distinct_attributes_and_keeps_what_a_per_episode_loop_keeps(sizes):
+    index = EpisodeIndex.open(sizes[10_000])
+    calls = {"n": 0}
+
+    def counted(pred):
+        def where(a):
+            calls["n"] += 1
+            return pred(a)
+        return where
+
+    everything = [attributes(e) for e in index.episodes]
+    for pred, most in ((lambda a: a["robot"] == "aloha" and a["split"] == "val", 2 * 20 * 4),  # splits x tasks x robots
+                       (lambda a: a.get("robot") in ("ur5",) and a["length"] >= 2, 2 * 20 * 4 * 2),
+                       (lambda a: a["id"].endswith("7") and "robot" in a, 10_000 + 2 * 20 * 4)):
+        calls["n"] = 0
+        kept = keep_numbers(index, np.arange(10_000), counted(pred))
+        assert calls["n"] <= most, calls
+        assert kept.tolist() == [n for n, a in enumerate(everything) if pred(a)]
+    calls["n"] = 0
+    assert [e.id for e in select(index, "val", where=counted(lambda a: sorted(a) == sorted(everything[0])))][:2] == \
+        ["ep0000000", "ep0000010"]  # a predicate that reads the whole dict sees every episode's own
+    assert calls["n"] >= 1_000
+    with pytest.raises(TypeError, match=r"where= returned 'x' for episode 'ep\d{7}'; it should return True"):
+        select(index, None, where=lambda a: "x")
+
+
+def test_episodes_are_grouped_alike_with_or_without_a_sort(sizes):
+    from episodepipes.pipes.select import _groups
+
+    t = EpisodeIndex.open(sizes[10_000]).tables
+    for numbers in (np.arange(10_000), np.arange(3, 10_000, 7), np.array([5, 2, 9000])):
+        (g1, f1), (g2, f2) = _groups(t, numbers), _groups(t, numbers, sort=True)
+        assert (f1[g1] == f1[g1][0]).sum() == (f2[g2] == f2[g2][0]).sum()  # the same partition, numbered apart
+        assert np.array_equal(g1[f1], np.arange(len(f1))) and np.array_equal(g2[f2], np.arange(len(f2)))
+        pairs = set(zip(g1.tolist(), g2.tolist()))
+        assert len(pairs) == len(f1) == len(f2)
+
+
+def test_sorted_search_equals_numpy_on_strided_columns():
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 5, STEP - 1, STEP, STEP + 1, 3 * STEP + 7, 10_000, 100_000):
+        table = np.zeros((n, 3), np.uint64)
+        table[:, 1] = np.cumsum(rng.integers(1, 4, n)).astype(np.uint64)
+        col = table[:, 1]
+        assert not col.flags.c_contiguous or n <= 1
+        top = int(col[-1]) + 3 if n else 3
+        many = np.concatenate([np.arange(0, top), rng.integers(0, 2**40, 5)])  # every window: searched together
+        for values in (many, rng.integers(0, top, 3), np.array([top - 3])):  # a few windows: each copied
+            for side in ("left", "right"):
+                got = Sorted(col).search(values, side=side)
+                assert got.tolist() == np.searchsorted(col, values.astype(np.uint64), side=side).tolist(), (n, side)
