@@ -1,5 +1,7 @@
 """An index v2's column files, mapped (a local folder) or read (a remote root), each checked against what the JSON
-part declares before anything is derived from it.
+part declares before anything is derived from it. A remote root's per-frame columns are not downloaded at open:
+their header and size are checked from one GET of their first bytes, and their rows are read by range on use
+(`episodepipes.remote.framecolumns`), so opening costs what grows with episodes, not frames.
 
 A column's ``.npy`` header says how many rows it holds, and a sparse file can say 2**31 rows at no disk cost, so the
 header is read first and must give the dtype and shape the checked JSON gives (`indexv2.check_meta` bounds those by

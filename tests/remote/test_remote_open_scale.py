@@ -191,3 +191,28 @@ def test_a_video_pass_reads_only_its_episodes_blocks(shard_folder, moto, proxy, 
     gets = _column_gets(proxy)
     assert len(rows) == 1 and sorted(n for n, _ in gets) == sorted(PER_FRAME)  # its one block, of each column
     assert sum(_span(r) for _, r in gets) == 8 * ROW_BYTES
+
+
+def test_with_cache_whole_the_columns_are_fetched_once_a_machine_and_mapped(roots, proxy, tmp_path):
+    frames = 10**5
+    opts = RemoteOptions(backoff=0.001, cache_dir=tmp_path / "cache", cache_whole=True)
+    url, local = f"s3://{BUCKET}/f{frames}", EpisodeIndex.open(roots[frames])
+    rows = np.arange(0, frames, 997)
+    for k in range(2):  # two indexes of one machine (as two ranks): the second fetches no column
+        index = EpisodeIndex.open(url, options=opts)
+        proxy.reset()
+        assert all(np.array_equal(a, b) for a, b in zip(index.frame_ranges(rows), local.frame_ranges(rows)))
+        gets = _column_gets(proxy)
+        if k == 0:  # each column whole, once: what a full shuffle over every row reads anyway
+            assert sorted(n for n, _ in gets) == sorted(PER_FRAME)
+            assert proxy.body_bytes == sum((roots[frames] / COLUMNS[n][0]).stat().st_size for n in PER_FRAME)
+        else:
+            assert gets == [] and proxy.body_bytes == 0
+    cached = [p for p in (tmp_path / "cache").iterdir() if p.stat().st_size > frames]
+    assert len(cached) == len(PER_FRAME)
+    for p in cached:  # a cached copy that is not the column checked at open is refused by name, never mapped
+        p.write_bytes(p.read_bytes()[:-4])
+    index = EpisodeIndex.open(url, options=opts)
+    with pytest.raises(IndexFormatError, match=r"the cached copy of s3://scale/f100000/index\.[a-z0-9]+\.npy .*"
+                                               "delete it from the cache_dir"):
+        index.frame_ranges(rows)
