@@ -24,6 +24,7 @@ import collections
 import mmap
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,7 @@ class FrameColumns:
         self._lock = threading.Lock()
         self._mapped: dict[str, np.ndarray] | None = None  # whole columns mapped from the node's cache
         self._tried_map = False
+        _LIVE.add(self)
 
     def column(self, name: str) -> RangeColumn:
         """The array-like view of column ``name``."""
@@ -268,3 +270,17 @@ class RangeColumn:
     def __repr__(self) -> str:
         spec = self._frames.specs[self._name]
         return f"RangeColumn({self._frames.source.root}/{spec.name}, {spec.dtype}, shape={list(spec.shape)})"
+
+
+_LIVE: weakref.WeakSet[FrameColumns] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # a forked worker keeps the blocks it inherited (no request to read them again); a lock another thread held at
+    # the fork would never be released in the child
+    for cols in list(_LIVE):
+        cols._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)

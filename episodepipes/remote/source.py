@@ -296,7 +296,7 @@ class RemoteSource:
             raise ShardIOError(f"{self.root}/{name} bytes 0-{size}: the server sent {len(data)} bytes of this "
                                f"{total}-byte object; retry, or check the server and any proxy")
         self._sizes[name] = total
-        if meta.get("e_tag"):
+        if meta.get("e_tag") and not meta["e_tag"].startswith("W/"):  # a weak ETag never matches If-Match
             self._versions[name] = meta["e_tag"]
         return data[:size], total
 

@@ -216,3 +216,24 @@ def test_with_cache_whole_the_columns_are_fetched_once_a_machine_and_mapped(root
     with pytest.raises(IndexFormatError, match=r"the cached copy of s3://scale/f100000/index\.[a-z0-9]+\.npy .*"
                                                "delete it from the cache_dir"):
         index.frame_ranges(rows)
+
+
+def _look_up_in_child(index: EpisodeIndex, episode: int, out) -> None:  # noqa: ANN001
+    e = index.episodes[episode]
+    out.put([e.frame_range(t) for t in range(e.length)])
+
+
+def test_a_forked_worker_keeps_the_blocks_it_inherited(roots, proxy):
+    index = EpisodeIndex.open(f"s3://{BUCKET}/f{10**5}", options=FAST)
+    e = index.episodes[7]
+    want = [e.frame_range(t) for t in range(e.length)]
+    proxy.reset()
+    ctx = mp.get_context("fork")  # the blocks are plain memory: nothing of the parent's obstore runtime is needed
+    q = ctx.Queue()
+    p = ctx.Process(target=_look_up_in_child, args=(index, 7, q))
+    p.start()
+    try:
+        assert q.get(timeout=60) == want
+    finally:
+        p.join(timeout=60)
+    assert proxy.requests == []
