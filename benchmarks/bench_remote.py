@@ -28,7 +28,13 @@ epoch's bytes), as frames/s too, with the server CPU those bytes cost: the bandw
 The CPU columns split the cost: this process's CPU per frame on each side (what the pipe itself spends), and
 the server's CPU per s3 pass, which on this 2-core machine is taken from the pipe's cores, as a real object
 store's is not.
-Run: ``python scripts/bench.py remote [--quick]``.
+``open`` (a table of its own): what `EpisodeIndex.open` of a remote root fetches, counted at a proxy in this process
+in front of moto (child process, 20 ms per request), on synthetic indexes laid out as the writer lays them out
+(`remotecases.synthetic_index`: 10^4 frames a shard, no shards needed) from 10^6 to 10^8 frames: requests and bytes
+at open (per-frame columns are read by range on use; what open reads grows with episodes and shards only), the
+process's resident memory growth, and what the first frame lookup then fetches (its rows' block of every per-frame
+column).
+Run: ``python scripts/bench.py remote [--quick]``; the open table alone: ``python benchmarks/bench_remote.py --open``.
 """
 
 from __future__ import annotations
@@ -173,6 +179,65 @@ def _server_bandwidth(url: str, index: object, server: Callable[[], float], *, f
     return sum(len(g[0]) for g in got) / dt / 1e6, cpu, len(calls)
 
 
+OPEN_SIZES = ((10**4, 10**6), (10**4, 10**7), (10**4, 10**8), (10**6, 10**8))  # (episodes, frames)
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def open_costs(workdir: Path, quick: bool) -> dict:
+    """Requests, bytes, seconds and memory of opening a remote index, then of its first frame lookup (see above)."""
+    import gc
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from remotecases import synthetic_index
+    from s3server import FaultProxy, ServerProcess, restore_env, s3_env, set_env
+
+    from episodepipes.index import EpisodeIndex
+
+    sizes = OPEN_SIZES[:2] if quick else OPEN_SIZES
+    servers = ServerProcess((0.02,))
+    proxy = FaultProxy(servers.endpoints[0])
+    old = set_env(s3_env(proxy.endpoint))
+    rows, table = [], []
+    try:
+        for episodes, frames in sizes:
+            local = synthetic_index(Path(workdir) / f"open-{episodes}-{frames}", episodes=episodes, frames=frames,
+                                    shards=frames // 10**4)
+            columns = sum(p.stat().st_size for p in local.glob("index.*.npy"))
+            meta = (local / "index.json").stat().st_size
+            servers.upload_dir(local, "bench", f"open-{episodes}-{frames}")
+            shutil.rmtree(local)
+            gc.collect()
+            proxy.reset()
+            rss, t = _rss(), time.perf_counter()
+            index = EpisodeIndex.open(f"s3://bench/open-{episodes}-{frames}")
+            dt, grew = time.perf_counter() - t, _rss() - rss
+            n_open, b_open = len(proxy.requests), proxy.body_bytes
+            proxy.reset()
+            index.episodes[episodes // 2].frame_range(0)
+            n_look, b_look = len(proxy.requests), proxy.body_bytes
+            table.append([f"{episodes:.0e}", f"{frames:.0e}", f"{meta / 1e6:.2f} MB + {columns / 1e6:,.1f} MB",
+                          n_open, f"{b_open / 1e6:.2f} MB", f"{dt:.2f} s", f"{grew / 1e6:,.0f} MB", n_look,
+                          f"{b_look / 1e3:.0f} kB"])
+            rows.append({"metric": f"remote open at {episodes:.0e} episodes, {frames:.0e} frames: bytes fetched",
+                         "ours": b_open, "baseline": meta + columns, "ceiling": None, "unit": "bytes",
+                         "note": f"{n_open} requests, {dt:.2f} s, RSS +{grew / 1e6:,.0f} MB; the first lookup: "
+                                 f"{n_look} requests, {b_look} bytes; baseline: index.json and every column whole"})
+            del index
+    finally:
+        proxy.close()
+        servers.close()
+        restore_env(old)
+    return {"rows": rows, "table": {
+        "title": "remote open: what EpisodeIndex.open fetches (moto in a child, 20 ms a request; 10^4 frames a shard)",
+        "columns": ["episodes", "frames", "index.json + columns", "requests at open", "bytes at open", "open",
+                    "RSS growth", "first lookup: requests", "first lookup: bytes"], "rows": table}}
+
+
 def run(workdir: Path, quick: bool) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from s3server import ServerProcess, s3_env, set_env
@@ -286,7 +351,9 @@ def run(workdir: Path, quick: bool) -> dict:
     finally:
         servers.close()
     frames = sum(e.length for e in local.episodes)
-    return {"section": "remote", "intro": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0].strip(), "rows": rows,
+    opened = open_costs(workdir, quick)
+    rows += opened["rows"]
+    return {"section": "remote", "intro": __doc__.split("\n\n", 1)[1].split("\nRun:")[0].strip(), "rows": rows,
             "tables": [{"title": f"remote roots: {frames} frames x 2 cameras 224x224 in {len(local.shards)} shards, "
                                  f"batch {BATCH}, 2 decode threads; ratio = s3/local frames/s, median (range) of "
                                  f"{repeat} paired runs (3 for train, bounded by the server's GETs/s; the block "
@@ -294,7 +361,7 @@ def run(workdir: Path, quick: bool) -> dict:
                         "columns": ["latency", "pipe", "frames", "local frames/s", "s3 frames/s", "ratio",
                                     "bytes / own", "GETs", "episodes / batch",
                                     "client CPU ms/frame (local / s3)", "server CPU s per s3 pass"],
-                        "rows": table}]}
+                        "rows": table}, opened["table"]]}
 
 
 if __name__ == "__main__":
@@ -303,4 +370,7 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as d:
-        print(json.dumps(run(Path(d), "--quick" in sys.argv), indent=1))
+        if "--open" in sys.argv:
+            print(json.dumps(open_costs(Path(d), "--quick" in sys.argv)["table"], indent=1))
+        else:
+            print(json.dumps(run(Path(d), "--quick" in sys.argv), indent=1))

@@ -9,8 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from s3server import CREDENTIALS
 
+from episodepipes.format import FORMAT_NAME, shard_name
+from episodepipes.index import v2 as indexv2
 from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
@@ -20,6 +23,35 @@ def upload_synthetic(moto, out: Path, bucket: str, prefix: str) -> Path:  # noqa
     write_shards(SyntheticReader(num_episodes=4, length=10, height=48, width=64), out,
                  WriteOptions(format="test", shard_size=60_000))
     moto.upload_dir(out, bucket, prefix)
+    return out
+
+
+FRAME_BYTES = 1024  # each synthetic frame's bytes in its (never written) shard
+
+
+def synthetic_index(out: Path, *, episodes: int, frames: int, shards: int) -> Path:
+    """An index v2 of ``frames`` frames in ``episodes`` equal episodes over ``shards`` shards (whole episodes each),
+    written at ``out`` as the writer lays it out (index.json and every column), without the shards: what opening and
+    looking frames up cost at any size, in the time numpy takes to fill the columns. Splits alternate train/val."""
+    if frames % episodes or episodes % shards:
+        raise ValueError(f"{frames=} should divide by {episodes=}, and it by {shards=}")
+    length, per_shard = frames // episodes, episodes // shards
+    n = np.arange(episodes, dtype=np.uint64)
+    ep = np.zeros((episodes, 7), np.uint64)
+    ep[:, indexv2.FIRST], ep[:, indexv2.LENGTH], ep[:, indexv2.SEGMENT] = n * length, length, n
+    ep[:, indexv2.SPLIT] = n % 2
+    seg = np.stack([n // per_shard, n * length, np.full(episodes, length, np.uint64)], axis=1)
+    rows = np.arange(frames, dtype=np.uint64)
+    cols = {"episodes": ep, "segments": seg, "offset": (rows % (per_shard * length)) * FRAME_BYTES,
+            "size": np.full(frames, FRAME_BYTES, "<u4"), "crc32": np.zeros(frames, "<u4")}
+    schema = {"cameras": {"cam": {"height": 8, "width": 8}}, "arrays": {"action": {"dtype": "<f4", "shape": [2]}}}
+    data = {"format": FORMAT_NAME, "version": 2, "layout": "members", "crc32": True, "options": {},
+            "shards": [{"name": shard_name(i), "bytes": (per_shard * length + 2) * FRAME_BYTES,
+                        "samples": per_shard * length, "sha256": "0" * 64} for i in range(shards)],
+            "schemas": [schema], "splits": ["train", "val"], "prompts": [""], "fps": [10.0],
+            "ids": [f"ep{i:07d}" for i in range(episodes)], "frames": frames, "episode_meta": []}
+    out.mkdir(parents=True, exist_ok=True)
+    indexv2.write(out, data, cols)
     return out
 
 

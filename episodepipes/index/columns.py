@@ -1,5 +1,7 @@
 """An index v2's column files, mapped (a local folder) or read (a remote root), each checked against what the JSON
-part declares before anything is derived from it.
+part declares before anything is derived from it. A remote root's per-frame columns are not downloaded at open:
+their header and size are checked from one GET of their first bytes, and their rows are read by range on use
+(`episodepipes.remote.framecolumns`), so opening costs what grows with episodes, not frames.
 
 A column's ``.npy`` header says how many rows it holds, and a sparse file can say 2**31 rows at no disk cost, so the
 header is read first and must give the dtype and shape the checked JSON gives (`indexv2.check_meta` bounds those by
@@ -18,6 +20,7 @@ import os
 import threading
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy
@@ -98,22 +101,67 @@ def load_columns(root: Path, data: dict, file: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def read_columns(source: ByteSource, data: dict, file: str) -> dict[str, np.ndarray]:
-    """Each column read whole through a remote root's byte source (one GET each), checked as `load_columns` does;
-    what they would take in memory together is bounded before the first is downloaded."""
+PROBE = 4096  # bytes of a column's first GET: its header (128 bytes as numpy writes it), and its size alongside
+WHOLE_AT_OPEN = ("packed",)  # layouts whose open checks every frame (`indexv2.check_packed`): columns read whole
+_PER_INDEX = ("episodes", "segments")  # tables of rows per episode or per segment: read whole, whatever their count
+
+
+def by_range(name: str, column: dict, data: dict) -> bool:
+    """Whether a remote index's column is read by range on use (`episodepipes.remote.framecolumns`) rather than
+    whole at open: a column of one row per frame, unless the layout checks every frame at open."""
+    return (name not in _PER_INDEX and data.get("layout") not in WHOLE_AT_OPEN and data["frames"] > 0
+            and column["shape"][:1] == [data["frames"]])
+
+
+def read_columns(source: ByteSource, data: dict, file: str) -> dict[str, Any]:
+    """A remote root's columns, each checked as `load_columns` checks a mapped one (header, then the object's size).
+
+    Per-frame columns (`by_range`) cost one GET at open, of their header and size, and become range columns that
+    fetch the rows a lookup touches (each fetch checked again: the same bytes, the same object); the others (per
+    episode or segment) are read whole, one GET each, what they take in memory together bounded before the first.
+    """
+    from episodepipes.remote import RemoteSource
+    from episodepipes.remote.framecolumns import ColumnSpec, FrameColumns
+
+    ranged = isinstance(source, RemoteSource)
+    lazy = {n for n, c in data["columns"].items() if ranged and by_range(n, c, data)}
     check_memory(file, "its columns, read whole from a remote root,",
-                 sum(NPY_HEADER + _nbytes(c["dtype"], tuple(c["shape"])) for c in data["columns"].values()))
-    out = {}
+                 sum(NPY_HEADER + _nbytes(c["dtype"], tuple(c["shape"]))
+                     for n, c in data["columns"].items() if n not in lazy))
+    out: dict[str, Any] = {}
+    specs = {}
     for name, c in data["columns"].items():
         col, dtype, shape = COLUMNS[name][0], c["dtype"], tuple(c["shape"])
-        where = f"{source.root}/{col}"
+        where, whole = f"{source.root}/{col}", NPY_HEADER + _nbytes(dtype, shape)
         try:
-            raw = source.read_file(col, limit=NPY_HEADER + _nbytes(dtype, shape))  # a larger one is not downloaded
+            if not ranged:
+                raw = source.read_file(col, limit=whole)  # a larger one is not downloaded
+                size = len(raw)
+            else:  # one GET: the header (the whole column if it is read whole) and the object's size
+                raw, size = source.probe(col, PROBE if name in lazy else whole)
+                if name not in lazy and size > whole:
+                    raise ShardTooLargeError(where, size, whole, "re-upload it or re-shard")
+                if name in lazy and _header_end(raw) > len(raw) and size > len(raw):  # a longer header than numpy's
+                    raw = source.read(col, 0, min(size, NPY_HEADER))
         except ShardMissingError:
             raise IndexFormatError(f"{where} is missing, and {file} needs it; upload it or re-shard") from None
         except ShardTooLargeError as e:
             raise IndexFormatError(str(e)) from None
         start = header(raw, where, file, dtype, shape)
-        _size_mismatch(where, len(raw), start, dtype, shape, file)
-        out[name] = np.frombuffer(raw, dtype, int(np.prod(shape, dtype=np.int64)), start).reshape(shape)
+        _size_mismatch(where, size, start, dtype, shape, file)
+        if name in lazy:
+            specs[name] = ColumnSpec(col, dtype, shape, start, bytes(raw[:start]))
+        else:
+            out[name] = np.frombuffer(raw, dtype, int(np.prod(shape, dtype=np.int64)), start).reshape(shape)
+    if specs:
+        source.pin({s.name: data["columns"][n]["sha256"] for n, s in specs.items()})  # cache entries keyed by it
+        frames = FrameColumns(source, specs, file)
+        out.update({n: frames.column(n) for n in specs})
     return out
+
+
+def _header_end(raw: bytes) -> int:
+    """Where a .npy header that starts ``raw`` says its data starts (0 if ``raw`` is too short to say)."""
+    if len(raw) < 12 or raw[:6] != b"\x93NUMPY":
+        return 0
+    return 10 + int.from_bytes(raw[8:10], "little") if raw[6] == 1 else 12 + int.from_bytes(raw[8:12], "little")

@@ -10,7 +10,6 @@ a v2 index costs nothing per frame.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import zlib
@@ -182,8 +181,8 @@ class EpisodeIndex:
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         # a spawned worker maps the columns again (shared pages) instead of receiving a copy of them
-        if self.remote:  # and reads a remote root afresh (a source holds connections and locks, which do not pickle)
-            return functools.partial(EpisodeIndex.open, options=getattr(self.source, "options", None)), (self.root,)
+        if self.remote:  # a remote one pickles what it read (its source and range-read columns as descriptions):
+            return super().__reduce_ex__(protocol)  # the worker fetches nothing again, and rows only on use
         if self.version == 2:
             return EpisodeIndex.open, (str(self.file),)
         return super().__reduce_ex__(protocol)

@@ -158,6 +158,25 @@ class RangeCache:
             pass
         return out
 
+    def whole_path(self, root: str, name: str, ident: str) -> Path | None:
+        """The file holding the cached whole object (for a caller that maps it), or None if it is not cached."""
+        self.check_private()
+        path = self._path(root, name, ident, -1, -1)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return None
+        return path
+
+    def wait_whole(self, root: str, name: str, ident: str) -> None:
+        """Return once the whole object another process claimed is cached, its marker is gone (the fetch failed),
+        or ``stale`` seconds passed: the caller then fetches it itself if it is still missing."""
+        lock = self._path(root, name, ident, -1, -1).with_suffix(_LOCK)
+        deadline, delay = time.monotonic() + self.stale, 0.002
+        while self.whole_path(root, name, ident) is None and lock.exists() and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+
     def put_whole(self, root: str, name: str, ident: str, chunks: Iterable[bytes]) -> bool:
         """Store a whole object streamed as ``chunks``; False if it could not be (too big, disk error)."""
         return self._commit(self._path(root, name, ident, -1, -1), chunks, name)

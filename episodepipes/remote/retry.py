@@ -25,10 +25,14 @@ class NotSatisfiable(ShardIOError):
     """The range starts past the object's end (416): the object is shorter than the index says."""
 
 
+class Changed(ShardIOError):
+    """The object is no longer the version a conditional GET asked for (412): it was replaced since."""
+
+
 def call(fn: Callable[[], T], *, where: str, attempts: int, backoff: float, max_backoff: float) -> T:
     """``fn()``, retried with exponential backoff and jitter on transient failures.
 
-    Raises `Missing`, `NotSatisfiable`, or a `ShardIOError` starting with ``where`` (the object and range)
+    Raises `Missing`, `NotSatisfiable`, `Changed`, or a `ShardIOError` starting with ``where`` (the object and range)
     once the failure is final or ``attempts`` are used up. Causes are cut to one line with credentials and
     URL queries blanked and control characters escaped (they may quote a server's error body, printed to a
     terminal), and not chained, so a traceback shows no more than the message.
@@ -43,6 +47,8 @@ def call(fn: Callable[[], T], *, where: str, attempts: int, backoff: float, max_
             status = _status(cause)
             if status == 416:
                 raise NotSatisfiable(where) from None
+            if status == 412:
+                raise Changed(where) from None
             if not transient(e, status):
                 raise ShardIOError(f"{where}: {cause}") from None
             if attempt == attempts:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from ..errors import ShardIOError, ShardMissingError, ShardTooLargeError
+from ..errors import ShardIOError, ShardMissingError, ShardTooLargeError, ShardTruncatedError
 from ..format import check_name
 from . import retry
 from .cache import RangeCache
@@ -50,7 +50,10 @@ class RemoteOptions:
         timeout: seconds for one GET, connection included.
         cache_dir: folder for a local range cache shared by the processes of one machine; None: no cache.
         cache_bytes: the cache's bound in bytes (least recently used entries are evicted past it).
-        cache_whole: cache whole objects (one GET per shard, then local reads) instead of the ranges read.
+        cache_whole: cache whole objects (one GET per shard, then local reads) instead of the ranges read; an
+            index's per-frame columns are then fetched whole into the cache on first use and mapped from there.
+        column_cache_bytes: bytes of an index's per-frame columns one process keeps in memory (blocks of rows read
+            by range on use, the least recently used dropped past it; `episodepipes.remote.framecolumns`).
         allow_http: allow plain ``http://`` to any host (a root, ``AWS_ENDPOINT_URL`` or ``GOOGLE_BASE_URL``);
             without it only loopback hosts may be reached over plain HTTP, and other hosts are refused by name.
     """
@@ -66,11 +69,12 @@ class RemoteOptions:
     cache_dir: str | os.PathLike | None = None
     cache_bytes: int = 10 * 1024**3
     cache_whole: bool = False
+    column_cache_bytes: int = 64 * 1024 * 1024
     allow_http: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("gap", 0), ("max_request", 1), ("max_in_flight", 1), ("attempts", 1),
-                          ("cache_bytes", 1)):
+                          ("cache_bytes", 1), ("column_cache_bytes", 1)):
             v = getattr(self, name)
             if type(v) is not int or v < low:
                 raise ValueError(f"{name}={v!r} should be an int >= {low}")
@@ -125,6 +129,7 @@ class RemoteSource:
         self._pins: dict[str, str] = {}  # name -> the identity its cache entries are keyed by (`pin`)
         self._tags: dict[str, str] = {}  # name -> its size and ETag/version from a HEAD, for an object not pinned
         self._uncached: set[str] = set()  # objects that cache_whole could not store
+        self._versions: dict[str, str] = {}  # name -> the ETag every GET of it requires (`probe`)
         self._fetching: dict[str, threading.Lock] = {}
         _LIVE.add(self)
 
@@ -246,8 +251,10 @@ class RemoteSource:
 
         out = cache.read_whole(self.root, name, ident, ranges)
         if out is None:
-            def fetch() -> bool:  # streamed in chunks
-                return cache.put_whole(self.root, name, ident, obstore.get(self._client(), name))
+            def fetch() -> bool:  # streamed in chunks; the version `probe` saw, if it fixed one
+                etag = self._versions.get(name)
+                opts = {"if_match": etag} if etag else None
+                return cache.put_whole(self.root, name, ident, obstore.get(self._client(), name, options=opts))
 
             with self._lock:
                 lock = self._fetching.setdefault(name, threading.Lock())
@@ -260,6 +267,74 @@ class RemoteSource:
             if len(piece) != n:
                 raise self._short(name, off, off + n) from None
         return out
+
+    def probe(self, name: str, size: int) -> tuple[bytes, int]:
+        """(the object's first ``size`` bytes, fewer if it is shorter; its whole size), from one ranged GET, which
+        also fixes the version read: every later GET of the object asks for the ETag this one saw (If-Match), so
+        an object replaced since is refused (`retry.Changed`, naming it) instead of read as a mix of two versions.
+
+        What an index's column files are opened by: their header and size in one request, their rows by range later.
+        """
+        import obstore
+
+        name = check_name(name)
+        o = self.options
+
+        def get() -> tuple[bytes, dict]:
+            res = obstore.get(self._client(), name, options={"range": (0, max(size, 1))})
+            return bytes(res.bytes()), res.meta
+
+        try:
+            data, meta = retry.call(get, where=f"{self.root}/{name} bytes 0-{size}", attempts=o.attempts,
+                                    backoff=o.backoff, max_backoff=o.max_backoff)
+        except retry.Missing:
+            raise ShardMissingError(f"{self.root}/{name} is missing; upload it or re-shard {self.root}") from None
+        except retry.NotSatisfiable:  # an empty object has no byte 0
+            data, meta = b"", {"size": 0, "e_tag": None}
+        total = int(meta["size"])
+        if len(data) != min(total, max(size, 1)):
+            raise ShardIOError(f"{self.root}/{name} bytes 0-{size}: the server sent {len(data)} bytes of this "
+                               f"{total}-byte object; retry, or check the server and any proxy")
+        self._sizes[name] = total
+        if meta.get("e_tag") and not meta["e_tag"].startswith("W/"):  # a weak ETag never matches If-Match
+            self._versions[name] = meta["e_tag"]
+        return data[:size], total
+
+    def local_copy(self, name: str) -> str | None:
+        """The path of the whole object in the local cache, fetched into it first (once per machine: a process that
+        finds another fetching it waits), for a caller that maps it; None without ``cache_dir`` and ``cache_whole``,
+        or when it cannot be cached (larger than ``cache_bytes``, no disk)."""
+        name = check_name(name)
+        cache = self._cache
+        if cache is None or not self.options.cache_whole or name in self._uncached:
+            return None
+        ident = self._identities([name]).get(name, "")
+        if not ident:
+            return None
+        if cache.whole_path(self.root, name, ident) is None:
+            mine = cache.claim(self.root, name, ident, -1, -1)
+            try:
+                if not mine:
+                    cache.wait_whole(self.root, name, ident)
+                if self._read_whole(cache, ident, name, []) is None:
+                    self._uncached.add(name)
+                    return None
+            finally:
+                if mine:
+                    cache.release(self.root, name, ident, -1, -1)
+        path = cache.whole_path(self.root, name, ident)
+        return None if path is None else str(path)
+
+    def __reduce__(self) -> tuple:
+        # a source pickles as its root, options and what it knows of its objects (pins, versions, sizes): the copy
+        # in another process opens its own connections on first use and asks for the same versions
+        return RemoteSource, (self.root, self.options), {"pins": dict(self._pins), "versions": dict(self._versions),
+                                                         "sizes": dict(self._sizes)}
+
+    def __setstate__(self, state: dict) -> None:
+        self._pins.update(state["pins"])
+        self._versions.update(state["versions"])
+        self._sizes.update(state["sizes"])
 
     def read_file(self, name: str, *, limit: int | None = None) -> bytes:
         """The whole object (an index), never cached: it is the file that says what the shards are.
@@ -361,8 +436,12 @@ class RemoteSource:
     def _get(self, name: str, req: Request) -> object:
         import obstore
 
-        return self._call(name, (req.start, req.end),
-                          lambda: obstore.get_range(self._client(), name, start=req.start, end=req.end))
+        etag = self._versions.get(name)
+        if etag is None:
+            return self._call(name, (req.start, req.end),
+                              lambda: obstore.get_range(self._client(), name, start=req.start, end=req.end))
+        return self._call(name, (req.start, req.end), lambda: obstore.get(
+            self._client(), name, options={"range": (req.start, req.end), "if_match": etag}).bytes())
 
     def _call(self, name: str, span: tuple[int, int] | None, fn: Callable[[], T]) -> T:
         o = self.options
@@ -373,6 +452,9 @@ class RemoteSource:
             raise ShardMissingError(f"{self.root}/{name} is missing; upload it or re-shard {self.root}") from None
         except retry.NotSatisfiable:
             raise self._short(name, *span) from None  # type: ignore[misc]
+        except retry.Changed:
+            raise retry.Changed(f"{where}: the object changed since it was opened (its ETag is not the one read "
+                                "then); reopen the index, or restore what was replaced") from None
 
     def _check_body(self, name: str, req: Request, got: int) -> None:
         """Refuse a ranged GET's body that is not the range asked for (obstore passes on what a server sends)."""
@@ -380,13 +462,13 @@ class RemoteSource:
             raise ShardIOError(f"{self.root}/{name} bytes {req.start}-{req.end}: the server sent {got} bytes for "
                                f"this {req.end - req.start}-byte range; retry, or check the server and any proxy")
 
-    def _short(self, name: str, offset: int, end: int) -> ShardIOError:
+    def _short(self, name: str, offset: int, end: int) -> ShardTruncatedError:
         try:
             have = f"ends at byte {self.size(name)}"
         except ShardIOError:
             have = "is shorter than that"
-        return ShardIOError(f"{self.root}/{name} {have}, the index expects {end}: truncated? "
-                           f"re-upload or re-shard it")
+        return ShardTruncatedError(f"{self.root}/{name} {have}, the index expects {end}: truncated? "
+                                   f"re-upload or re-shard it")
 
 
 _LIVE: weakref.WeakSet[RemoteSource] = weakref.WeakSet()

@@ -72,12 +72,13 @@ def test_obstores_emulator_service_account_file_reads_with_allow_http(shards, gc
 
 def test_the_index_opens_from_gcs_as_it_does_locally(shards, gcs_proxy):
     local, remote = EpisodeIndex.open(shards), EpisodeIndex.open(URL + "/")
-    assert remote.remote and remote.root == URL
-    assert remote.data == local.data and remote.fingerprint == local.fingerprint and remote.version == 2
     gets = gcs_proxy.gets()
     assert [p for _, p, _ in gets][0] == f"/{BUCKET}/v1%2Findex%2Ejson"  # its size first (HEAD), then its bytes
     assert gets[0][2] == f"bytes=0-{(shards / 'index.json').stat().st_size - 1}"
-    assert all(r is not None and r.startswith("bytes=0-") for _, _, r in gets)  # each whole file in one ranged GET
+    assert all(r is not None and r.startswith("bytes=0-") for _, _, r in gets)  # each file in one GET from byte 0
+    assert len(gets) == 1 + len(local.meta["columns"])  # the per-frame columns' headers only: rows come on use
+    assert remote.remote and remote.root == URL
+    assert remote.data == local.data and remote.fingerprint == local.fingerprint and remote.version == 2
     gcs_proxy.reset()
     remote.verify()  # every column's and shard's bytes through the source, checked against their digests
     columns = sum(p.stat().st_size for p in shards.glob("index.*.npy"))

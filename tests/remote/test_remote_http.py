@@ -41,10 +41,10 @@ def served(site):
 def test_the_index_opens_over_http_as_it_does_locally(served):
     shards, server, url = served
     local, remote = EpisodeIndex.open(shards), EpisodeIndex.open(url + "/")
+    assert [p for _, p, _ in server.gets()] == [f"/data/v1/{n}" for n in  # one GET each at open
+                                                ["index.json", *(COLUMNS[c][0] for c in remote.meta["columns"])]]
     assert remote.remote and remote.root == url
     assert remote.data == local.data and remote.fingerprint == local.fingerprint and remote.version == 2
-    assert [p for _, p, _ in server.gets()] == [f"/data/v1/{n}" for n in
-                                                ["index.json", *(COLUMNS[c][0] for c in remote.meta["columns"])]]
     server.reset()
     remote.verify()
     columns = sum((shards / COLUMNS[c][0]).stat().st_size for c in local.meta["columns"])

@@ -11,6 +11,7 @@ from remotecases import plain, s3_secrets_absent
 
 from episodepipes.format import COLUMNS
 from episodepipes.index import EpisodeIndex, IndexFormatError
+from episodepipes.index.columns import PROBE, by_range
 from episodepipes.pipes import metric_pipe, video_pipe
 from episodepipes.pipes.plan import metric_items, read_runs
 from episodepipes.pipes.read import ShardReader
@@ -35,13 +36,19 @@ URL = f"s3://{BUCKET}/v1"
 
 def test_the_index_opens_from_s3_as_it_does_locally(shards, proxy):
     local, remote = EpisodeIndex.open(shards), EpisodeIndex.open(URL + "/")
-    assert remote.remote and not local.remote and remote.root == URL
-    assert remote.data == local.data and remote.fingerprint == local.fingerprint
-    assert remote.version == 2  # the index.json, then each of its columns: its size (HEAD), then one GET of those bytes
+    # the index.json (its size by a HEAD, then its bytes), then one GET from byte 0 of each column: the whole of a
+    # per-episode one, the header of a per-frame one (and its size, which the GET's answer carries)
     files = ["index.json", *(COLUMNS[c][0] for c in remote.meta["columns"])]
     assert [r[1] for r in proxy.gets()] == [f"/{BUCKET}/v1/{n}" for n in files]
-    assert [r[1] for r in proxy.requests if r[0] == "HEAD"] == [f"/{BUCKET}/v1/{n}" for n in files]
-    assert [rng for _, _, rng in proxy.gets()] == [f"bytes=0-{(shards / n).stat().st_size - 1}" for n in files]
+    assert [r[1] for r in proxy.requests if r[0] == "HEAD"] == [f"/{BUCKET}/v1/index.json"]
+    assert all(rng.startswith("bytes=0-") for _, _, rng in proxy.gets())
+    ranged = [c for c in remote.meta["columns"] if by_range(c, remote.meta["columns"][c], remote.meta)]
+    assert sorted(ranged) == ["crc32", "offset", "size"]
+    whole = ["index.json", *(COLUMNS[c][0] for c in remote.meta["columns"] if c not in ranged)]
+    assert proxy.body_bytes == sum((shards / n).stat().st_size for n in whole) + sum(
+        min(PROBE, (shards / COLUMNS[c][0]).stat().st_size) for c in ranged)
+    assert remote.remote and not local.remote and remote.root == URL
+    assert remote.data == local.data and remote.fingerprint == local.fingerprint and remote.version == 2
     assert remote.source is remote.source and remote.source.root == URL
     with pytest.raises(KeyError, match=rf"not in {URL}/index.json"):
         remote.episode("nope")
