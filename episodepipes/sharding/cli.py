@@ -114,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.add_argument("out", type=_root, metavar="OUT", help="a shard folder, or a remote root (s3://bucket/prefix, "
                        "gs://..., https://...) read with the standard environment (AWS_ENDPOINT_URL, ...)")
+    sub.choices["verify"].add_argument("--source-root", default=None, metavar="SRC",
+                                       help="an index written with --codec reference: the dataset root its frames "
+                                            "are read from (default: the folder it was written in, if inside SRC)")
     info = sub.choices["info"]
     info.add_argument("--episodes", action="store_true", help="also list every episode: id, split, length, task")
     info.add_argument("--json", action="store_true",
@@ -287,7 +290,7 @@ def _run(a: argparse.Namespace) -> int:
         _say(_json(shown) if a.json else shown)
         return 0
     if a.command == "verify":
-        problems = inspect.verify(a.out)
+        problems = inspect.verify(a.out, source_root=a.source_root)
         if problems:
             _say(problems, file=sys.stderr)
         _say(f"{a.out}: {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'}")

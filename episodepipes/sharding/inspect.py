@@ -124,10 +124,11 @@ def _attributes(attrs: dict) -> str:
     return printable(" ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(attrs.items()))) or "-"
 
 
-def verify(out: str | Path) -> list[str]:
+def verify(out: str | Path, *, source_root: str | Path | None = None) -> list[str]:
     """Every problem found, each naming the shard (and episode); an empty list means the output is intact.
 
     `EpisodeIndex.problems` with ``members=True``: the columns' sha256 (v2), each shard's size and sha256,
     every frame's crc32 (where the index has them), and the tar headers at every indexed frame offset.
+    ``source_root``: a ``--codec reference`` index's dataset root (`EpisodeIndex.open`).
     """
-    return EpisodeIndex.open(out).problems(members=True)
+    return EpisodeIndex.open(out, source_root=source_root).problems(members=True)
