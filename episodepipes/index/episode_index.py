@@ -70,7 +70,10 @@ class EpisodeIndex:
         self._source = source  # a remote root's, given by open; a local one is opened on first use
         self._folder, self._source_root = source, None  # a reference index's own folder, its source files' root
         self.referenced = "reference" in meta  # --codec reference: shards read from the source files (`referenced`)
-        if self.referenced:
+        if self.referenced:  # its file names and counts checked now, its pieces when a pass first reads it
+            from episodepipes.index.referenced import check_reference
+
+            check_reference(meta["reference"], str(file))
             self._source = None
         self.meta: dict = meta
         self.options: dict = meta.get("options", {})
