@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "mixture", "lerobot", "peers", "codec", "remote"]
+SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "mixture", "lerobot", "peers", "codec", "remote",
+            "reference"]
 
 
 def _commit() -> str:
