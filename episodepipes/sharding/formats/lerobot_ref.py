@@ -76,7 +76,7 @@ def _demux(path: Path, number: int, where: str) -> Video:
     """Every packet of ``path``'s first video stream (never decoded), and its bytes."""
     import av
 
-    lr._demuxer(path, where)  # the suffix's demuxer, never the bytes'
+    lr.video_demuxer(path, where)  # the suffix's demuxer, never the bytes'
     fmt = DEMUXERS[path.suffix.lower()]
     data = memoryview(path.read_bytes())
     times, pos, size, keys = [], [], [], []
@@ -139,7 +139,7 @@ def _match(v: Video, start: float, end: float | None, times: np.ndarray, fps: fl
                            "read would decode that many frames; re-encode it with --codec av1 (short GOPs)")
     shown = v.times[k0:last + 1]
     span = np.flatnonzero((shown >= start - half) & (shown < (np.inf if end is None else end - half)))
-    taken = span[lr._closest(shown[span], start + times, start, tol, where)]
+    taken = span[lr.closest(shown[span], start + times, start, tol, where)]
     if np.any(np.diff(taken) != 1) or last - first + 1 != len(times) or taken[0] != first - k0:
         raise EpisodeError(f"{where}: the rows do not take one frame each in order, so the video cannot be "
                            "referenced frame for row; re-encode it with --codec av1")
@@ -150,11 +150,11 @@ def _tables(reader: lr.LeRobotReader, rel: str, where: str):  # noqa: ANN202 (py
     """A data file's rows, sorted by episode and frame, read once."""
     path = meta.regular_file(meta.inside(reader.root.resolve(), rel, where, EpisodeError), where, EpisodeError)
     cols = ["timestamp", "frame_index", "episode_index", "task_index", *reader.array_keys]
-    have = set(lr._parquet(path, where, EpisodeError, schema=True).names)
+    have = set(lr.parquet(path, where, EpisodeError, schema=True).names)
     missing = [c for c in cols if c not in have and c != "task_index"]
     if missing:
         raise EpisodeError(f"{where} has no columns {missing}, which meta/info.json lists as features; re-convert it")
-    t = lr._parquet(path, where, EpisodeError, columns=[c for c in cols if c in have])
+    t = lr.parquet(path, where, EpisodeError, columns=[c for c in cols if c in have])
     return t.sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
 
 
@@ -205,8 +205,8 @@ def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s
         if table_of != ep.data_file:
             table, table_of = _tables(reader, ep.data_file, f"{where}: {root / ep.data_file}"), ep.data_file
         rows = _episode_rows(table, i, ep.length, f"{where}: {root / ep.data_file}")
-        times = lr._timestamps(rows.column("timestamp"), f"{where}: {root / ep.data_file}")
-        lr._check_frame_index(rows.column("frame_index"), f"{where}: {root / ep.data_file}")
+        times = lr.timestamps(rows.column("timestamp"), f"{where}: {root / ep.data_file}")
+        lr.check_frame_index(rows.column("frame_index"), f"{where}: {root / ep.data_file}")
         n = len(times)
         per_cam, backs, cam_meta = [], np.zeros((n, len(cams)), np.int64), {}
         for c, key in enumerate(cams):
@@ -235,7 +235,7 @@ def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s
                               "source_width": v.width, "codec": v.codec,
                               "gop": max(int((idx - key_rel[idx]).max()) + 1, 1),
                               **({"extradata": v.extradata.hex()} if v.extradata else {})}
-        values = {reader.names[k]: lr._column(rows.column(k), reader.shapes[k], f"{where} feature {k!r}")
+        values = {reader.names[k]: lr.column(rows.column(k), reader.shapes[k], f"{where} feature {k!r}")
                   for k in arrays}
         flat = [np.ascontiguousarray(values[reader.names[k]]).reshape(n, -1).view(np.uint8) for k in arrays]
         row_bytes = np.hstack(flat) if flat else np.zeros((n, 0), np.uint8)
@@ -255,7 +255,7 @@ def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s
         if pos != p:
             raise AssertionError(f"{where}: the parts hold {pos - offsets[0]} bytes, the spans {p - offsets[0]}")
         split = splits[eid] or "train"
-        tasks = ep.tasks or reader._tasks_of(rows, eid)
+        tasks = ep.tasks or reader.tasks_of(rows, eid)
         entries.append({"id": safe, "split": split, "length": n, "fps": float(reader.fps), "prompt": "; ".join(tasks),
                         "cameras": cam_meta,
                         "arrays": {reader.names[k]: {"dtype": values[reader.names[k]].dtype.str,
