@@ -85,8 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                         "source's own video packets, not decoded (lerobot, and raw <camera>.mp4; a GOP up to "
                         f"{MAX_GOP} frames, no B-frames; cameras without video, LeRobot image features and PNG "
                         "folders, are stored as JPEG at --jpeg-quality; zarr has no video and is refused); "
-                        "reference (lerobot): no frames written, OUT indexes the packets in SRC's own mp4s, read "
-                        "from SRC at open (EpisodeIndex.open(OUT, source_root=SRC))")
+                        "reference (lerobot, raw <camera>.mp4): no frames written, OUT indexes the packets in "
+                        "SRC's own mp4s, read from SRC at open (EpisodeIndex.open(OUT, source_root=SRC))")
     w.add_argument("--gop", type=int, default=None,
                    help="h264/av1: frames per keyframe, 1..1000 (default 2); copy keeps the source's")
     w.add_argument("--crf", type=int, default=None,
@@ -218,14 +218,15 @@ def _write(a: argparse.Namespace) -> int:
 
 def _reference(a: argparse.Namespace, root: Path, fmt: str, opts: object, options: dict) -> int:
     """``write --codec reference``: an index of SRC's own files (`episodepipes.sharding.formats.lerobot_ref`)."""
-    from episodepipes.sharding.formats import lerobot_ref
+    from episodepipes.sharding.formats import lerobot_ref, raw_ref
 
-    if fmt != "lerobot" or is_url(a.out):
-        raise ValueError(f"--codec reference indexes a local LeRobot dataset into a local OUT, and {root} is {fmt} "
-                         f"(OUT {a.out}); use --codec copy")
-    res = lerobot_ref.index_lerobot(root, a.out, **options, shard_size=opts.shard_size,  # type: ignore[attr-defined]
-                                    val_fraction=a.val_fraction, overwrite=a.overwrite, seed=a.seed,
-                                    val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None)
+    if fmt not in ("lerobot", "raw") or is_url(a.out):
+        raise ValueError(f"--codec reference indexes a local LeRobot dataset or raw <camera>.mp4 folders into a local "
+                         f"OUT, and {root} is {fmt} (OUT {a.out}); use --codec copy")
+    index = lerobot_ref.index_lerobot if fmt == "lerobot" else raw_ref.index_raw
+    res = index(root, a.out, **options, shard_size=opts.shard_size,  # type: ignore[attr-defined, operator]
+                val_fraction=a.val_fraction, overwrite=a.overwrite, seed=a.seed,
+                val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None)
     _say(lerobot_ref.summary(res))
     return 0
 

@@ -9,13 +9,14 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import decode_rgb
+from helpers import decode_rgb, raw_mp4_source
 
 from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes import Source, metric_pipe, video_pipe
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
+from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 LENGTHS = (9, 7, 11)  # at GOP 4, in v3's one shared mp4 episodes 1 and 2 start mid-GOP (frames 9 and 16)
 CAMS = [k.replace(".", "_") for k in VIDEO_KEYS]
@@ -133,3 +134,18 @@ def test_an_index_inside_the_source_root_opens_without_one_and_the_cli_reads_it(
     capsys.readouterr()
     assert main(["verify", str(outside)]) == 2
     assert "source_root" in capsys.readouterr().err
+
+
+def test_raw_camera_mp4_folders_are_indexed_in_place_as_copy_shards(tmp_path):
+    src, want = raw_mp4_source(tmp_path / "raw", SyntheticReader(num_episodes=3, length=10, height=48, width=64,
+                                                                 cameras=("front", "wrist")))
+    assert main(["write", str(src), str(tmp_path / "copy"), "--format", "raw", "--codec", "copy"]) == 0
+    out = tmp_path / "ref"
+    assert main(["write", str(src), str(out), "--format", "raw", "--codec", "reference"]) == 0
+    c, r = EpisodeIndex.open(tmp_path / "copy"), EpisodeIndex.open(out, source_root=src)
+    for name in ("offset", "size", "crc32", "member", "key"):
+        assert np.array_equal(c.tables.columns[name], r.tables.columns[name]), name
+    got = _frames(video_pipe(r, episodes=[e.id for e in r.episodes], batch_size=4, max_batches=100), ["front", "wrist"])
+    assert got.keys() == want.keys()
+    _same(got, want)
+    assert r.problems(members=True) == []
