@@ -105,8 +105,15 @@ class EpisodeIndex:
         `IndexFormatError` naming the file and the fix."""
         if self._stats is None:
             self._stats = indexstats.load(self.meta, self.tables, file=str(self.file), root=str(self.root),
-                                          source=self.source if self.remote else None, location=self.location)
+                                          source=self._stats_source(), location=self.location)
         return self._stats
+
+    def _stats_source(self) -> ByteSource | None:
+        """Where the statistics are read from: the index folder's source (a reference index's own folder, never the
+        dataset it points into), or None for a local folder."""
+        if self.referenced:
+            return self._folder
+        return self.source if self.remote else None
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, verify: bool = False, options: RemoteOptions | None = None,
