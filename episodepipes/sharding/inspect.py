@@ -22,7 +22,7 @@ def _cameras(index: EpisodeIndex) -> list[dict]:
     """Each distinct camera (name, size, codec, GOP) and how many episodes have it; ``copied`` when its packets are
     the source's own (``write --codec copy``), not encoded here."""
     t = index.tables
-    copied = index.options.get("codec") == "copy"
+    copied = index.options.get("codec") in ("copy", "reference")
     schema_eps = Counter(t.episodes[:, SCHEMA].tolist())
     cams: Counter = Counter()
     for k, (c, _) in enumerate(t.schemas):
@@ -90,7 +90,9 @@ def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
         ("codecs", ", ".join(f"{k} ({v} ep)" for k, v in sorted(codecs.items())) or "-"),
         ("arrays", ", ".join(sorted(arrays)) or "-"),
         ("fps", ", ".join(f"{k} ({v} ep)" for k, v in sorted(d["fps"].items())) or "-"),
-        ("shards", f"{d['shards']}"),
+        ("shards", f"{d['shards']}" + (f" virtual: the frames are read in place from the dataset's "
+                                        f"{len(index.meta['reference']['files'])} video files" if index.referenced
+                                        else "")),
         ("bytes", f"{size} ({size / 1e6:.1f} MB; frames: {per_split(d['bytes']['frames_splits'])})"),
     ]
     skipped = d["skipped"]
