@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SECTIONS = ["shard", "gate", "decode", "len", "index", "train", "mixture", "lerobot", "peers", "codec", "remote",
-            "scale"]
+            "scale", "reference"]
 
 
 def _commit() -> str:

@@ -10,6 +10,7 @@ a v2 index costs nothing per frame.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import zlib
@@ -69,6 +70,13 @@ class EpisodeIndex:
         self.version, meta, self._v1, cols, seg_ok, attrs = load_tables(root, data, file, source)  # messages: file
         self.root, self.file, self.fingerprint = root, file, fingerprint  # fingerprint: resume checks the index
         self._source = source  # a remote root's, given by open; a local one is opened on first use
+        self._folder, self._source_root = source, None  # a reference index's own folder, its source files' root
+        self.referenced = "reference" in meta  # --codec reference: shards read from the source files (`referenced`)
+        if self.referenced:  # its file names and counts checked now, its pieces when a pass first reads it
+            from episodepipes.index.referenced import check_reference
+
+            check_reference(meta["reference"], str(file))
+            self._source = None
         self.meta: dict = meta
         self.options: dict = meta.get("options", {})
         self.shards: list[Shard] = [Shard(s["name"], s["bytes"], s["sha256"], s["samples"]) for s in meta["shards"]]
@@ -99,12 +107,19 @@ class EpisodeIndex:
         `IndexFormatError` naming the file and the fix."""
         if self._stats is None:
             self._stats = indexstats.load(self.meta, self.tables, file=str(self.file), root=str(self.root),
-                                          source=self.source if self.remote else None, location=self.location)
+                                          source=self._stats_source(), location=self.location)
         return self._stats
 
+    def _stats_source(self) -> ByteSource | None:
+        """Where the statistics are read from: the index folder's source (a reference index's own folder, never the
+        dataset it points into), or None for a local folder."""
+        if self.referenced:
+            return self._folder
+        return self.source if self.remote else None
+
     @classmethod
-    def open(cls, path: str | os.PathLike, *, verify: bool = False,
-             options: RemoteOptions | None = None) -> EpisodeIndex:
+    def open(cls, path: str | os.PathLike, *, verify: bool = False, options: RemoteOptions | None = None,
+             source_root: str | os.PathLike | None = None) -> EpisodeIndex:
         """Read and validate ``<path>/index.json`` (``path`` may also be the json file itself).
 
         A v2 index maps its columns; a v1 index is parsed whole, and logs once per process that
@@ -118,6 +133,10 @@ class EpisodeIndex:
             verify: also check every shard now (`verify`: existence, size, sha256, crc32), raising for the
                 first problem; off by default because it reads every byte (a remote root downloads them).
             options: how a remote root is read (`episodepipes.remote.RemoteOptions`); a local folder ignores them.
+            source_root: for an index written with ``--codec reference``, the root of the dataset whose files it
+                points into (a folder, or an ``s3://``, ``gs://``, ``https://`` root); None: the folder the index
+                lies in, if it was written inside the dataset (`episodepipes.index.referenced`). Other indexes
+                ignore it.
         """
         if is_url(path):
             source, file, raw = read_remote(str(path), options)
@@ -126,18 +145,26 @@ class EpisodeIndex:
             (root, file, raw), source = read_local(path), None
         index = cls.__new__(cls)
         index._load(root, parse(raw, file), hashlib.sha256(raw).hexdigest(), file, source)
+        index._source_root = source_root
         if verify:
             index.verify()
         return index
 
     @property
     def remote(self) -> bool:
-        """Whether the shards live under a remote root (read through `source`, never as local files)."""
-        return isinstance(self.root, str)
+        """Whether the shards are read through `source`, never as local files: under a remote root, or in a
+        dataset's own files (``--codec reference``)."""
+        return isinstance(self.root, str) or self.referenced
 
     @property
     def source(self) -> ByteSource:
         """The byte source of this index's root, opened on first use (opening connects to nothing)."""
+        if self._source is None and self.referenced:
+            from episodepipes.index.referenced import open_reference
+
+            folder = self._folder or open_source(self.root)
+            self._source = open_reference(self.meta, self.root, folder, str(self.file), self._source_root,
+                                          getattr(self._folder, "options", None))
         if self._source is None:
             self._source = open_source(self.root)
         return self._source
@@ -181,6 +208,9 @@ class EpisodeIndex:
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         # a spawned worker maps the columns again (shared pages) instead of receiving a copy of them
+        if self.referenced:  # reopened with its source root (its source holds open files)
+            return (functools.partial(EpisodeIndex.open, source_root=self._source_root),
+                    (self.root if isinstance(self.root, str) else str(self.file),))
         if self.remote:  # a remote one pickles what it read (its source and range-read columns as descriptions):
             return super().__reduce_ex__(protocol)  # the worker fetches nothing again, and rows only on use
         if self.version == 2:

@@ -83,11 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--shard-size", default="512MB", help="target shard size, e.g. 512MB, 1GiB (default 512MB)")
     w.add_argument("--jpeg-quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
     w.add_argument("--resize", default=None, metavar="HxW", help="resize every frame to height x width")
-    w.add_argument("--codec", default="jpeg", choices=("jpeg", "h264", "av1", "copy"),
+    w.add_argument("--codec", default="jpeg", choices=("jpeg", "h264", "av1", "copy", "reference"),
                    help="frames as JPEG (default), or h264/AV1 packets in GOPs of --gop frames, or copy: the "
                         "source's own video packets, not decoded (lerobot, and raw <camera>.mp4; a GOP up to "
                         f"{MAX_GOP} frames, no B-frames; cameras without video, LeRobot image features and PNG "
-                        "folders, are stored as JPEG at --jpeg-quality; zarr has no video and is refused)")
+                        "folders, are stored as JPEG at --jpeg-quality; zarr has no video and is refused); "
+                        "reference (lerobot, raw <camera>.mp4): no frames written, OUT indexes the packets in "
+                        "SRC's own mp4s, read from SRC at open (EpisodeIndex.open(OUT, source_root=SRC))")
     w.add_argument("--gop", type=int, default=None,
                    help="h264/av1: frames per keyframe, 1..1000 (default 2); copy keeps the source's")
     w.add_argument("--crf", type=int, default=None,
@@ -115,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.add_argument("out", type=_root, metavar="OUT", help="a shard folder, or a remote root (s3://bucket/prefix, "
                        "gs://..., https://...) read with the standard environment (AWS_ENDPOINT_URL, ...)")
+    sub.choices["verify"].add_argument("--source-root", default=None, metavar="SRC",
+                                       help="an index written with --codec reference: the dataset root its frames "
+                                            "are read from (default: the folder it was written in, if inside SRC)")
     info = sub.choices["info"]
     info.add_argument("--episodes", action="store_true", help="also list every episode: id, split, length, task")
     info.add_argument("--json", action="store_true",
@@ -151,11 +156,11 @@ def _check_write_args(a: argparse.Namespace) -> None:
     if a.fast_decode and a.codec != "h264":
         raise ValueError(f"--fast-decode is x264's fastdecode tune and applies to --codec h264 only, not --codec "
                          f"{a.codec}; drop it, or use --codec h264")
-    if a.codec == "copy":
+    if a.codec in ("copy", "reference"):
         for flag, value in (("--gop", a.gop), ("--crf", a.crf), ("--resize", a.resize)):
             if value is not None:
-                raise ValueError(f"{flag} {value} does not apply to --codec copy, which keeps the source's packets "
-                                 "(their GOPs, quality and size); drop it, or use --codec av1 to re-encode")
+                raise ValueError(f"{flag} {value} does not apply to --codec {a.codec}, which keeps the source's "
+                                 "packets (their GOPs, quality and size); drop it, or use --codec av1 to re-encode")
     elif a.codec != "jpeg":
         from episodepipes.codec import CodecOptions
 
@@ -208,10 +213,27 @@ def _write(a: argparse.Namespace) -> int:
         raise ValueError(f"--codec copy takes the video packets of lerobot and raw (<camera>.mp4) sources, and {root} "
                          f"is {fmt}, whose frames are not stored as video; use --codec av1 or --codec h264")
     options = {} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}
+    if a.codec == "reference":
+        return _reference(a, root, fmt, opts, options)
     reader = FORMATS[fmt].factory(root, **options, **({"copy": True} if a.codec == "copy" else {}))
     res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
                        job_index=a.job_index, overwrite=a.overwrite, progress_bar=True, staging=a.staging)
     _say(_summary(a, res))
+    return 0
+
+
+def _reference(a: argparse.Namespace, root: Path, fmt: str, opts: object, options: dict) -> int:
+    """``write --codec reference``: an index of SRC's own files (`episodepipes.sharding.formats.lerobot_ref`)."""
+    from episodepipes.sharding.formats import lerobot_ref, raw_ref
+
+    if fmt not in ("lerobot", "raw") or is_url(a.out):
+        raise ValueError(f"--codec reference indexes a local LeRobot dataset or raw <camera>.mp4 folders into a local "
+                         f"OUT, and {root} is {fmt} (OUT {a.out}); use --codec copy")
+    index = lerobot_ref.index_lerobot if fmt == "lerobot" else raw_ref.index_raw
+    res = index(root, a.out, **options, shard_size=opts.shard_size,  # type: ignore[attr-defined, operator]
+                val_fraction=a.val_fraction, overwrite=a.overwrite, seed=a.seed,
+                val_episodes=tuple(a.val_episodes) if a.val_episodes is not None else None)
+    _say(lerobot_ref.summary(res))
     return 0
 
 
@@ -279,7 +301,7 @@ def _run(a: argparse.Namespace) -> int:
 
         return run(a, _say)
     if a.command == "verify":
-        problems = inspect.verify(a.out)
+        problems = inspect.verify(a.out, source_root=a.source_root)
         if problems:
             _say(problems, file=sys.stderr)
         _say(f"{a.out}: {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'}")

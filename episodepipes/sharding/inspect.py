@@ -22,7 +22,7 @@ def _cameras(index: EpisodeIndex) -> list[dict]:
     """Each distinct camera (name, size, codec, GOP) and how many episodes have it; ``copied`` when its packets are
     the source's own (``write --codec copy``), not encoded here."""
     t = index.tables
-    copied = index.options.get("codec") == "copy"
+    copied = index.options.get("codec") in ("copy", "reference")
     schema_eps = Counter(t.episodes[:, SCHEMA].tolist())
     cams: Counter = Counter()
     for k, (c, _) in enumerate(t.schemas):
@@ -90,7 +90,9 @@ def summarize(index: EpisodeIndex) -> list[tuple[str, str]]:
         ("codecs", ", ".join(f"{k} ({v} ep)" for k, v in sorted(codecs.items())) or "-"),
         ("arrays", ", ".join(sorted(arrays)) or "-"),
         ("fps", ", ".join(f"{k} ({v} ep)" for k, v in sorted(d["fps"].items())) or "-"),
-        ("shards", f"{d['shards']}"),
+        ("shards", f"{d['shards']}" + (f" virtual: the frames are read in place from the dataset's "
+                                        f"{len(index.meta['reference']['files'])} video files" if index.referenced
+                                        else "")),
         ("bytes", f"{size} ({size / 1e6:.1f} MB; frames: {per_split(d['bytes']['frames_splits'])})"),
     ]
     skipped = d["skipped"]
@@ -124,10 +126,11 @@ def _attributes(attrs: dict) -> str:
     return printable(" ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(attrs.items()))) or "-"
 
 
-def verify(out: str | Path) -> list[str]:
+def verify(out: str | Path, *, source_root: str | Path | None = None) -> list[str]:
     """Every problem found, each naming the shard (and episode); an empty list means the output is intact.
 
     `EpisodeIndex.problems` with ``members=True``: the columns' sha256 (v2), each shard's size and sha256,
     every frame's crc32 (where the index has them), and the tar headers at every indexed frame offset.
+    ``source_root``: a ``--codec reference`` index's dataset root (`EpisodeIndex.open`).
     """
-    return EpisodeIndex.open(out).problems(members=True)
+    return EpisodeIndex.open(out, source_root=source_root).problems(members=True)

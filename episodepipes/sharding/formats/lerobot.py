@@ -570,3 +570,10 @@ def _no_frame(i: int, q: float, best: float | None, start: float, tol: float, wh
         f"{where}: row {i} (timestamp {q - start:.6f}s, {q:.6f}s in the file) has no frame within "
         f"tolerance_s={tol}; {near}. The video is shorter than the episode or out of sync: re-encode it, "
         f"{TOLERANCE_HINT}")
+
+
+# What the in-place index (`lerobot_ref`, ``--codec reference``) shares with this reader, so both read rows and match
+# them to frames alike (public names over the private ones above).
+parquet, column, timestamps, check_frame_index, closest, video_demuxer = (_parquet, _column, _timestamps,
+                                                                         _check_frame_index, _closest, _demuxer)
+LeRobotReader.tasks_of = LeRobotReader._tasks_of  # type: ignore[attr-defined]

@@ -1,0 +1,111 @@
+"""A LeRobot dataset read in place (``write --codec reference``) against it imported with ``--codec copy``.
+
+The dataset is the lerobot section's (`benchmarks.lerobot_data`, AV1 at LeRobot's defaults, several episodes per
+mp4). Rows: indexing frames/s (the whole call, index written) against the copy import with one worker; `train_pipe`
+frames/s on the in-place index against the copy-imported shards (same options: batch 32, 2 decode threads, one
+epoch, shuffled), alternating which goes first, median of rounds; and the bytes written (index, columns, statistics,
+pieces and literal bytes) against the dataset's bytes, at the section's size and at LeRobot's usual 480x640.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.lerobot_data import available_encoders, make_lerobot
+from episodepipes.index import EpisodeIndex
+from episodepipes.pipes.train import train_pipe
+from episodepipes.sharding.formats.lerobot import LeRobotReader
+from episodepipes.sharding.formats.lerobot_ref import index_lerobot
+from episodepipes.sharding.write import WriteOptions, write_shards
+
+BATCH = 32
+
+
+def _dataset_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _index_times(src: Path, work: Path) -> tuple[list[float], list[float], int]:
+    """Seconds per round of the copy import (1 worker) and of the reference index; the frames."""
+    copy, ref, frames = [], [], 0
+    for r in range(3):
+        for kind in (("copy", "ref") if r % 2 else ("ref", "copy")):
+            out = work / f"idx-{kind}"
+            shutil.rmtree(out, ignore_errors=True)
+            t0 = time.perf_counter()
+            if kind == "copy":
+                frames = write_shards(LeRobotReader(src, copy=True), out, WriteOptions(
+                    format="lerobot", shard_size=64 * 10**6, codec="copy"), workers=1).frames
+                copy.append(time.perf_counter() - t0)
+            else:
+                index_lerobot(src, out)
+                ref.append(time.perf_counter() - t0)
+    return copy, ref, frames
+
+
+def _train_fps(index: EpisodeIndex) -> float:
+    pipe = train_pipe(index, batch_size=BATCH, seed=0, rank=0, world_size=1, num_workers=2, epochs=1)
+    t0, n = time.perf_counter(), 0
+    for b in pipe:
+        n += len(b["frame"])
+    return n / (time.perf_counter() - t0)
+
+
+def _written(out: Path) -> int:
+    return sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+
+
+def run(workdir: Path, quick: bool) -> dict:
+    encoder = available_encoders()[0]
+    eps, length, (h, w), rounds = (4, 40, (96, 128), 2) if quick else (12, 150, (240, 320), 5)
+    src = workdir / "lerobot"
+    shutil.rmtree(src, ignore_errors=True)
+    make_lerobot(src, num_episodes=eps, length=length, height=h, width=w, fps=30, encoder=encoder,
+                 episodes_per_file=4, image_feature=False)
+    copy_s, ref_s, frames = _index_times(src, workdir)
+    ratio = [c / r for c, r in zip(copy_s, ref_s)]
+    rows = [{"metric": f"index in place (--codec reference) vs --codec copy import, {frames:,} frames",
+             "ours": frames / statistics.median(ref_s), "baseline": frames / statistics.median(copy_s),
+             "ceiling": None, "unit": "frames/s",
+             "note": f"whole call, index written; copy with 1 worker; {statistics.median(ratio):.2f}x "
+                     f"({min(ratio):.2f}-{max(ratio):.2f}); goal >= 3x"}]
+    ref_ix = EpisodeIndex.open(workdir / "idx-ref", source_root=src)
+    copy_ix = EpisodeIndex.open(workdir / "idx-copy")
+    _train_fps(ref_ix)  # warm the page cache and the decoders
+    got: dict[str, list[float]] = {"ref": [], "copy": []}
+    for r in range(rounds):
+        for kind in (("ref", "copy") if r % 2 else ("copy", "ref")):
+            got[kind].append(_train_fps(ref_ix if kind == "ref" else copy_ix))
+    tr = [a / b for a, b in zip(got["ref"], got["copy"])]
+    rows.append({"metric": "train_pipe frames/s, in-place index vs copy-imported shards",
+                 "ours": statistics.median(got["ref"]), "baseline": statistics.median(got["copy"]),
+                 "ceiling": None, "unit": "frames/s",
+                 "note": f"batch {BATCH}, 2 decode threads, one shuffled epoch; ratio {statistics.median(tr):.2f}x "
+                         f"({min(tr):.2f}-{max(tr):.2f}); goal >= 0.9x"})
+    sizes = [(f"{h}x{w}", src, workdir / "idx-ref")]
+    if not quick:
+        big = workdir / "lerobot-480"
+        shutil.rmtree(big, ignore_errors=True)
+        make_lerobot(big, num_episodes=4, length=150, height=480, width=640, fps=30, encoder=encoder,
+                     episodes_per_file=4, image_feature=False)
+        index_lerobot(big, workdir / "idx-480")
+        sizes.append(("480x640", big, workdir / "idx-480"))
+    for label, root, out in sizes:
+        data, written = _dataset_bytes(root), _written(out)
+        rows.append({"metric": f"bytes written by the in-place index vs the dataset's, {label}", "ours": written,
+                     "baseline": data, "ceiling": None, "unit": "bytes",
+                     "note": f"{100 * written / data:.2f}% of the dataset (index, columns, statistics, pieces, "
+                             "literal bytes: framing and the arrays' rows); goal <= 2%"})
+    return {"section": "reference", "intro": __doc__.split("\n\n", 1)[1].strip(), "rows": rows}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(run(Path(tmp), "--quick" in sys.argv), indent=1))

@@ -1,0 +1,324 @@
+"""Packed shards that hold no frames: their bytes laid out as a copy shard's, the packets left in the source files.
+
+A ``--codec reference`` index is a packed index (`episodepipes.codec.chunk`) whose shards are never written: every
+shard is *virtual*, the bytes ``write --codec copy`` would have written, tiled by *pieces*. A piece is either a run of
+*literal* bytes (tar headers, pack tables, record heads, the arrays' rows, padding), kept beside the index in one
+file, or one packet, kept where it is: a byte range of a source video file. So the records, their CRC32s, the key
+frames and the shards' sha256 are exactly a copy import's, and every reader of the packed layout reads a virtual
+shard through `ReferenceSource` (a byte source) as it reads a tar.
+
+Here: the layout (`layout`: the parts of one episode, literal bytes and `Ref` packets, in shard order), the
+pieces' checks (`check_pieces`, input from strangers), the source files' names (`check_file`: relative, inside the
+source root) and `ReferenceSource`, which serves byte ranges of virtual shards. The byte sources of the source
+files, the literal file and the index folder are given to it (this package imports no byte source).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from episodepipes.codec.chunk import EXT, cuts
+from episodepipes.codec.pack import MAGIC
+from episodepipes.format import TAR_END, tar_header
+
+LITERAL, PIECE_DTYPES = -1, {"start": "<u8", "file": "<i4", "at": "<u8"}
+STAMP = 1 << 16  # bytes at each end of a source file whose crc32 the index keeps (the cheap content check)
+MAX_DEPTH = 16  # folders a source file's name may go down from the source root
+_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-=]{0,254}")
+
+
+class Ref(NamedTuple):
+    """A packet left in its source file: file number, byte offset and size, and a view of its bytes (to hash)."""
+
+    file: int
+    at: int
+    size: int
+    data: memoryview
+
+
+Part = bytes | Ref
+
+
+def check_file(name: object) -> str:
+    """``name`` if it is a relative path of plain names (``videos/front/chunk-000/file-000.mp4``), else ValueError:
+    no absolute path, scheme, ``..``, empty or hidden part, backslash; where a file is read from is the caller's."""
+    parts = name.split("/") if isinstance(name, str) else []
+    if not parts or len(parts) > MAX_DEPTH or not all(_PART.fullmatch(p) and ".." not in p for p in parts):
+        raise ValueError(f"source file name {str(name)[:120]!r} is not a relative path of plain names inside the "
+                         "source root (no absolute path, URL, '..' or hidden part)")
+    return name  # type: ignore[return-value]
+
+
+def _table(sizes: Sequence[int]) -> bytes:
+    """`pack`'s head for blobs of these sizes."""
+    ends, total = [], 0
+    for s in sizes:
+        total += s
+        ends.append(total)
+    return MAGIC + struct.pack(f"<I{len(ends)}I", len(ends), *ends)
+
+
+@dataclass
+class EpisodeParts:
+    """`layout`'s result: the writer's per-frame fields (as `codec.chunk.Spans` and the crc32 of each record),
+    and the episode's bytes as parts in order."""
+
+    parts: list[Part]
+    spans: list[int]
+    heads: list[int]
+    sizes: list[int]
+    keys: list[int]
+    crcs: list[int]
+
+
+def layout(eid: bytes, cameras: Sequence[Sequence[Sequence[Ref]]], backs: np.ndarray,
+           rows: Sequence[Sequence[bytes]]) -> EpisodeParts:
+    """The packed bytes of one episode exactly as `codec.chunk.layout` lays out `codec.chunk.record` s, with the
+    packets as `Ref` parts: ``cameras[c][t]`` are camera c's packets in frame t's record (frame 0's leading ones
+    included), ``backs[t, c]`` how many frames before t its decode starts, ``rows[t]`` frame t's arrays' raw rows
+    (sorted keys). Returns the parts with the fields the writer indexes (spans, heads, sizes, keys, crc32)."""
+    n, ncam = len(backs), len(cameras)
+    recs: list[list[Part]] = []
+    sizes: list[int] = []
+    crcs: list[int] = []
+    for t in range(n):
+        head = b"".join(struct.pack("<HH", int(backs[t, c]), len(cameras[c][t])) for c in range(ncam))
+        pk = [p for c in range(ncam) for p in cameras[c][t]]
+        blob_sizes = [len(head), *(p.size for p in pk), *(len(r) for r in rows[t])]
+        lead = _table(blob_sizes) + head
+        tail = b"".join(rows[t])
+        crc = zlib.crc32(lead)
+        for p in pk:
+            crc = zlib.crc32(p.data, crc)
+        crcs.append(zlib.crc32(tail, crc))
+        recs.append([lead, *pk, tail])
+        sizes.append(len(lead) + sum(p.size for p in pk) + len(tail))
+    parts: list[Part] = []
+    spans: list[int] = []
+    heads: list[int] = []
+    for a, b in cuts(backs, sizes):
+        member = 8 + 4 * (b - a) + sum(sizes[a:b])
+        header = tar_header(b"%s/%06d.%s" % (eid, a, EXT.encode()), member)
+        parts.append(header + _table(sizes[a:b]))
+        for r in recs[a:b]:
+            parts += r
+        pad = -member % 512
+        parts.append(bytes(pad))
+        share = list(sizes[a:b])
+        share[0] += len(header) + 8 + 4 * (b - a)
+        share[-1] += pad
+        spans += share
+        heads += [len(header) + 8 + 4 * (b - a)] + [0] * (b - a - 1)
+    keys = (np.arange(n) - backs.max(axis=1, initial=0)).tolist() if n else []
+    return EpisodeParts(parts, spans, heads, sizes, keys, crcs)
+
+
+class Pieces:
+    """The piece table of a writer: literal bytes gathered, each piece's (start in its shard, file, at)."""
+
+    def __init__(self) -> None:
+        self.start: list[int] = []
+        self.file: list[int] = []
+        self.at: list[int] = []
+        self.literal = bytearray()
+
+    def add(self, pos: int, part: Part) -> None:
+        """Append ``part``, which starts at byte ``pos`` of its shard (literal parts merge with a literal before)."""
+        if isinstance(part, Ref):
+            self.start.append(pos)
+            self.file.append(part.file)
+            self.at.append(part.at)
+            return
+        if not part:
+            return
+        if not self.file or self.file[-1] != LITERAL or pos == 0:
+            self.start.append(pos)
+            self.file.append(LITERAL)
+            self.at.append(len(self.literal))
+        self.literal += part
+
+    def end_shard(self, pos: int) -> None:
+        """The shard's end of archive (its last bytes)."""
+        self.add(pos, TAR_END)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {"start": np.asarray(self.start, "<u8"), "file": np.asarray(self.file, "<i4"),
+                "at": np.asarray(self.at, "<u8")}
+
+
+def check_pieces(cols: dict[str, Any], shard_bytes: Sequence[int], file_bytes: Sequence[int],
+                 literal_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Check a piece table read from a file (input from strangers); returns (each shard's first piece, one past
+    the last; each piece's size). Every shard starts with a piece at byte 0, pieces go forward inside their shard,
+    each names a file of the list (or the literal file) and lies inside it, and the literal pieces tile that file."""
+    start, file, at = (np.asarray(cols[k]) for k in ("start", "file", "at"))
+    if not (start.dtype == np.dtype("<u8") and file.dtype == np.dtype("<i4") and at.dtype == np.dtype("<u8")) \
+            or not (start.ndim == file.ndim == at.ndim == 1) or not (len(start) == len(file) == len(at)):
+        raise ValueError("the piece columns should be 1-D <u8 start, <i4 file and <u8 at of one length")
+    first = np.flatnonzero(start == 0)
+    if len(first) != len(shard_bytes) or (len(first) and first[0] != 0):
+        raise ValueError(f"the pieces start {len(first)} shards, the index lists {len(shard_bytes)}")
+    bounds = np.append(first, len(start))
+    shard_of = np.repeat(np.arange(len(first)), np.diff(bounds))
+    end = np.asarray(shard_bytes, np.int64)[shard_of] if len(start) else np.zeros(0, np.int64)
+    s = start.astype(np.int64) if len(start) and int(start.max()) < 2**62 else None
+    if s is None and len(start):
+        raise ValueError("a piece starts past any shard's size")
+    nxt = np.empty(len(start), np.int64)
+    nxt[:-1] = s[1:] if len(start) else nxt[:-1]
+    nxt[bounds[1:] - 1] = end[bounds[1:] - 1] if len(start) else nxt[bounds[1:] - 1]
+    size = nxt - s if len(start) else np.zeros(0, np.int64)
+    if (size <= 0).any():
+        k = int(np.argmax(size <= 0))
+        raise ValueError(f"piece {k} has no bytes or goes back (it starts at {int(s[k])}, the next at {int(nxt[k])})")
+    if ((file < LITERAL) | (file >= len(file_bytes))).any():
+        raise ValueError(f"a piece names a file outside the list of {len(file_bytes)}")
+    limit = np.where(file == LITERAL, literal_bytes, np.asarray([*file_bytes, 0], np.int64)[file])
+    if len(at) and (int(at.max()) >= 2**62 or (at.astype(np.int64) + size > limit).any()):
+        raise ValueError("a piece lies past the end of its file")
+    lit = file == LITERAL
+    if int(size[lit].sum()) != literal_bytes or (len(at[lit]) and (at[lit][0] != 0 or (
+            np.diff(at[lit].astype(np.int64)) != size[lit][:-1]).any())):
+        raise ValueError(f"the literal pieces do not tile the literal file's {literal_bytes} bytes in order")
+    return bounds, size
+
+
+class FileInfo(NamedTuple):
+    """A source file as indexed: its name under the source root, its size, and the crc32 of its first and last
+    `STAMP` bytes (how a file replaced after indexing is told apart without reading it whole)."""
+
+    name: str
+    bytes: int
+    head: int
+    tail: int
+
+
+def stamp(read: Callable[[int, int], bytes], size: int) -> tuple[int, int]:
+    """(crc32 of the first, of the last `STAMP` bytes) of a file of ``size`` bytes, read with ``read(offset, n)``."""
+    n = min(STAMP, size)
+    return zlib.crc32(read(0, n)), zlib.crc32(read(size - n, n))
+
+
+class ReferenceSource:
+    """The byte source of a reference index: virtual shards served from their pieces; other names (the index's own
+    files) from the index folder's source. Thread-safe; `close` closes what it opened.
+
+    Args:
+        root: the index folder (for messages), as its source names it.
+        folder: the index folder's byte source (the literal file, the columns, the statistics).
+        shards: every shard's name and size, in index order.
+        pieces: the piece columns (`check_pieces` checks them here).
+        files: the source files, as indexed.
+        literal: the literal file's name in ``folder`` and its size.
+        open_file: a source file's name to (its byte source, the name to read in it): called once per file.
+        where: how a source file is named in messages (its path or URL).
+        stale: the fix a changed source file's error names.
+    """
+
+    def __init__(self, root: str, folder: Any, shards: Sequence[tuple[str, int]], pieces: dict[str, Any],
+                 files: Sequence[FileInfo], literal: tuple[str, int], open_file: Callable[[str], tuple[Any, str]],
+                 where: Callable[[str], str], error: type[Exception], stale: str) -> None:
+        self.root, self.folder, self.files = root, folder, list(files)
+        self._shards = {name: (i, size) for i, (name, size) in enumerate(shards)}
+        self._bounds, self._size = check_pieces(pieces, [s for _, s in shards], [f.bytes for f in files], literal[1])
+        self._start = np.asarray(pieces["start"]).astype(np.int64)
+        self._file, self._at = np.asarray(pieces["file"]), np.asarray(pieces["at"]).astype(np.int64)
+        self._literal = literal[0]
+        self._open, self._where, self._error, self._stale = open_file, where, error, stale
+        self._opened: dict[int, tuple[Any, str]] = {}
+        self._lock = threading.Lock()
+        self.counts = {"files_checked": 0}
+
+    def _source_of(self, f: int) -> tuple[Any, str]:
+        """File ``f``'s byte source and name, opened and checked against the index at its first use."""
+        got = self._opened.get(f)
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._opened.get(f)
+            if got is None:
+                info = self.files[f]
+                src, name = self._open(info.name)
+                size = src.size(name)
+                if size != info.bytes or stamp(lambda off, n: src.read(name, off, n), size) != (info.head, info.tail):
+                    what = f"{size} bytes, indexed with {info.bytes}" if size != info.bytes else \
+                        f"its first or last {STAMP} bytes differ from the indexed file's"
+                    raise self._error(f"{self._where(info.name)} changed after it was indexed ({what}); {self._stale}")
+                self.counts["files_checked"] += 1
+                got = self._opened[f] = (src, name)
+        return got
+
+    def size(self, name: str) -> int:
+        shard = self._shards.get(name)
+        return shard[1] if shard is not None else self.folder.size(name)
+
+    def read(self, name: str, offset: int, size: int) -> bytes:
+        return self.read_ranges(name, [(offset, size)])[0]
+
+    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+        return [self.read_ranges(name, ranges) for name, ranges in calls]
+
+    def read_file(self, name: str, *, limit: int | None = None) -> bytes:
+        if name in self._shards:
+            return self.read(name, 0, self._shards[name][1])
+        return self.folder.read_file(name, limit=limit)
+
+    def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        shard = self._shards.get(name)
+        if shard is None:
+            return self.folder.read_ranges(name, ranges)
+        i, total = shard
+        lo, hi = int(self._bounds[i]), int(self._bounds[i + 1])
+        starts = self._start[lo:hi]
+        out = []
+        for off, size in ranges:
+            if off < 0 or size < 0 or off + size > total:
+                raise self._error(f"{self.root}/{name}: bytes {off}..{off + size} lie past its {total} bytes")
+            if not size:
+                out.append(b"")
+                continue
+            a = lo + int(np.searchsorted(starts, off, side="right")) - 1
+            b = lo + int(np.searchsorted(starts, off + size, side="left"))
+            out.append(self._gather(a, b, off, off + size))
+        return out
+
+    def _gather(self, a: int, b: int, lo: int, hi: int) -> bytes:
+        """Bytes ``[lo, hi)`` of a shard whose pieces ``a..b-1`` cover them: one read per file where its pieces lie
+        close together (a run's packets of one camera are adjacent in its file), else one read per piece."""
+        start, file = self._start[a:b], self._file[a:b]
+        at, size = self._at[a:b].copy(), self._size[a:b].copy()
+        cut = lo - int(start[0])
+        at[0] += cut
+        size[0] -= cut
+        size[-1] -= int(start[-1] + self._size[b - 1]) - hi
+        views: list[memoryview | None] = [None] * len(file)
+        for f in np.unique(file).tolist():
+            ks = np.flatnonzero(file == f)
+            first, last = int(at[ks].min()), int((at[ks] + size[ks]).max())
+            src, name = (self.folder, self._literal) if f == LITERAL else self._source_of(f)
+            if last - first <= 2 * int(size[ks].sum()) + (1 << 16):
+                data = memoryview(src.read(name, first, last - first))
+                for k in ks.tolist():
+                    views[k] = data[int(at[k]) - first:int(at[k]) - first + int(size[k])]
+            else:
+                for k, d in zip(ks.tolist(), src.read_ranges(name, [(int(at[k]), int(size[k])) for k in ks])):
+                    views[k] = memoryview(d)
+        return b"".join(views)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._opened = self._opened, {}
+        for src, _ in {id(s): (s, n) for s, n in opened.values()}.values():
+            src.close()
+        self.folder.close()
+
+    def __repr__(self) -> str:
+        return f"ReferenceSource({self.root!r}, files={len(self.files)})"

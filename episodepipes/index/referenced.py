@@ -1,0 +1,118 @@
+"""The byte source of a ``--codec reference`` index (`episodepipes.codec.reference`): its ``reference`` field
+checked, its piece columns read, and the source root the caller gives (or the one the index lives in) opened.
+
+Where the source files are read from is the caller's choice: ``EpisodeIndex.open(OUT, source_root=SRC)`` (a folder,
+or an ``s3://``, ``gs://``, ``https://`` root). Without one, an index written inside its source root (``OUT`` a
+folder under ``SRC``) reads the folder it lies in, ``up`` folders above its own (the index records that count, never
+a path); any other index without a root is refused by name. The index names files only relative to the root, and a
+name that is absolute, a URL, or climbs out (``..``, or a link inside a local root pointing out of it) is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from episodepipes.codec import reference as ref
+from episodepipes.index.check import IndexFormatError
+from episodepipes.shardio import ByteSource, LocalSource, ShardIOError, is_url, open_source
+
+LITERAL_NAME = "reference.literal.bin"
+PIECE_FILES = {k: f"reference.{k}.npy" for k in ref.PIECE_DTYPES}
+STALE = "re-index the dataset (episodepipes-shard write SRC OUT --format lerobot --codec reference --overwrite), " \
+        "or restore the file"
+
+
+def check_reference(field: Any, file: str) -> dict:
+    """The index's ``reference`` field, every value checked (names, sizes, checksums, counts)."""
+    def fail(why: str) -> IndexFormatError:
+        return IndexFormatError(f"{file}: reference {why}; re-index the dataset")
+
+    if type(field) is not dict or set(field) - {"files", "hashes", "literal", "pieces", "up"}:
+        raise fail("should be an object of files, hashes, literal, pieces and up")
+    files = field.get("files")
+    if type(files) is not list:
+        raise fail("files should be a list")
+    out = []
+    for k, f in enumerate(files):
+        if type(f) is not list or len(f) != 4 or any(type(x) is not int or x < 0 for x in f[1:]) \
+                or f[2] >= 2**32 or f[3] >= 2**32 or f[1] >= 2**62:
+            raise fail(f"file {k} should be [name, bytes, head crc32, tail crc32]")
+        try:
+            out.append(ref.FileInfo(ref.check_file(f[0]), f[1], f[2], f[3]))
+        except ValueError as e:
+            raise fail(f"file {k}: {e}") from None
+    if len({f.name for f in out}) != len(out):
+        raise fail("files name a file twice")
+    hashes = field.get("hashes")
+    if type(hashes) is not dict or set(hashes) != {LITERAL_NAME, *PIECE_FILES.values()} \
+            or not all(type(h) is str and len(h) == 64 for h in hashes.values()):
+        raise fail(f"hashes should give the sha256 of {sorted([LITERAL_NAME, *PIECE_FILES.values()])}")
+    for key in ("literal", "pieces"):
+        if type(field.get(key)) is not int or not 0 <= field[key] < 2**48:
+            raise fail(f"{key} should be a count of bytes or pieces")
+    up = field.get("up")
+    if up is not None and (type(up) is not int or not 1 <= up <= ref.MAX_DEPTH):
+        raise fail(f"up={str(up)[:20]!r} should be 1..{ref.MAX_DEPTH} folders")
+    return {**field, "files": out}
+
+
+def default_root(root: Path | str, up: int | None) -> str | None:
+    """The source root of an index written inside it: ``up`` folders above the index folder ``root``."""
+    if up is None:
+        return None
+    if isinstance(root, str):
+        parts = root.rstrip("/").split("/")
+        return "/".join(parts[:-up]) if len(parts) - up > 3 else None  # never above the bucket
+    parents = Path(root).resolve().parents
+    return str(parents[up - 1]) if up <= len(parents) else None
+
+
+def open_reference(meta: dict, root: Path | str, folder: ByteSource, file: str, source_root: str | os.PathLike | None,
+                   options: Any = None) -> ref.ReferenceSource:
+    """The `ReferenceSource` of a reference index (``meta`` its checked JSON, ``folder`` its own byte source)."""
+    field = check_reference(meta["reference"], file)
+    where = str(source_root) if source_root is not None else default_root(root, field.get("up"))
+    if where is None:
+        raise ValueError(f"{file} indexes a dataset's files in place, and lies outside it: pass its root, "
+                         "EpisodeIndex.open(OUT, source_root=SRC) (a folder or an s3://, gs://, https:// root), or "
+                         "open that index and pass it to the pipe")
+    cols = {}
+    for key, name in PIECE_FILES.items():
+        raw = folder.read_file(name, limit=16 * field["pieces"] + 4096)
+        if hashlib.sha256(raw).hexdigest() != field["hashes"][name]:
+            raise IndexFormatError(f"{file}: {name} does not match its sha256 in the index; re-index the dataset")
+        try:
+            cols[key] = np.load(io.BytesIO(raw), allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise IndexFormatError(f"{file}: {name} is not a .npy column ({e}); re-index the dataset") from None
+        if cols[key].shape != (field["pieces"],):
+            raise IndexFormatError(f"{file}: {name} holds {cols[key].shape}, not {field['pieces']} pieces")
+    remote = is_url(where)
+    base = where.rstrip("/") if remote else os.path.realpath(where)
+    folders: dict[str, ByteSource] = {}
+
+    def open_file(name: str) -> tuple[ByteSource, str]:
+        folder_name, _, base_name = name.rpartition("/")
+        if not remote:
+            real = os.path.realpath(os.path.join(base, name))
+            if os.path.commonpath([real, base]) != base:
+                raise ShardIOError(f"{where}/{name} resolves outside the source root {where} (a link); refused")
+        src = folders.get(folder_name)
+        if src is None:
+            at = f"{base}/{folder_name}" if folder_name else base
+            src = folders[folder_name] = open_source(at, options=options) if remote else LocalSource(at)
+        return src, base_name
+
+    meta_shards = [(s["name"], s["bytes"]) for s in meta["shards"]]
+    try:
+        return ref.ReferenceSource(str(root), folder, meta_shards, cols, field["files"],
+                                   (LITERAL_NAME, field["literal"]), open_file, lambda n: f"{where}/{n}",
+                                   ShardIOError, STALE)
+    except ValueError as e:
+        raise IndexFormatError(f"{file}: the reference pieces are damaged ({e}); re-index the dataset") from None

@@ -1,0 +1,177 @@
+"""``write --format lerobot --codec reference``: index a LeRobot dataset in place, writing no frame.
+
+The index is the one ``--codec copy`` writes (the same records, CRC32s, key frames and shard sha256s, so every pipe
+reads it alike), but its shards are virtual (`episodepipes.codec.reference`): each packet stays in the dataset's own
+mp4, named relative to the dataset root, and only the bytes around the packets (tar and pack framing, the arrays'
+rows) are kept, in ``reference.literal.bin`` beside the index. Frames are matched to rows as the copy import matches
+them (LeRobot's closest-frame rule on demuxed timestamps, one packet per row; episodes starting mid-GOP keep the
+packets from the keyframe before them), so a frame is exactly what a decode of the whole source file gives.
+
+Each mp4 is demuxed once (timestamps, byte positions, keyframes), and its bytes are read once for the records' CRC32s
+and the shards' sha256; each parquet file is read once. Each source file's size and the CRC32 of its first and last
+64 KiB are kept, so a file replaced after indexing is refused by name before its frames are used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from episodepipes.codec.copy import MAX_GOP
+from episodepipes.format import safe_episode_id
+from episodepipes.sharding.episode import EpisodeError
+from episodepipes.sharding.formats import lerobot as lr
+from episodepipes.sharding.formats import lerobot_meta as meta
+from episodepipes.sharding.formats.reference_build import SHARD_SIZE, Builder, Camera, Video, check_out
+from episodepipes.sharding.write.plan import assign_splits
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass
+class ReferenceResult:
+    """What `index_lerobot` wrote: the folder, episodes, frames, virtual shards, and the seconds it took."""
+
+    out: Path
+    episodes: int
+    frames: int
+    shards: int
+    seconds: float
+    source_bytes: int
+    written_bytes: int
+
+
+def _match(v: Video, start: float, end: float | None, times: np.ndarray, fps: float, tol: float,
+           where: str) -> tuple[int, int, int]:
+    """(first packet kept, packets kept, lead) of an episode's camera: what `codec.copy.VideoSource.take` and the
+    LeRobot reader's copy keep, checked the same way (one packet per row, in order)."""
+    half = 0.5 / fps
+    if not len(times):
+        raise EpisodeError(f"{where}: the episode has no rows, so no frames to index")
+    lo, hi = start + float(times.min()), start + float(times.max())
+    keep = np.flatnonzero((v.times >= lo - v.half) & (v.times < hi + 2 * half - v.half))
+    if not len(keep):
+        raise EpisodeError(f"{where}: no frame lies within [{lo}, {hi + 2 * half}) s; check the episode's timestamps")
+    first, last = int(keep[0]), int(keep[-1])
+    k0 = int(v.key_of[first])
+    if k0 < 0:
+        raise EpisodeError(f"{where}: frame at {v.times[first]:.3f}s has no keyframe before it; re-encode it")
+    gop = int((np.arange(k0, last + 1) - v.key_of[k0:last + 1]).max()) + 1
+    if gop > MAX_GOP:
+        raise EpisodeError(f"{where}: its keyframes are up to {gop} frames apart, more than {MAX_GOP}, so a random "
+                           "read would decode that many frames; re-encode it with --codec av1 (short GOPs)")
+    shown = v.times[k0:last + 1]
+    span = np.flatnonzero((shown >= start - half) & (shown < (np.inf if end is None else end - half)))
+    taken = span[lr.closest(shown[span], start + times, start, tol, where)]
+    if np.any(np.diff(taken) != 1) or last - first + 1 != len(times) or taken[0] != first - k0:
+        raise EpisodeError(f"{where}: the rows do not take one frame each in order, so the video cannot be "
+                           "referenced frame for row; re-encode it with --codec av1")
+    return k0, last + 1 - k0, first - k0
+
+
+def _tables(reader: lr.LeRobotReader, rel: str, where: str):  # noqa: ANN202 (pyarrow.Table)
+    """A data file's rows, sorted by episode and frame, read once."""
+    path = meta.regular_file(meta.inside(reader.root.resolve(), rel, where, EpisodeError), where, EpisodeError)
+    cols = ["timestamp", "frame_index", "episode_index", "task_index", *reader.array_keys]
+    have = set(lr.parquet(path, where, EpisodeError, schema=True).names)
+    missing = [c for c in cols if c not in have and c != "task_index"]
+    if missing:
+        raise EpisodeError(f"{where} has no columns {missing}, which meta/info.json lists as features; re-convert it")
+    t = lr.parquet(path, where, EpisodeError, columns=[c for c in cols if c in have])
+    return t.sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
+
+
+def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s: float = lr.DEFAULT_TOLERANCE_S,
+                  shard_size: int = SHARD_SIZE, val_fraction: float | None = None,
+                  val_episodes: tuple[str, ...] | None = None, seed: int = 0,
+                  overwrite: bool = False) -> ReferenceResult:
+    """Index the LeRobot dataset ``src`` (v2.x or v3.0) in place into the folder ``out``; see the module docstring.
+
+    Args:
+        src: the dataset root (the folder holding ``meta/``, ``data/`` and ``videos/``).
+        out: the index folder; when it lies inside ``src`` the index records how many folders up ``src`` is, and
+            opening it needs no ``source_root``.
+        tolerance_s: LeRobot's timestamp tolerance.
+        shard_size: virtual bytes per shard (cut at episode ends).
+        val_fraction, val_episodes, seed: splits, as ``write`` assigns them.
+        overwrite: replace an index already in ``out``.
+    """
+    t0 = time.perf_counter()
+    reader = lr.LeRobotReader(src, tolerance_s=tolerance_s)
+    root, out = reader.root, Path(out)
+    if reader.image_keys:
+        raise EpisodeError(f"{root}: image features {reader.image_keys} are stored in the parquet files, not as files "
+                           "to point at; use --codec copy for this dataset")
+    if not reader.video_keys:
+        raise EpisodeError(f"{root}: no video features to reference; use --codec jpeg")
+    check_out(out, overwrite)
+    ids = reader.episode_ids()
+    splits = assign_splits(ids, val_fraction=val_fraction, val_episodes=val_episodes, seed=seed)
+    last_use: dict[str, int] = {}
+    for i, ep in sorted(reader.episodes.items()):
+        for rel, _, _ in ep.videos.values():
+            last_use[rel] = i
+        last_use[ep.data_file] = i
+    build = Builder(root, shard_size)
+    table, table_of = None, None
+    for eid, (i, ep) in zip(ids, sorted(reader.episodes.items())):
+        where = f"episode {eid!r}"
+        if table_of != ep.data_file:
+            table, table_of = _tables(reader, ep.data_file, f"{where}: {root / ep.data_file}"), ep.data_file
+        rows = _episode_rows(table, i, ep.length, f"{where}: {root / ep.data_file}")
+        times = lr.timestamps(rows.column("timestamp"), f"{where}: {root / ep.data_file}")
+        lr.check_frame_index(rows.column("frame_index"), f"{where}: {root / ep.data_file}")
+        n = len(times)
+        cams = []
+        for key in reader.video_keys:
+            rel, start, end = ep.videos[key]
+            cw = f"{where} camera {key!r} ({root / rel})"
+            if end is not None and n and start + times.max() >= end - 0.5 / reader.fps:
+                raise EpisodeError(f"{cw}: the last row's timestamp lies past the episode's video span; fix "
+                                   "meta/episodes")
+            v = build.video(rel, cw)
+            cams.append(Camera(reader.names[key], key, v, *_match(v, start, end, times, reader.fps,
+                                                                  reader.tolerance_s, cw)))
+        values = {reader.names[k]: (k, lr.column(rows.column(k), reader.shapes[k], f"{where} feature {k!r}"))
+                  for k in reader.array_keys}
+        tasks = ep.tasks or reader.tasks_of(rows, eid)
+        build.add(safe_episode_id(eid), n, cams, values, fps=reader.fps, prompt="; ".join(tasks),
+                  split=splits[eid] or "train", extra=reader.extra)
+        for rel, _, _ in ep.videos.values():
+            if last_use[rel] <= i:
+                build.drop(rel)
+    shards, frames, written = build.finish(out, {
+        "format": "lerobot", "codec": "reference", "shard_size": shard_size, "tolerance_s": reader.tolerance_s,
+        **({"val_fraction": val_fraction} if val_fraction is not None else {}), "seed": seed})
+    return ReferenceResult(out, len(ids), frames, shards, time.perf_counter() - t0, build.source_bytes, written)
+
+
+def _episode_rows(table, index: int, length: int, where: str):  # noqa: ANN001, ANN202 (pyarrow.Table)
+    """Episode ``index``'s rows of its data file's sorted table."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        rows = table.filter(pc.equal(table.column("episode_index"), pa.scalar(index, pa.int64())))
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise EpisodeError(f"{where}: cannot select the episode's rows ({type(e).__name__}: {e}); re-convert it") \
+            from None
+    if rows.num_rows != length:
+        raise EpisodeError(f"{where} holds {rows.num_rows} rows of episode {index}, meta/episodes says {length}; the "
+                           "dataset is inconsistent, re-download or re-convert it")
+    return rows
+
+
+def summary(res: ReferenceResult) -> str:
+    return (f"indexed {res.episodes} episodes, {res.frames} frames in place in {res.seconds:.2f}s into {res.out} "
+            f"({res.written_bytes:,} bytes, {100 * res.written_bytes / max(res.source_bytes, 1):.2f}% of the "
+            f"{res.source_bytes:,} bytes of video referenced; {res.shards} virtual shards)")
+
+
+__all__ = ["ReferenceResult", "index_lerobot", "summary"]

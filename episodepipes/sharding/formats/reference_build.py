@@ -1,0 +1,256 @@
+"""Build a ``--codec reference`` index (`episodepipes.codec.reference`) from episodes whose cameras are packets of
+source video files: the layout, CRC32s and sha256s the copy import would write, the pieces, the literal bytes, the
+statistics, then the index (last). The formats (`lerobot_ref`, `raw_ref`) say which packets make each episode.
+
+Each source file is demuxed once (timestamps, byte positions, keyframes; never decoded) and read once, for the
+records' CRC32s, the shards' sha256 and its stamp (size, CRC32 of its first and last 64 KiB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from episodepipes import safefile
+from episodepipes.codec import reference as ref
+from episodepipes.codec.stream import DECODERS, DEMUXERS
+from episodepipes.format import INDEX_NAME, TAR_END, npy_bytes, shard_name
+from episodepipes.index.referenced import LITERAL_NAME, PIECE_FILES
+from episodepipes.normstats.fields import StatsFields, episode_part
+from episodepipes.normstats.sidefile import NAME as STATS_NAME
+from episodepipes.sharding.episode import EpisodeError
+from episodepipes.sharding.formats import lerobot_meta as meta
+from episodepipes.sharding.write.writer import write_index
+
+SHARD_SIZE = 1 << 30  # virtual bytes per shard: shards cost nothing on disk, and fewer keep index.json small
+
+
+@dataclass
+class Video:
+    """One source mp4, demuxed: per packet its time (s), byte position, size and keyframe; its decoder setup."""
+
+    number: int
+    times: np.ndarray
+    pos: np.ndarray
+    size: np.ndarray
+    key_of: np.ndarray
+    codec: str
+    extradata: bytes
+    height: int
+    width: int
+    half: float
+    data: memoryview
+
+
+
+
+def _demux(path: Path, number: int, where: str) -> Video:
+    """Every packet of ``path``'s first video stream (never decoded), and its bytes."""
+    import av
+
+    fmt = DEMUXERS.get(path.suffix.lower())  # the suffix's demuxer, never the bytes'
+    if fmt is None:
+        raise EpisodeError(f"{where}: a {path.suffix or 'suffix-less'} file is not a video ({', '.join(DEMUXERS)})")
+    data = memoryview(path.read_bytes())
+    times, pos, size, keys = [], [], [], []
+    try:
+        with open(path, "rb") as f, av.open(f, format=fmt) as c:
+            if not c.streams.video:
+                raise EpisodeError(f"{where}: no video stream")
+            s = c.streams.video[0]
+            cc = s.codec_context
+            codec = cc.codec.canonical_name
+            if codec not in DECODERS:
+                raise EpisodeError(f"{where}: its video is {codec}, which --codec reference does not take "
+                                   f"({sorted(DECODERS)}); re-encode it")
+            tb, rate = float(s.time_base), s.average_rate
+            extradata, h, w = bytes(cc.extradata or b""), cc.height, cc.width
+            for p in c.demux(s):
+                if p.size and p.pts is not None:
+                    if p.pos is None or p.pos < 0:
+                        raise EpisodeError(f"{where}: a packet has no byte position in the file; re-encode it")
+                    if not times and bytes(p) != bytes(data[p.pos:p.pos + p.size]):
+                        raise EpisodeError(f"{where}: the demuxed packets are not the file's bytes; use --codec copy")
+                    times.append(p.pts * tb)
+                    pos.append(p.pos)
+                    size.append(p.size)
+                    keys.append(p.is_keyframe)
+    except av.FFmpegError as e:
+        raise EpisodeError(f"{where}: cannot read the video ({type(e).__name__}: {e}); re-download it") from e
+    t, k = np.asarray(times, np.float64), np.asarray(keys, bool)
+    p, z = np.asarray(pos, np.int64), np.asarray(size, np.int64)
+    if not len(t):
+        raise EpisodeError(f"{where}: its video stream has no packets")
+    if np.any(np.diff(t) <= 0):
+        raise EpisodeError(f"{where}: its video reorders frames (B-frames or open GOPs), which --codec reference does "
+                           "not take; re-encode it with --codec av1")
+    if (p + z > len(data)).any():
+        raise EpisodeError(f"{where}: a packet lies past the file's end; re-download it")
+    half = 0.5 / float(rate) if rate else (float(np.median(np.diff(t))) / 2 if len(t) > 1 else 0.5)
+    key_of = np.maximum.accumulate(np.where(k, np.arange(len(k)), -1))
+    return Video(number, t, p, z, key_of, codec, extradata, h, w, half, data)
+
+
+class Camera(NamedTuple):
+    """One camera of an episode: its index name, its source name, its file, and which packets: from ``first``,
+    ``count`` of them, the first ``lead`` kept only for the GOP of the episode's first frame."""
+
+    name: str
+    source: str
+    video: Video
+    first: int
+    count: int
+    lead: int
+
+
+class Builder:
+    """The index of episodes added in order; `finish` writes it. ``root``: the source root (file names are relative
+    to it, and must resolve inside it)."""
+
+    def __init__(self, root: Path, shard_size: int = SHARD_SIZE) -> None:
+        self.root, self.real, self.shard_size = Path(root), Path(root).resolve(), shard_size
+        self.files: list[ref.FileInfo] = []
+        self._videos: dict[str, Video] = {}
+        self._numbers: dict[str, int] = {}
+        self.pieces, self.stats = ref.Pieces(), StatsFields()
+        self.shards: list[dict] = []
+        self.entries: list[dict] = []
+        self._sha, self._pos, self._samples = hashlib.sha256(), 0, 0
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    def video(self, rel: str, where: str) -> Video:
+        """The demuxed file ``rel`` (relative to the root), demuxed at its first use and kept until `drop`."""
+        v = self._videos.get(rel)
+        if v is None:
+            if rel in self._numbers:
+                raise EpisodeError(f"{where}: {rel} was used before another file; its episodes must be in order")
+            path = meta.regular_file(meta.inside(self.real, rel, where, EpisodeError), where, EpisodeError)
+            try:
+                ref.check_file(rel)
+            except ValueError as e:
+                raise EpisodeError(f"{where}: {e}; rename it") from None
+            self._numbers[rel] = len(self.files)
+            v = self._videos[rel] = _demux(path, len(self.files), where)
+            data = v.data
+            self.files.append(ref.FileInfo(rel, len(data), *ref.stamp(lambda o, k: data[o:o + k], len(data))))
+        return v
+
+    def drop(self, rel: str) -> None:
+        """Forget a file's packets and bytes (no later episode uses it)."""
+        self._videos.pop(rel, None)
+
+    def add(self, eid: str, n: int, cameras: list[Camera], arrays: dict[str, tuple[str, np.ndarray]], *,
+            fps: float, prompt: str, split: str, extra: dict) -> None:
+        """Episode ``eid`` (a safe id) of ``n`` frames: its cameras' packets and its arrays (name -> (source name,
+        (n, ...) values)), laid out as the copy import lays it out."""
+        cams = sorted(cameras, key=lambda c: c.name)
+        backs = np.zeros((n, len(cams)), np.int64)
+        per_cam, cam_meta = [], {}
+        for c, cam in enumerate(cams):
+            v, k0, count, lead = cam.video, cam.first, cam.count, cam.lead
+            if count - lead != n:
+                raise EpisodeError(f"episode {eid!r} camera {cam.source!r}: {count - lead} frames, {n} rows or steps; "
+                                   "trim them to match")
+            refs = [ref.Ref(v.number, a, z, v.data[a:a + z])
+                    for a, z in zip(v.pos[k0:k0 + count].tolist(), v.size[k0:k0 + count].tolist())]
+            key_rel = v.key_of[k0:k0 + count] - k0
+            backs[:, c] = np.arange(n) - np.maximum(key_rel[lead:] - lead, 0)
+            per_cam.append([refs[:lead + 1], *([r] for r in refs[lead + 1:])])
+            idx = np.arange(lead, count)
+            cam_meta[cam.name] = {"height": v.height, "width": v.width, "source": cam.source,
+                                  "source_height": v.height, "source_width": v.width, "codec": v.codec,
+                                  "gop": max(int((idx - key_rel[idx]).max()) + 1, 1),
+                                  **({"extradata": v.extradata.hex()} if v.extradata else {})}
+        names = sorted(arrays)
+        for k in names:
+            if len(arrays[k][1]) != n:
+                raise EpisodeError(f"episode {eid!r}: array {arrays[k][0]!r} has {len(arrays[k][1])} steps, the "
+                                   f"cameras {n} frames; trim them to match")
+        flat = [np.ascontiguousarray(arrays[k][1]).reshape(n, -1).view(np.uint8) for k in names]
+        width = [f.shape[1] for f in flat]
+        cut = np.cumsum([0, *width]).tolist()
+        view = memoryview(np.hstack(flat).tobytes() if flat else b"")
+        row = cut[-1]
+        rows = [[view[t * row + a:t * row + b] for a, b in zip(cut[:-1], cut[1:])] for t in range(n)]
+        parts = ref.layout(eid.encode(), per_cam, backs, rows)
+        pos = start = self._pos
+        offsets = []
+        for s in parts.spans:
+            offsets.append(pos)
+            pos += s
+        for part in parts.parts:
+            self.pieces.add(self._pos, part)
+            if isinstance(part, ref.Ref):
+                self._sha.update(part.data)
+                self._pos += part.size
+            else:
+                self._sha.update(part)
+                self._pos += len(part)
+        if self._pos != pos:
+            raise AssertionError(f"episode {eid!r}: its parts hold {self._pos - start} bytes, its spans {pos - start}")
+        self.entries.append({"id": eid, "split": split, "length": n, "fps": float(fps), "prompt": prompt,
+                             "cameras": cam_meta,
+                             "arrays": {k: {"dtype": arrays[k][1].dtype.str, "shape": list(arrays[k][1].shape[1:]),
+                                            "source": arrays[k][0]} for k in names},
+                             **extra,
+                             "segments": [{"shard": len(self.shards), "first": 0, "count": n, "offsets": offsets,
+                                           "end": self._pos, "crc32": parts.crcs, "heads": parts.heads,
+                                           "sizes": parts.sizes, "keys": parts.keys}]})
+        self.stats.add(split, *episode_part(eid, {k: arrays[k][1] for k in names}))
+        self._samples += n
+        if self._pos >= self.shard_size:
+            self._end_shard()
+
+    def _end_shard(self) -> None:
+        self.pieces.end_shard(self._pos)
+        self._sha.update(TAR_END)
+        self.shards.append({"name": shard_name(len(self.shards)), "bytes": self._pos + len(TAR_END),
+                            "sha256": self._sha.hexdigest(), "samples": self._samples})
+        self._sha, self._pos, self._samples = hashlib.sha256(), 0, 0
+
+    def finish(self, out: Path, options: dict) -> tuple[int, int, int]:
+        """Write the pieces, the literal bytes and the statistics, then the index (last, atomically); returns
+        (shards, frames, bytes written)."""
+        if self._samples:
+            self._end_shard()
+        if not self.entries:
+            raise EpisodeError(f"{self.root}: no episodes to index")
+        out = Path(out)
+        if not out.exists():
+            safefile.make_dir(out, parents=True)
+        blobs = {PIECE_FILES[k]: npy_bytes(v) for k, v in self.pieces.columns().items()}
+        blobs[LITERAL_NAME] = bytes(self.pieces.literal)
+        safefile.write_files([(out / k, v) for k, v in sorted(blobs.items())])
+        extra = dict(self.stats.write(out / STATS_NAME))
+        reference = {"files": [list(f) for f in self.files],
+                     "hashes": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(blobs.items())},
+                     "literal": len(self.pieces.literal), "pieces": len(self.pieces.start)}
+        inside = _depth(out, self.real)
+        if inside is not None:
+            reference["up"] = inside
+        write_index(out, self.shards, self.entries, options, extra={**extra, "reference": reference}, layout="packed")
+        written = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and (
+            p.name.startswith(("index.", "reference.")) or p.name == INDEX_NAME))
+        return len(self.shards), sum(e["length"] for e in self.entries), written
+
+
+def _depth(out: Path, real: Path) -> int | None:
+    """How many folders up from ``out`` the source root is, when ``out`` lies inside it."""
+    try:
+        rel = out.resolve().relative_to(real)
+    except ValueError:
+        return None
+    return len(rel.parts) if 0 < len(rel.parts) <= ref.MAX_DEPTH else None
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an index already in ``out`` unless ``overwrite``."""
+    if (Path(out) / INDEX_NAME).exists() and not overwrite:
+        raise FileExistsError(f"{Path(out) / INDEX_NAME} exists; pass --overwrite to replace it")

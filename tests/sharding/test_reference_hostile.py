@@ -1,0 +1,122 @@
+"""A ``--codec reference`` index is input from strangers, and its source files may change after indexing: a replaced
+file is refused by name before its frames are used, a changed packet fails its frame's CRC32, and names that are
+absolute, URLs or climb out of the source root (in the index, or through a link) are refused by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import av
+import numpy as np
+import pytest
+
+from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
+from episodepipes.errors import ShardIOError
+from episodepipes.index import EpisodeIndex, IndexFormatError
+from episodepipes.pipes import video_pipe
+from episodepipes.sharding.cli import main
+
+CAM = VIDEO_KEYS[0].replace(".", "_")
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    src = tmp_path / "lr"
+    make_lerobot(src, lengths=(20, 20), num_episodes=2, episodes_per_file=2, gop=4, encoder="libx264", height=240,
+                 width=320, image_feature=False)
+    out = tmp_path / "ref"
+    assert main(["write", str(src), str(out), "--format", "lerobot", "--codec", "reference"]) == 0
+    return src, out
+
+
+def _read(out, src, episode="episode_000000"):
+    return [(b["frame"].tolist(), b["valid"].tolist()) for b in
+            video_pipe(EpisodeIndex.open(out, source_root=src), episodes=[episode], batch_size=8, max_batches=10)]
+
+
+def _video(src, key=VIDEO_KEYS[0]):
+    return next((src / "videos" / key).rglob("*.mp4"))
+
+
+def test_a_source_file_replaced_after_indexing_is_refused_by_name(dataset, tmp_path):
+    src, out = dataset
+    assert all(all(v) for _, v in _read(out, src))
+    other = tmp_path / "other"  # the same dataset shape, other content: a re-encode replaced the file
+    make_lerobot(other, lengths=(20, 20), num_episodes=2, episodes_per_file=2, gop=4, encoder="libx264", height=240,
+                 width=320, image_feature=False, seed=1)
+    os.replace(_video(other), _video(src))
+    with pytest.raises(ShardIOError, match=f"{_video(src).name}.*changed after it was indexed.*re-index"):
+        _read(out, src)
+    assert main(["verify", str(out), "--source-root", str(src)]) == 2
+
+
+def test_a_packet_changed_in_place_fails_its_frames_crc32(dataset):
+    src, out = dataset
+    path = _video(src)
+    with av.open(str(path)) as c:
+        packets = [(p.pos, p.size) for p in c.demux(video=0) if p.size]
+    size = path.stat().st_size
+    pos, n = next((p, z) for p, z in packets if 1 << 16 < p and p + z < size - (1 << 16))  # past the stamped ends
+    data = bytearray(path.read_bytes())
+    data[pos + n // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    frames = [(f, v) for fs, vs in _read(out, src) for f, v in zip(fs, vs)]
+    bad = [f for f, v in frames if not v]
+    assert bad and len(bad) < len(frames)  # the frames whose records hold the packet, and only those
+    assert main(["verify", str(out), "--source-root", str(src)]) == 1
+
+
+@pytest.mark.parametrize("name", ["../lr/videos/x.mp4", "/etc/passwd", "s3://bucket/x.mp4", "videos/../../x.mp4",
+                                  "videos//x.mp4", ".hidden/x.mp4", "videos\\..\\x.mp4", "", 7])
+def test_an_index_naming_a_file_outside_the_root_is_refused_by_name(dataset, name):
+    src, out = dataset
+    data = json.loads((out / "index.json").read_text())
+    data["reference"]["files"][0][0] = name
+    (out / "index.json").write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="reference file 0.*source file name"):
+        EpisodeIndex.open(out, source_root=src)
+
+
+@pytest.mark.parametrize(("field", "value"), [("up", 0), ("up", 99), ("up", "../.."), ("literal", -1),
+                                              ("files", {"a": 1}), ("hashes", {}), ("url", "s3://x")])
+def test_hostile_reference_fields_are_refused(dataset, field, value):
+    src, out = dataset
+    data = json.loads((out / "index.json").read_text())
+    data["reference"][field] = value
+    (out / "index.json").write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="reference"):
+        EpisodeIndex.open(out, source_root=src)
+
+
+def test_damaged_piece_columns_are_refused(dataset):
+    src, out = dataset
+    starts = np.load(out / "reference.start.npy")
+    starts[3] = starts[5]  # pieces going back: the sha256 catches it first
+    np.save(out / "reference.start.npy", starts)
+    with pytest.raises(IndexFormatError, match=r"reference\.start\.npy does not match its sha256"):
+        _read(out, src)
+
+
+def test_a_link_inside_the_root_that_points_out_of_it_is_refused(dataset, tmp_path):
+    src, out = dataset
+    path = _video(src)
+    moved = tmp_path / "elsewhere.mp4"
+    os.replace(path, moved)
+    path.symlink_to(moved)
+    with pytest.raises(ShardIOError, match="resolves outside the source root"):
+        _read(out, src)
+
+
+@pytest.mark.parametrize(("column", "change"), [("start", lambda a: a[::-1].copy()), ("file", lambda a: a + 5),
+                                                ("at", lambda a: a + 2**40)])
+def test_pieces_that_lie_are_refused_even_with_their_sha256(dataset, column, change):
+    src, out = dataset
+    path = out / f"reference.{column}.npy"
+    np.save(path, change(np.load(path)))
+    data = json.loads((out / "index.json").read_text())
+    data["reference"]["hashes"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (out / "index.json").write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="reference pieces are damaged"):
+        _read(out, src)
