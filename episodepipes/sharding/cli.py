@@ -9,13 +9,16 @@ Commands::
     stats OUT        normalization statistics per split and array key (--recompute: for older indexes;
                      --json: every element, as JSON)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
+    sbatch SRC OUT   print a Slurm batch script: a K-task array of `write`, then `merge` as an afterok job
     upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
                      add every frame's crc32)
 
 Multi-job runs: job I shards the I-th contiguous block of the sorted episode list into
-``OUT/_jobs/job-IIII/``. ``merge`` re-packs the encoded samples (a byte copy, no re-encoding), so the
-merged OUT is byte-identical to a single-job ``write`` with the same options: same shard files, same
-sha256, same ``index.json``.
+``OUT/_jobs/job-IIII/``. ``merge`` renames the jobs' shards into OUT (no byte copied; the same episodes and
+frames as a single-job ``write``, shards cut where each job cut them); ``merge --repack`` re-packs the encoded
+samples (a byte copy, no re-encoding), so the merged OUT is byte-identical to a single-job ``write`` with the
+same options: same shard files, same sha256, same ``index.json``. Under a Slurm job array ``write --num-jobs K``
+takes its job index from ``SLURM_ARRAY_TASK_ID`` (`episodepipes.sharding.slurm`).
 
 One writer per output: ``write`` and ``merge`` hold ``OUT/_write.lock`` (a job, its job folder's),
 which names the writer's pid and host; a second writer is refused, and a lock left by a dead
@@ -127,9 +130,13 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true",
                     help="print one JSON object, {split: {key: {count, shape, mean, std, min, max, q01..q99}}}, "
                          "every element (a non-finite one as null), sorted keys")
-    m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
+    m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT: the jobs' shards renamed in place "
+                                     "(no byte copied), or with --repack byte-identical to one job")
     m.add_argument("out", type=_root, metavar="OUT", help="the OUT of the jobs: a folder or a remote root")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
+    m.add_argument("--repack", action="store_true",
+                   help="copy every frame into the shard cuts of a single-job write (byte-identical to one job; "
+                        "reads and writes every byte); a remote OUT is always repacked")
     m.add_argument("--staging", type=Path, default=None, metavar="DIR", help="remote OUT: as for write")
     return p
 
@@ -276,7 +283,7 @@ def _run(a: argparse.Namespace) -> int:
         return 1 if problems else 0
     from episodepipes.sharding.merge import merge_jobs
 
-    merge_jobs(a.out, overwrite=a.overwrite, staging=a.staging)
+    merge_jobs(a.out, overwrite=a.overwrite, staging=a.staging, repack=a.repack)
     index = EpisodeIndex.open(a.out)
     _say(f"merged into {a.out}: {len(index.episodes)} episodes, {len(index.shards)} shards")
     return 0

@@ -72,7 +72,7 @@ def test_merged_jobs_carry_the_single_job_statistics_byte_for_byte(tmp_path, num
     write_shards(SYN, tmp_path / "one", OPTS)
     for i in range(num_jobs):
         write_shards(SYN, tmp_path / "multi", OPTS, num_jobs=num_jobs, job_index=i)
-    merge_jobs(tmp_path / "multi")
+    merge_jobs(tmp_path / "multi", repack=True)
     one = json.loads(_index_bytes(tmp_path / "one"))
     assert "stats" not in one and one["stats_file"]["bytes"] == len((tmp_path / "one" / STATS_NAME).read_bytes())
     assert {s for s, _ in EpisodeIndex.open(tmp_path / "one").stats_keys()} == {"train", "val"}
@@ -85,7 +85,7 @@ def test_a_key_with_nan_is_listed_with_its_episode_and_merges_to_the_same_bytes(
     write_shards(nan, tmp_path / "one", OPTS, workers=2)
     for i in range(3):  # ep0003 is in job 1: job 0's state statistics merge, then job 1's failure wins
         write_shards(nan, tmp_path / "multi", OPTS, num_jobs=3, job_index=i)
-    merge_jobs(tmp_path / "multi")
+    merge_jobs(tmp_path / "multi", repack=True)
     assert _index_bytes(tmp_path / "multi") == _index_bytes(tmp_path / "one")
     index = EpisodeIndex.open(tmp_path / "one")
     with pytest.raises(KeyError, match="for 'state' in split 'train': episode 'ep0003' array 'state'.*NaN"):

@@ -95,13 +95,13 @@ def test_full_disk_during_merge_names_out_keeps_the_jobs_and_resumes(tmp_path, s
     if small_disk:  # room for the jobs and less than one merged shard
         used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         subprocess.run(["mount", "-o", f"remount,size={used // 1024 + 150}k", str(small_disk)], check=True)
-    res = _run(0 if small_disk else 100_000, "merge", str(out))
+    res = _run(0 if small_disk else 100_000, "merge", str(out), "--repack")
     _one_line_naming(res, out)
     assert "re-run the same merge" in res.stderr and not (out / "index.json").exists()
     assert sorted(p.name for p in (out / "_jobs").iterdir()) == ["job-0000", "job-0001"]
     if small_disk:
         subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
-    assert _run(0, "merge", str(out)).returncode == 0
+    assert _run(0, "merge", str(out), "--repack").returncode == 0
     assert _files(out) == _files(ref) and not (out / "_jobs").exists()
 
 
