@@ -51,6 +51,8 @@ from episodepipes.codec.copy import MAX_GOP
 from episodepipes.index import EpisodeIndex
 from episodepipes.remote.retry import printable
 from episodepipes.sharding.episode import EpisodeError
+from episodepipes.sharding.ray_jobs import finished_job
+from episodepipes.sharding.slurm import array_task, job_index, submit_script
 from episodepipes.sharding.write import DiskFullError, WriteResult
 from episodepipes.sharding.write.plan import parse_resize, parse_size
 from episodepipes.shardio import ShardIOError, is_url
@@ -107,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--skip-bad", action="store_true", help="skip unreadable episodes and list them at the end")
     w.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished output")
     w.add_argument("--num-jobs", type=int, default=1, metavar="K", help="split the episodes over K jobs")
-    w.add_argument("--job-index", type=int, default=0, metavar="I", help="this job's index, 0..K-1")
+    w.add_argument("--job-index", type=int, default=None, metavar="I",
+                   help="this job's index, 0..K-1 (default: from SLURM_ARRAY_TASK_ID under a Slurm array "
+                        "of K tasks, else 0)")
     w.add_argument("--tolerance-s", type=float, default=None, metavar="S",
                    help="lerobot only: how far (seconds) a row's timestamp may lie from its video frame before "
                         "the episode is refused; finite, > 0 (default 1e-4, LeRobot's)")
@@ -130,6 +134,19 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true",
                     help="print one JSON object, {split: {key: {count, shape, mean, std, min, max, q01..q99}}}, "
                          "every element (a non-finite one as null), sorted keys")
+    sb = sub.add_parser("sbatch", help="print a bash script submitting write as a Slurm array of K tasks, then "
+                                       "merge as an afterok job: bash it, or edit it first")
+    _fleet_args(sb)
+    sb.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
+                    help="an sbatch option for both submissions, e.g. --sbatch-option=--partition=cpu (repeat)")
+    sb.add_argument("--python", default=None, help="the interpreter the jobs run (default: this one)")
+    r = sub.add_parser("ray", help="run write as K Ray tasks on an existing Ray cluster, then merge (pip install "
+                                   "episodepipes[ray])")
+    _fleet_args(r)
+    r.add_argument("--address", default="auto", help="the Ray cluster: auto (RAY_ADDRESS or a local head), or "
+                                                     "host:port / ray://host:port (default auto)")
+    r.add_argument("--cpus-per-job", type=float, default=1.0, help="CPUs Ray reserves per write task (default 1; "
+                                                                   "match --workers in the write options)")
     m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT: the jobs' shards renamed in place "
                                      "(no byte copied), or with --repack byte-identical to one job")
     m.add_argument("out", type=_root, metavar="OUT", help="the OUT of the jobs: a folder or a remote root")
@@ -139,6 +156,29 @@ def _parser() -> argparse.ArgumentParser:
                         "reads and writes every byte); a remote OUT is always repacked")
     m.add_argument("--staging", type=Path, default=None, metavar="DIR", help="remote OUT: as for write")
     return p
+
+
+def _fleet_args(p: argparse.ArgumentParser) -> None:
+    """SRC OUT --num-jobs K [--repack] -- WRITE OPTIONS: what `sbatch` and `ray` run as K write jobs and a merge."""
+    p.add_argument("src", metavar="SRC", help="the source dataset, as every job sees it")
+    p.add_argument("out", metavar="OUT", help="the output folder, shared by every job")
+    p.add_argument("--num-jobs", type=int, required=True, metavar="K", help="write jobs (the array's size)")
+    p.add_argument("--repack", action="store_true", help="merge with --repack (byte-identical to one job)")
+    p.set_defaults(write_args=[])  # the words after ``--``: further write options, split off by `main`
+    p.epilog = "Further write options go after --, e.g.: -- --shard-size 1GB --workers 4"
+
+
+def _fleet_write_args(a: argparse.Namespace) -> list[str]:
+    """The write options after ``--``, checked now by the write parser (a typo fails here, not in K jobs)."""
+    rest = a.write_args
+    if a.num_jobs < 1:
+        raise ValueError(f"--num-jobs {a.num_jobs} must be >= 1")
+    for word in ("--num-jobs", "--job-index"):
+        if any(w == word or w.startswith(word + "=") for w in rest):
+            raise ValueError(f"{word} is set by the {a.command} command itself; drop it from the write options")
+    parsed = _parser().parse_args(["write", a.src, a.out, *rest, "--num-jobs", str(a.num_jobs), "--job-index", "0"])
+    _check_write_args(parsed)
+    return rest
 
 
 def _root(text: str) -> Path | str:
@@ -194,7 +234,12 @@ def _write(a: argparse.Namespace) -> int:
     from episodepipes.sharding.formats.readers import FORMATS, resolve
     from episodepipes.sharding.write import WriteOptions, write_shards
 
+    from_array = a.job_index is None and array_task(os.environ) is not None
+    a.job_index = job_index(a.num_jobs, a.job_index, os.environ)
     _check_write_args(a)
+    if from_array and a.num_jobs > 1 and not a.overwrite and not is_url(a.out) and finished_job(a.out, a.job_index):
+        _say(f"job {a.job_index} of {a.num_jobs} already finished ({a.out}); nothing to do")  # a re-submitted array
+        return 0
     if a.staging is not None and not is_url(a.out):
         raise ValueError(f"--staging applies to a remote OUT (s3://, gs://) only, and {a.out} is a folder; drop it")
     root, fmt = resolve(a.src, a.format)
@@ -248,6 +293,18 @@ def _run(a: argparse.Namespace) -> int:
 
     if a.command == "write":
         return _write(a)
+    if a.command == "sbatch":
+        _say(submit_script(a.src, a.out, a.num_jobs, _fleet_write_args(a), sbatch_args=a.sbatch_option,
+                           merge_args=["--repack"] if a.repack else [], python=a.python).rstrip("\n"))
+        return 0
+    if a.command == "ray":
+        from episodepipes.sharding.ray_jobs import run_jobs
+
+        merged = run_jobs(a.src, a.out, a.num_jobs, _fleet_write_args(a), address=a.address,
+                          cpus_per_job=a.cpus_per_job, repack=a.repack)
+        _say(f"merged {a.num_jobs} Ray jobs into {a.out}: {len(merged['ids'])} episodes, {len(merged['shards'])} "
+             "shards")
+        return 0
     if a.command == "info":
         index = EpisodeIndex.open(a.out)
         if a.json:
@@ -305,7 +362,12 @@ def _error(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 verify failed, 2 input error)."""
+    argv, rest = list(sys.argv[1:] if argv is None else argv), []
+    if argv[:1] in (["sbatch"], ["ray"]) and "--" in argv:  # the write options of the jobs, passed on as words
+        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     a = _parser().parse_args(argv)
+    if rest:
+        a.write_args = rest
     handler = logging.StreamHandler()
     handler.setFormatter(_Printable("%(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, handlers=[handler])
