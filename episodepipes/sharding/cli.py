@@ -301,7 +301,8 @@ def _run(a: argparse.Namespace) -> int:
         from episodepipes.sharding.ray_jobs import run_jobs
 
         merged = run_jobs(a.src, a.out, a.num_jobs, _fleet_write_args(a), address=a.address,
-                          cpus_per_job=a.cpus_per_job, repack=a.repack)
+                          cpus_per_job=a.cpus_per_job, repack=a.repack,
+                          progress=lambda line: _say(line, file=sys.stderr))
         _say(f"merged {a.num_jobs} Ray jobs into {a.out}: {len(merged['ids'])} episodes, {len(merged['shards'])} "
              "shards")
         return 0
