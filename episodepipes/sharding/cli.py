@@ -119,6 +119,16 @@ def _parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.add_argument("out", type=_root, metavar="OUT", help="a shard folder, or a remote root (s3://bucket/prefix, "
                        "gs://..., https://...) read with the standard environment (AWS_ENDPOINT_URL, ...)")
+    for c in (sub.choices["verify"], st := sub.add_parser("stats", help="print the normalization statistics per "
+                                                                        "split and array key")):
+        if c is st:
+            st.add_argument("out", type=Path, metavar="OUT", help="a local shard folder (the OUT of write)")
+        c.add_argument("--num-jobs", type=int, default=None, metavar="K",
+                       help="split the work over K jobs (verify: shards; stats --recompute: episodes); each leaves "
+                            "its part in OUT/_parts, and --merge lists or folds them")
+        c.add_argument("--job-index", type=int, default=None, metavar="I",
+                       help="this job's part, 0..K-1 (default: from SLURM_ARRAY_TASK_ID under a Slurm array)")
+        c.add_argument("--merge", action="store_true", help="with --num-jobs K: merge the K parts (after them)")
     info = sub.choices["info"]
     info.add_argument("--episodes", action="store_true", help="also list every episode: id, split, length, task")
     info.add_argument("--json", action="store_true",
@@ -127,8 +137,6 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("out", type=Path, metavar="OUT", help="a local shard folder whose index.json is version 1")
     u.add_argument("--crc", action="store_true",
                    help="also read every shard (its sha256 checked first) to add each frame's crc32")
-    st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
-    st.add_argument("out", type=Path, metavar="OUT", help="a local shard folder (the OUT of write)")
     st.add_argument("--recompute", action="store_true",
                     help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
     st.add_argument("--json", action="store_true",
@@ -327,6 +335,8 @@ def _run(a: argparse.Namespace) -> int:
         _say(f"upgraded {a.out} to index version 2: {len(index.episodes)} episodes, {index.frames} frames, "
               f"{'crc32 per frame' if index.has_crc else 'no crc32 (upgrade --crc adds them)'}")
         return 0
+    if a.command in ("verify", "stats") and (a.num_jobs is not None or a.merge or a.job_index is not None):
+        return _split(a)
     if a.command == "stats":
         from episodepipes.sharding.stats_cli import run
 
@@ -345,6 +355,41 @@ def _run(a: argparse.Namespace) -> int:
     index = EpisodeIndex.open(a.out)
     _say(f"merged into {a.out}: {len(index.episodes)} episodes, {len(index.shards)} shards")
     return 0
+
+
+def _split(a: argparse.Namespace) -> int:
+    """``verify``/``stats --recompute`` as job I of K, or ``--merge`` of their K parts (`sharding.parts`)."""
+    from episodepipes.sharding import parts
+
+    if a.num_jobs is None or a.num_jobs < 1:
+        raise ValueError(f"--job-index and --merge need --num-jobs K (K >= 1); got --num-jobs {a.num_jobs}")
+    if a.command == "stats" and not a.recompute:
+        raise ValueError("--num-jobs splits stats --recompute only; add --recompute, or drop --num-jobs to print")
+    if is_url(a.out):
+        raise ValueError(f"--num-jobs needs a local OUT, and {a.out} is remote; verify it whole")
+    if a.merge:
+        if a.command == "stats":
+            parts.stats_merged(a.out, a.num_jobs)
+            _say(f"{a.out}: statistics of {a.num_jobs} parts merged into the index")
+            return 0
+        problems = parts.verify_merged(a.out, a.num_jobs)
+        if problems:
+            _say(problems, file=sys.stderr)
+        _say(f"{a.out}: {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'} ({a.num_jobs} parts)")
+        return 1 if problems else 0
+    i = job_index(a.num_jobs, a.job_index, os.environ)
+    if not 0 <= i < a.num_jobs:
+        raise ValueError(f"--job-index {i} must be within 0..{a.num_jobs - 1} for --num-jobs {a.num_jobs}")
+    if a.command == "stats":
+        parts.stats_part(a.out, a.num_jobs, i)
+        _say(f"{a.out}: statistics part {i} of {a.num_jobs} done; after all: {PROG} stats {a.out} --recompute "
+             f"--num-jobs {a.num_jobs} --merge")
+        return 0
+    problems = parts.verify_part(a.out, a.num_jobs, i)
+    if problems:
+        _say(problems, file=sys.stderr)
+    _say(f"{a.out}: part {i} of {a.num_jobs} {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'}")
+    return 1 if problems else 0
 
 
 class _Printable(logging.Formatter):
