@@ -57,6 +57,7 @@ def adopt(out: Path, jobs: list[tuple[Any, EpisodeIndex]], extra: dict, *,
     ``extra`` holds the top-level fields the merged index adds (``skipped``); ``write_stats()`` writes the
     statistics side file into ``out`` and returns the index fields naming it (after the renames, before the index).
     """
+    _check_joinable(jobs)
     plan = renames(jobs)
     journal = out / JOURNAL
     want = json.dumps({"renames": plan}, sort_keys=True).encode()
@@ -117,14 +118,23 @@ def _codes(values: list, key: Callable[[Any], str], table: dict[str, int], merge
     return out
 
 
+def _check_joinable(jobs: list[tuple[Any, EpisodeIndex]]) -> str:
+    """The jobs' one layout; jobs an in-place merge cannot join are refused before anything is renamed."""
+    old = [d.name for d, index in jobs if index.version != 2]
+    if old:
+        raise ValueError(f"jobs {old} have version-1 indexes (an older episodepipes), whose columns an in-place merge "
+                         "joins only in version 2; run episodepipes-shard upgrade on each job, or merge --repack")
+    layouts = {index.meta["layout"] for _, index in jobs}
+    if len(layouts) != 1:
+        raise ValueError(f"the jobs hold shards of different layouts {sorted(layouts)}; re-run them with one --codec")
+    return layouts.pop()
+
+
 def join(jobs: list[tuple[Any, EpisodeIndex]], extra: dict) -> tuple[dict, dict[str, Any]]:
     """The merged index's JSON part (without ``columns``) and its columns: the per-episode and per-segment tables
     as arrays, and each per-frame column as the list of the jobs' arrays (with the row offset to add, for
     ``key``), concatenated only as `write_index` streams them."""
-    layouts = {index.meta["layout"] for _, index in jobs}
-    if len(layouts) != 1:
-        raise ValueError(f"the jobs hold shards of different layouts {sorted(layouts)}; re-run them with one --codec")
-    layout = layouts.pop()
+    layout = _check_joinable(jobs)
     crc = all(index.meta["crc32"] for _, index in jobs)
     merged: dict[str, list] = {"schemas": [], "splits": [], "prompts": [], "fps": []}
     tables: list[dict[str, int]] = [{}, {}, {}, {}]

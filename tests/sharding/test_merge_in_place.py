@@ -13,6 +13,7 @@ from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.merge import merge_jobs
 from episodepipes.sharding.write import WriteOptions, write_shards
 from episodepipes.sharding.write.lock import write_lock
+from episodepipes.sharding.write.writer import write_index
 
 SYN = SyntheticReader(num_episodes=7, length=9, height=16, width=16, lengths=(9, 5, 12, 7, 9, 3, 10))
 OPTS = WriteOptions(format="synthetic", shard_size=3_000, val_fraction=0.3, seed=3)
@@ -131,3 +132,16 @@ def test_a_job_written_with_other_options_is_refused_by_name(tmp_path):
                  job_index=2)
     with pytest.raises(ValueError, match="job job-0002 was written with other options than job-0000"):
         merge_jobs(tmp_path / "m")
+
+
+def test_a_version_1_job_is_refused_before_any_rename(tmp_path):
+    shards = _jobs(tmp_path / "m", 2)
+    job = tmp_path / "m" / "_jobs" / "job-0001"
+    index = EpisodeIndex.open(job)
+    data = index.data  # the v1 layout of the same index, written as an older episodepipes wrote it
+    extra = {k: v for k, v in index.meta.items() if k in ("job", "stats_file", "skipped")}
+    write_index(job, data["shards"], data["episodes"], data["options"], extra=extra, version=1)
+    with pytest.raises(ValueError, match=r"jobs \['job-0001'\] have version-1 indexes.*upgrade.*--repack"):
+        merge_jobs(tmp_path / "m")
+    assert all(p.exists() for p in shards) and not (tmp_path / "m" / JOURNAL).exists()
+    merge_jobs(tmp_path / "m", repack=True)
