@@ -17,7 +17,7 @@ from episodepipes.normstats import ArrayStats
 from episodepipes.normstats import sidefile as statsfile
 from episodepipes.sharding import cli
 from episodepipes.sharding.formats.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions, write_shards
+from episodepipes.sharding.write import WriteOptions, progress, write_shards
 from episodepipes.sharding.write.progress import PROGRESS_NAME, STATS_LOG
 
 KW = {"num_episodes": 7, "length": 9, "height": 16, "width": 24, "lengths": (9, 5, 12, 7, 9, 3, 10)}
@@ -221,7 +221,8 @@ def unfinished(crashed, tmp_path):
 
 
 def _edit_progress(out, edit):
-    p = json.loads((out / PROGRESS_NAME).read_text())
+    p = progress.read(out)  # the logged shards and episodes inline: written back as an older episodepipes wrote it
+    del p["log"]
     edit(p)
     (out / PROGRESS_NAME).write_text(json.dumps(p))
 

@@ -1,10 +1,11 @@
 import hashlib
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from episodepipes.sharding.write import progress
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
@@ -59,7 +60,7 @@ def _full_write_then_resume(tmp_path, small_disk, argv, *, size, limit):
     _one_line_naming(res, out)
     assert "finished shards" in res.stderr and "re-run the same command to resume" in res.stderr
     # nothing written is torn: every shard under its final name is one the progress file records, whole
-    prog = json.loads((out / "_progress.json").read_text())
+    prog = progress.read(out)  # the logged shards and episodes inline
     names = sorted(p.name for p in out.glob("shard-*.tar"))
     assert names == [s["name"] for s in prog["shards"]] and not (out / "index.json").exists()
     assert len(names) >= (1 if small_disk else 0)  # the full disk came mid-run, after finished shards
