@@ -268,7 +268,7 @@ def test_a_crafted_progress_file_is_refused_before_anything_resumes(unfinished, 
 
 def test_a_statistics_log_that_repeats_a_record_is_refused_at_resume(unfinished, written):
     """The log and the progress both list the first record twice: every sha256 matches, the sums do not."""
-    p = json.loads((unfinished / PROGRESS_NAME).read_text())
+    p = progress.read(unfinished)
     log = (unfinished / STATS_LOG).read_bytes()
     (unfinished / STATS_LOG).write_bytes(log[:p["stats_log"][0]["bytes"]] + log)
     _edit_progress(unfinished, lambda p: p.update(stats_log=[p["stats_log"][0], *p["stats_log"]]))
