@@ -21,6 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py $(if $(SRC),--src $(SRC) --format $(FORMAT),)
 
 test: $(STAMP)
+	bash .ci/slurm.sh  # slurm-wlm + munge for the real Slurm test (apt-get as root, when missing)
 	$(BIN)/ruff check episodepipes scripts tests benchmarks docs
 	$(BIN)/lint-imports  # the layers of DESIGN.md "Layout" (pyproject [tool.importlinter])
 	$(BIN)/python -m pytest -q

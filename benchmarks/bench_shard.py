@@ -18,6 +18,9 @@ End to end: ``python scripts/shard.py write SRC OUT --workers 2`` as a subproces
 made in a temp dir (half the episodes two mp4 cameras, half two PNG image folders, ``arrays.npz``
 and ``meta.json`` each), wall time from the command's start until ``index.json`` exists and it exits:
 interpreter start, imports, video and PNG decoding, encoding and writing included.
+
+Fleet scale (`benchmarks.shard_fleet`): the in-place merge of 4 synthetic jobs at 10^6-10^8 tiny frames (wall time
+and peak RSS of the merge process), and the resume saves and memory of one job's writer at 10^5-10^6 tiny frames.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 
 import cv2
 
+from benchmarks.shard_fleet import rows as fleet_rows
 from episodepipes.sharding.episode import EpisodeData
 from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
@@ -208,6 +212,7 @@ def run(workdir: Path, quick: bool) -> dict:
     shutil.rmtree(workdir / "w2", ignore_errors=True)
     shutil.rmtree(workdir / "cli-out", ignore_errors=True)
     _CACHE.clear()
+    rows += fleet_rows(workdir / "fleet", quick)  # the merge and resume-save bookkeeping at 1e5..1e8 frames
     return {"section": "shard", "intro": __doc__.split("\n\n", 1)[1].strip(), "rows": rows}
 
 

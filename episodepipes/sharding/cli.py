@@ -12,13 +12,16 @@ Commands::
                      write one self-contained HTML page: the episodes' videos in sync with plots of their
                      arrays, their attributes, the dataset's splits, lengths and statistics (--serve: on 127.0.0.1)
     merge OUT        join the outputs of `write --num-jobs K --job-index I` (I = 0..K-1) into OUT
+    sbatch SRC OUT   print a Slurm batch script: a K-task array of `write`, then `merge` as an afterok job
     upgrade OUT      rewrite a version-1 index as version 2 in place, reading no shard (--crc: read them to
                      add every frame's crc32)
 
 Multi-job runs: job I shards the I-th contiguous block of the sorted episode list into
-``OUT/_jobs/job-IIII/``. ``merge`` re-packs the encoded samples (a byte copy, no re-encoding), so the
-merged OUT is byte-identical to a single-job ``write`` with the same options: same shard files, same
-sha256, same ``index.json``.
+``OUT/_jobs/job-IIII/``. ``merge`` renames the jobs' shards into OUT (no byte copied; the same episodes and
+frames as a single-job ``write``, shards cut where each job cut them); ``merge --repack`` re-packs the encoded
+samples (a byte copy, no re-encoding), so the merged OUT is byte-identical to a single-job ``write`` with the
+same options: same shard files, same sha256, same ``index.json``. Under a Slurm job array ``write --num-jobs K``
+takes its job index from ``SLURM_ARRAY_TASK_ID`` (`episodepipes.sharding.slurm`).
 
 One writer per output: ``write`` and ``merge`` hold ``OUT/_write.lock`` (a job, its job folder's),
 which names the writer's pid and host; a second writer is refused, and a lock left by a dead
@@ -51,6 +54,8 @@ from episodepipes.codec.copy import MAX_GOP
 from episodepipes.index import EpisodeIndex
 from episodepipes.remote.retry import printable
 from episodepipes.sharding.episode import EpisodeError
+from episodepipes.sharding.ray_jobs import finished_job
+from episodepipes.sharding.slurm import array_task, job_index, submit_script
 from episodepipes.sharding.write import DiskFullError, WriteResult
 from episodepipes.sharding.write.plan import parse_resize, parse_size
 from episodepipes.shardio import ShardIOError, is_url
@@ -109,7 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--skip-bad", action="store_true", help="skip unreadable episodes and list them at the end")
     w.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished output")
     w.add_argument("--num-jobs", type=int, default=1, metavar="K", help="split the episodes over K jobs")
-    w.add_argument("--job-index", type=int, default=0, metavar="I", help="this job's index, 0..K-1")
+    w.add_argument("--job-index", type=int, default=None, metavar="I",
+                   help="this job's index, 0..K-1 (default: from SLURM_ARRAY_TASK_ID under a Slurm array "
+                        "of K tasks, else 0)")
     w.add_argument("--tolerance-s", type=float, default=None, metavar="S",
                    help="lerobot only: how far (seconds) a row's timestamp may lie from its video frame before "
                         "the episode is refused; finite, > 0 (default 1e-4, LeRobot's)")
@@ -120,6 +127,16 @@ def _parser() -> argparse.ArgumentParser:
     sub.choices["verify"].add_argument("--source-root", default=None, metavar="SRC",
                                        help="an index written with --codec reference: the dataset root its frames "
                                             "are read from (default: the folder it was written in, if inside SRC)")
+    for c in (sub.choices["verify"], st := sub.add_parser("stats", help="print the normalization statistics per "
+                                                                        "split and array key")):
+        if c is st:
+            st.add_argument("out", type=Path, metavar="OUT", help="a local shard folder (the OUT of write)")
+        c.add_argument("--num-jobs", type=int, default=None, metavar="K",
+                       help="split the work over K jobs (verify: shards; stats --recompute: episodes); each leaves "
+                            "its part in OUT/_parts, and --merge lists or folds them")
+        c.add_argument("--job-index", type=int, default=None, metavar="I",
+                       help="this job's part, 0..K-1 (default: from SLURM_ARRAY_TASK_ID under a Slurm array)")
+        c.add_argument("--merge", action="store_true", help="with --num-jobs K: merge the K parts (after them)")
     info = sub.choices["info"]
     info.add_argument("--episodes", action="store_true", help="also list every episode: id, split, length, task")
     info.add_argument("--json", action="store_true",
@@ -128,8 +145,6 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("out", type=Path, metavar="OUT", help="a local shard folder whose index.json is version 1")
     u.add_argument("--crc", action="store_true",
                    help="also read every shard (its sha256 checked first) to add each frame's crc32")
-    st = sub.add_parser("stats", help="print the normalization statistics per split and array key")
-    st.add_argument("out", type=Path, metavar="OUT", help="a local shard folder (the OUT of write)")
     st.add_argument("--recompute", action="store_true",
                     help="read the arrays from the shards and rewrite the index with statistics (older indexes)")
     st.add_argument("--json", action="store_true",
@@ -138,11 +153,51 @@ def _parser() -> argparse.ArgumentParser:
     from episodepipes.sharding.show.cli import add_parser as add_show
 
     add_show(sub, _root)
-    m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT (byte-identical to one job)")
+    sb = sub.add_parser("sbatch", help="print a bash script submitting write as a Slurm array of K tasks, then "
+                                       "merge as an afterok job: bash it, or edit it first")
+    _fleet_args(sb)
+    sb.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
+                    help="an sbatch option for both submissions, e.g. --sbatch-option=--partition=cpu (repeat)")
+    sb.add_argument("--python", default=None, help="the interpreter the jobs run (default: this one)")
+    r = sub.add_parser("ray", help="run write as K Ray tasks on an existing Ray cluster, then merge (pip install "
+                                   "episodepipes[ray])")
+    _fleet_args(r)
+    r.add_argument("--address", default="auto", help="the Ray cluster: auto (RAY_ADDRESS or a local head), or "
+                                                     "host:port / ray://host:port (default auto)")
+    r.add_argument("--cpus-per-job", type=float, default=1.0, help="CPUs Ray reserves per write task (default 1; "
+                                                                   "match --workers in the write options)")
+    m = sub.add_parser("merge", help="join the outputs of --num-jobs K into OUT: the jobs' shards renamed in place "
+                                     "(no byte copied), or with --repack byte-identical to one job")
     m.add_argument("out", type=_root, metavar="OUT", help="the OUT of the jobs: a folder or a remote root")
     m.add_argument("--overwrite", action="store_true", help="merge again over a merged output")
+    m.add_argument("--repack", action="store_true",
+                   help="copy every frame into the shard cuts of a single-job write (byte-identical to one job; "
+                        "reads and writes every byte); a remote OUT is always repacked")
     m.add_argument("--staging", type=Path, default=None, metavar="DIR", help="remote OUT: as for write")
     return p
+
+
+def _fleet_args(p: argparse.ArgumentParser) -> None:
+    """SRC OUT --num-jobs K [--repack] -- WRITE OPTIONS: what `sbatch` and `ray` run as K write jobs and a merge."""
+    p.add_argument("src", metavar="SRC", help="the source dataset, as every job sees it")
+    p.add_argument("out", metavar="OUT", help="the output folder, shared by every job")
+    p.add_argument("--num-jobs", type=int, required=True, metavar="K", help="write jobs (the array's size)")
+    p.add_argument("--repack", action="store_true", help="merge with --repack (byte-identical to one job)")
+    p.set_defaults(write_args=[])  # the words after ``--``: further write options, split off by `main`
+    p.epilog = "Further write options go after --, e.g.: -- --shard-size 1GB --workers 4"
+
+
+def _fleet_write_args(a: argparse.Namespace) -> list[str]:
+    """The write options after ``--``, checked now by the write parser (a typo fails here, not in K jobs)."""
+    rest = a.write_args
+    if a.num_jobs < 1:
+        raise ValueError(f"--num-jobs {a.num_jobs} must be >= 1")
+    for word in ("--num-jobs", "--job-index"):
+        if any(w == word or w.startswith(word + "=") for w in rest):
+            raise ValueError(f"{word} is set by the {a.command} command itself; drop it from the write options")
+    parsed = _parser().parse_args(["write", a.src, a.out, *rest, "--num-jobs", str(a.num_jobs), "--job-index", "0"])
+    _check_write_args(parsed)
+    return rest
 
 
 def _root(text: str) -> Path | str:
@@ -198,7 +253,12 @@ def _write(a: argparse.Namespace) -> int:
     from episodepipes.sharding.formats.readers import FORMATS, resolve
     from episodepipes.sharding.write import WriteOptions, write_shards
 
+    from_array = a.job_index is None and array_task(os.environ) is not None
+    a.job_index = job_index(a.num_jobs, a.job_index, os.environ)
     _check_write_args(a)
+    if from_array and a.num_jobs > 1 and not a.overwrite and not is_url(a.out) and finished_job(a.out, a.job_index):
+        _say(f"job {a.job_index} of {a.num_jobs} already finished ({a.out}); nothing to do")  # a re-submitted array
+        return 0
     if a.staging is not None and not is_url(a.out):
         raise ValueError(f"--staging applies to a remote OUT (s3://, gs://) only, and {a.out} is a folder; drop it")
     root, fmt = resolve(a.src, a.format)
@@ -269,6 +329,19 @@ def _run(a: argparse.Namespace) -> int:
 
     if a.command == "write":
         return _write(a)
+    if a.command == "sbatch":
+        _say(submit_script(a.src, a.out, a.num_jobs, _fleet_write_args(a), sbatch_args=a.sbatch_option,
+                           merge_args=["--repack"] if a.repack else [], python=a.python).rstrip("\n"))
+        return 0
+    if a.command == "ray":
+        from episodepipes.sharding.ray_jobs import run_jobs
+
+        merged = run_jobs(a.src, a.out, a.num_jobs, _fleet_write_args(a), address=a.address,
+                          cpus_per_job=a.cpus_per_job, repack=a.repack,
+                          progress=lambda line: _say(line, file=sys.stderr))
+        _say(f"merged {a.num_jobs} Ray jobs into {a.out}: {len(merged['ids'])} episodes, {len(merged['shards'])} "
+             "shards")
+        return 0
     if a.command == "info":
         index = EpisodeIndex.open(a.out)
         if a.json:
@@ -290,6 +363,8 @@ def _run(a: argparse.Namespace) -> int:
         _say(f"upgraded {a.out} to index version 2: {len(index.episodes)} episodes, {index.frames} frames, "
               f"{'crc32 per frame' if index.has_crc else 'no crc32 (upgrade --crc adds them)'}")
         return 0
+    if a.command in ("verify", "stats") and (a.num_jobs is not None or a.merge or a.job_index is not None):
+        return _split(a)
     if a.command == "stats":
         from episodepipes.sharding.stats_cli import run
 
@@ -308,10 +383,45 @@ def _run(a: argparse.Namespace) -> int:
         return 1 if problems else 0
     from episodepipes.sharding.merge import merge_jobs
 
-    merge_jobs(a.out, overwrite=a.overwrite, staging=a.staging)
+    merge_jobs(a.out, overwrite=a.overwrite, staging=a.staging, repack=a.repack)
     index = EpisodeIndex.open(a.out)
     _say(f"merged into {a.out}: {len(index.episodes)} episodes, {len(index.shards)} shards")
     return 0
+
+
+def _split(a: argparse.Namespace) -> int:
+    """``verify``/``stats --recompute`` as job I of K, or ``--merge`` of their K parts (`sharding.parts`)."""
+    from episodepipes.sharding import parts
+
+    if a.num_jobs is None or a.num_jobs < 1:
+        raise ValueError(f"--job-index and --merge need --num-jobs K (K >= 1); got --num-jobs {a.num_jobs}")
+    if a.command == "stats" and not a.recompute:
+        raise ValueError("--num-jobs splits stats --recompute only; add --recompute, or drop --num-jobs to print")
+    if is_url(a.out):
+        raise ValueError(f"--num-jobs needs a local OUT, and {a.out} is remote; verify it whole")
+    if a.merge:
+        if a.command == "stats":
+            parts.stats_merged(a.out, a.num_jobs)
+            _say(f"{a.out}: statistics of {a.num_jobs} parts merged into the index")
+            return 0
+        problems = parts.verify_merged(a.out, a.num_jobs)
+        if problems:
+            _say(problems, file=sys.stderr)
+        _say(f"{a.out}: {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'} ({a.num_jobs} parts)")
+        return 1 if problems else 0
+    i = job_index(a.num_jobs, a.job_index, os.environ)
+    if not 0 <= i < a.num_jobs:
+        raise ValueError(f"--job-index {i} must be within 0..{a.num_jobs - 1} for --num-jobs {a.num_jobs}")
+    if a.command == "stats":
+        parts.stats_part(a.out, a.num_jobs, i)
+        _say(f"{a.out}: statistics part {i} of {a.num_jobs} done; after all: {PROG} stats {a.out} --recompute "
+             f"--num-jobs {a.num_jobs} --merge")
+        return 0
+    problems = parts.verify_part(a.out, a.num_jobs, i)
+    if problems:
+        _say(problems, file=sys.stderr)
+    _say(f"{a.out}: part {i} of {a.num_jobs} {'FAILED, ' + str(len(problems)) + ' problems' if problems else 'ok'}")
+    return 1 if problems else 0
 
 
 class _Printable(logging.Formatter):
@@ -330,7 +440,12 @@ def _error(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 verify failed, 2 input error)."""
+    argv, rest = list(sys.argv[1:] if argv is None else argv), []
+    if argv[:1] in (["sbatch"], ["ray"]) and "--" in argv:  # the write options of the jobs, passed on as words
+        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     a = _parser().parse_args(argv)
+    if rest:
+        a.write_args = rest
     handler = logging.StreamHandler()
     handler.setFormatter(_Printable("%(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, handlers=[handler])

@@ -1,10 +1,10 @@
 """`merge_jobs`: join the partial outputs of ``write --num-jobs K`` into one shard folder.
 
-Each job cut its shards starting from its own first episode, so its last shard is short and
-every later cut is shifted relative to a single-job run. Renaming job shards would therefore
-give a valid dataset with different shard boundaries. Instead the merge re-packs the already
-encoded samples (a byte copy, no decoding or encoding) through the same `ShardWriter` with the
-same shard size, so the merged folder is **byte-identical** to a single-job run with the same
+Each job cut its shards starting from its own first episode, so its last shard is short and every later cut is
+shifted relative to a single-job run. The default merge (`episodepipes.sharding.adopt`) keeps those cuts: it renames
+the jobs' shards into OUT and joins their index columns, moving no byte, which is what a 10^8-frame merge can afford.
+``repack=True`` re-packs the already encoded samples (a byte copy, no decoding or encoding) through the same
+`ShardWriter` with the same shard size, so the merged folder is **byte-identical** to a single-job run with the same
 options: same shards, same sha256, same ``index.json``.
 """
 
@@ -23,6 +23,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.index.load import MAX_INDEX_BYTES, read_regular
 from episodepipes.normstats.fields import StatsFields, has_stats
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
+from episodepipes.sharding.adopt import JOURNAL, adopt
 from episodepipes.sharding.recompute import recompute
 from episodepipes.sharding.write import DiskFullError
 from episodepipes.sharding.write.lock import write_lock
@@ -49,13 +50,13 @@ def _job_record(d: _Job, data: dict) -> dict:
     return job
 
 
-def _check_same_source(found: list[tuple[_Job, dict]]) -> None:
+def _check_same_source(found: list[tuple[_Job, EpisodeIndex]]) -> None:
     """Refuse jobs written from different sources: merged, they would duplicate some episodes and lose others."""
-    d0, ref = found[0][0], found[0][1]["job"]
+    d0, ref = found[0][0], found[0][1].meta["job"]
     owner: dict[str, str] = {}
     expected_first = 0
     for d, data in found:
-        job = data["job"]
+        job = data.meta["job"]
         if job["source"] != ref["source"] or job["episodes"] != ref["episodes"]:
             what = (f"{job['episodes']} source episodes vs {ref['episodes']}" if job["episodes"] != ref["episodes"]
                     else "same episode count, different episode ids or options")
@@ -70,7 +71,7 @@ def _check_same_source(found: list[tuple[_Job, dict]]) -> None:
                 raise ValueError(f"episode {eid!r} is in job {owner[eid]} and job {d.name}; re-run {d.name} "
                                  "with --overwrite")
             owner[eid] = d.name
-        written = {e.get("id") for e in data["episodes"]} | {s.get("id") for s in data.get("skipped", [])}
+        written = {*data.ids} | {s.get("id") for s in data.meta.get("skipped", [])}
         if not written <= {*job["ids"]}:
             raise ValueError(f"job {d.name} holds episodes outside its recorded block "
                              f"({sorted(map(str, written - {*job['ids']}))[:3]}); re-run it with --overwrite")
@@ -95,7 +96,8 @@ def _local_jobs(out: Path) -> list[_Job]:
     return [_Job(d.name, d, (d / INDEX_NAME).exists()) for d in dirs]
 
 
-def _job_indexes(jobs: str, dirs: list[_Job]) -> list[tuple[_Job, dict]]:
+def _job_indexes(jobs: str, dirs: list[_Job], *, verify: bool = True) -> list[tuple[_Job, EpisodeIndex]]:
+    """Every job's index, checked (``verify``: every local shard's sha256 too), and the jobs against each other."""
     if not dirs:
         raise FileNotFoundError(f"{jobs} holds no job outputs; run write --num-jobs K --job-index I first")
     found = []
@@ -104,10 +106,10 @@ def _job_indexes(jobs: str, dirs: list[_Job]) -> list[tuple[_Job, dict]]:
         if not d.finished:
             raise ValueError(f"job {d.name} is unfinished ({file} missing); re-run its write command to resume it")
         try:  # format, version and every shard's sha256 (a remote job: every frame's crc32, as it is copied)
-            index = EpisodeIndex.open(d.root, verify=not isinstance(d.root, str))
+            index = EpisodeIndex.open(d.root, verify=verify and not isinstance(d.root, str))
             if isinstance(d.root, str) and not index.has_crc:
                 index.verify()
-            data = index.data
+            data = index.meta
         except (ValueError, FileNotFoundError) as e:
             raise ValueError(f"job {d.name}: {e}; re-run that job with --overwrite") from e
         _job_record(d, data)
@@ -116,9 +118,9 @@ def _job_indexes(jobs: str, dirs: list[_Job]) -> list[tuple[_Job, dict]]:
                 index.load_stats()
         except ValueError as e:
             raise ValueError(f"job {d.name}: {e}; re-run that job with --overwrite") from None
-        found.append((d, data))
-    num_jobs = found[0][1]["job"]["num_jobs"]
-    indices = [data["job"]["index"] for _, data in found]
+        found.append((d, index))
+    num_jobs = found[0][1].meta["job"]["num_jobs"]
+    indices = [index.meta["job"]["index"] for _, index in found]
     if num_jobs != len(found) or indices != list(range(num_jobs)):
         have = set(indices)  # num_jobs is a job's field: list the first missing ones, never count up to it
         missing = [i for i in range(min(num_jobs, len(found) + 10)) if i not in have]
@@ -127,19 +129,26 @@ def _job_indexes(jobs: str, dirs: list[_Job]) -> list[tuple[_Job, dict]]:
                              f"of {num_jobs}; re-run the jobs with the same --num-jobs and --overwrite")
         more = " and more" if num_jobs > len(found) + 10 else ""
         raise ValueError(f"{jobs}: jobs {missing}{more} of {num_jobs} are missing; run them with --job-index")
-    for d, data in found:
-        if data["options"] != found[0][1]["options"] or data["job"]["num_jobs"] != num_jobs:
+    for d, index in found:
+        if index.options != found[0][1].options or index.meta["job"]["num_jobs"] != num_jobs:
             raise ValueError(f"job {d.name} was written with other options than {found[0][0].name}; "
                              "re-run it with the same options and --overwrite")
     _check_same_source(found)
     return found
 
 
-def merge_jobs(out: str | Path, *, overwrite: bool = False, staging: str | Path | None = None) -> dict:
+def merge_jobs(out: str | Path, *, overwrite: bool = False, staging: str | Path | None = None,
+               repack: bool = False) -> dict:
     """Merge ``out/_jobs/job-*`` into ``out``; returns the merged index data. Job outputs are removed after.
 
     Every job must come from the same source: the same episode list, options and job count (each job
     records its episode ids and a source fingerprint); a job from another source is refused by name.
+
+    By default a local OUT adopts the jobs' shards in place (`episodepipes.sharding.adopt`: renamed, no byte
+    copied, each shard's size checked against its job's index; an interrupted merge finishes when re-run): the
+    same episodes and frames as one job, with shards cut where each job cut them. ``repack`` copies every frame
+    into shards cut as one job cuts them (every shard's sha256 checked first): byte-identical to a single-job
+    write. A remote OUT is always repacked (an object store has no rename).
 
     Args:
         out: the OUT of the ``write --num-jobs K --job-index I`` runs: a folder, or a remote root whose jobs
@@ -147,19 +156,34 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False, staging: str | Path 
             finish, the index last, then the remote job outputs deleted).
         overwrite: merge again over an already merged ``out``.
         staging: a remote ``out`` only: where its staging folder goes (see `write_shards`).
+        repack: copy the frames into a single job's shard cuts (byte-identical to one job) instead of renaming.
     """
     if is_url(out):
         return merge_remote(str(out), overwrite=overwrite, staging=staging)
     out = Path(out)
+    if (out / INDEX_NAME).exists() and (out / JOURNAL).exists():  # an in-place merge killed after its index
+        with write_lock(out):
+            shutil.rmtree(out / JOBS_DIR, ignore_errors=True)
+            (out / JOURNAL).unlink(missing_ok=True)
+        return json.loads((out / INDEX_NAME).read_text())
     if (out / INDEX_NAME).exists() and not overwrite:
         raise FileExistsError(f"{out / INDEX_NAME} exists: already merged; pass --overwrite to merge again")
     if not (out / JOBS_DIR).is_dir():
         raise FileNotFoundError(f"{out / JOBS_DIR} does not exist; run write --num-jobs K --job-index I "
                                 "into this OUT first")
     with write_lock(out):
-        jobs = _job_indexes(str(out / JOBS_DIR), _local_jobs(out))
-        clear(out, jobs=False)
+        journaled = (out / JOURNAL).exists()
+        if journaled and repack:
+            raise ValueError(f"{out / JOURNAL} records an interrupted in-place merge, which moved job shards into "
+                             f"{out}; finish it with merge (without --repack)")
+        jobs = _job_indexes(str(out / JOBS_DIR), _local_jobs(out), verify=repack)
+        if not journaled:
+            clear(out, jobs=False)
         try:
+            if not repack:
+                adopt(out, jobs, _skipped(jobs), write_stats=lambda: _job_stats(jobs).write(out / STATS_NAME))
+                log.info("merged %d jobs into %s in place", len(jobs), out)
+                return json.loads((out / INDEX_NAME).read_text())
             with ShardWriter(out, **writer_options(jobs, out)) as writer:
                 copy_jobs(jobs, writer)
         except OSError as e:
@@ -173,24 +197,29 @@ def merge_jobs(out: str | Path, *, overwrite: bool = False, staging: str | Path 
     return json.loads((out / INDEX_NAME).read_text())
 
 
-def writer_options(jobs: list[tuple[_Job, dict]], out: Path) -> dict:
+def writer_options(jobs: list[tuple[_Job, EpisodeIndex]], out: Path) -> dict:
     """`ShardWriter` keywords of the merged output: the jobs' shard size, options and folded statistics.
 
     The statistics side file is written into ``out`` (the local folder the writer writes) here, before the index.
     """
-    options = jobs[0][1]["options"]
+    options = jobs[0][1].options
     size = options.get("shard_size") if isinstance(options, dict) else None
     if type(size) is not int or size < 1:
         raise ValueError(f"job {jobs[0][0].name}: options.shard_size={size!r} is not a positive integer; "
                          "re-run that job with --overwrite")
-    skipped = [s for _, data in jobs for s in data.get("skipped", [])]
-    extra = dict(_job_stats(jobs).write(out / STATS_NAME), **({"skipped": skipped} if skipped else {}))
+    extra = dict(_job_stats(jobs).write(out / STATS_NAME), **_skipped(jobs))
     return {"shard_size": size, "options": options, "extra": extra}
 
 
-def copy_jobs(jobs: list[tuple[_Job, dict]], writer: ShardWriter) -> None:
+def _skipped(jobs: list[tuple[_Job, EpisodeIndex]]) -> dict:
+    skipped = [s for _, index in jobs for s in index.meta.get("skipped", [])]
+    return {"skipped": skipped} if skipped else {}
+
+
+def copy_jobs(jobs: list[tuple[_Job, EpisodeIndex]], writer: ShardWriter) -> None:
     """Every job's episodes, in job order, appended to ``writer`` (the encoded bytes, copied)."""
-    for d, data in jobs:
+    for d, index in jobs:
+        data = index.data
         with open_source(d.root) as job:
             for entry in data["episodes"]:
                 meta = {k: v for k, v in entry.items() if k != "segments"}
@@ -201,15 +230,16 @@ def copy_jobs(jobs: list[tuple[_Job, dict]], writer: ShardWriter) -> None:
                     raise ValueError(f"job {d.name}: {d / INDEX_NAME}: {e}; re-run that job with --overwrite") from None
 
 
-def _job_stats(jobs: list[tuple[_Job, dict]]) -> StatsFields:
+def _job_stats(jobs: list[tuple[_Job, EpisodeIndex]]) -> StatsFields:
     """The jobs' statistics folded in job order, as a single job folds its episodes: the same fields."""
     out = StatsFields()
-    for d, data in jobs:
+    for d, index in jobs:
+        data = index.meta
         if not has_stats(data):  # a job written by an older episodepipes: read its arrays back
             if isinstance(d.root, str):
                 raise ValueError(f"job {d.name}: {d / INDEX_NAME} has no statistics (an older episodepipes); "
                                  "re-run that job with --overwrite")
-            data = recompute(d.root, data["shards"], data["episodes"]).to_json()
+            data = recompute(d.root, index.data["shards"], index.data["episodes"]).to_json()
         out.add_fields(data, where=f"job {d.name}: {d / INDEX_NAME}", read_side=_side_file(d),
                        side=d / STATS_NAME)
     return out

@@ -141,8 +141,14 @@ def add_stats(out: str | Path) -> dict[str, Any]:
     with write_lock(root):
         index = EpisodeIndex.open(root)
         data = index.data
-        fields = recompute(root, data["shards"], data["episodes"]).write(root / statsfile.NAME)
-        base = index.meta if index.version == 2 else data
-        new = dict({k: v for k, v in base.items() if k not in (STATS, MISSING, statsfile.FIELD)}, **fields)
-        safefile.write_file(root / INDEX_NAME, json.dumps(new, sort_keys=True, separators=(",", ":")).encode())
+        return rewrite_with_stats(root, index, recompute(root, data["shards"], data["episodes"]))
+
+
+def rewrite_with_stats(root: Path, index: EpisodeIndex, stats: StatsFields) -> dict[str, Any]:
+    """Write ``stats`` as ``root``'s side file, then its index naming it (every other field as it was); returns the
+    new index field. The caller holds the write lock."""
+    fields = stats.write(root / statsfile.NAME)
+    base = index.meta if index.version == 2 else index.data
+    new = dict({k: v for k, v in base.items() if k not in (STATS, MISSING, statsfile.FIELD)}, **fields)
+    safefile.write_file(root / INDEX_NAME, json.dumps(new, sort_keys=True, separators=(",", ":")).encode())
     return fields

@@ -99,7 +99,7 @@ def test_remote_job_statistics_of_another_job_are_refused_before_merging(out, mo
 def test_untouched_jobs_merge(out, tmp_path):
     single = tmp_path / "single"
     write_shards(SYN, single, OPTS)
-    merge_jobs(out)
+    merge_jobs(out, repack=True)
     assert (out / "index.json").read_bytes() == (single / "index.json").read_bytes()
 
 

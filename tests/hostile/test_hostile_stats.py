@@ -17,7 +17,7 @@ from episodepipes.normstats import ArrayStats
 from episodepipes.normstats import sidefile as statsfile
 from episodepipes.sharding import cli
 from episodepipes.sharding.formats.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions, write_shards
+from episodepipes.sharding.write import WriteOptions, progress, write_shards
 from episodepipes.sharding.write.progress import PROGRESS_NAME, STATS_LOG
 
 KW = {"num_episodes": 7, "length": 9, "height": 16, "width": 24, "lengths": (9, 5, 12, 7, 9, 3, 10)}
@@ -221,7 +221,8 @@ def unfinished(crashed, tmp_path):
 
 
 def _edit_progress(out, edit):
-    p = json.loads((out / PROGRESS_NAME).read_text())
+    p = progress.read(out)  # the logged shards and episodes inline: written back as an older episodepipes wrote it
+    del p["log"]
     edit(p)
     (out / PROGRESS_NAME).write_text(json.dumps(p))
 
@@ -267,7 +268,7 @@ def test_a_crafted_progress_file_is_refused_before_anything_resumes(unfinished, 
 
 def test_a_statistics_log_that_repeats_a_record_is_refused_at_resume(unfinished, written):
     """The log and the progress both list the first record twice: every sha256 matches, the sums do not."""
-    p = json.loads((unfinished / PROGRESS_NAME).read_text())
+    p = progress.read(unfinished)
     log = (unfinished / STATS_LOG).read_bytes()
     (unfinished / STATS_LOG).write_bytes(log[:p["stats_log"][0]["bytes"]] + log)
     _edit_progress(unfinished, lambda p: p.update(stats_log=[p["stats_log"][0], *p["stats_log"]]))

@@ -141,7 +141,7 @@ def test_two_jobs_merged_by_the_cli_equal_one_job(tmp_path, capsys):
         assert main(["write", str(src), str(tmp_path / "two"), *common, "--num-jobs", "2", "--job-index", str(i)]) == 0
     assert "merge" in capsys.readouterr().out
     _fails(capsys, ["info", str(tmp_path / "two")], "unfinished write")
-    assert main(["merge", str(tmp_path / "two")]) == 0
+    assert main(["merge", str(tmp_path / "two"), "--repack"]) == 0
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
     assert main(["verify", str(tmp_path / "two")]) == 0
 

@@ -108,5 +108,5 @@ def test_an_interrupted_copy_job_resumes_and_merges_to_the_single_job_bytes(sour
     assert not [t for t in threading.enumerate() if t.name.startswith("episodepipes-copy")]
     assert write_shards(_Reader(sources / "video", log), tmp_path / "m", OPTS, num_jobs=2, job_index=1,
                         workers=2).resumed
-    merge_jobs(tmp_path / "m")
+    merge_jobs(tmp_path / "m", repack=True)
     assert _files(tmp_path / "m") == _files(tmp_path / "one")

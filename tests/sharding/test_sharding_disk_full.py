@@ -1,10 +1,11 @@
 import hashlib
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from episodepipes.sharding.write import progress
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
@@ -59,7 +60,7 @@ def _full_write_then_resume(tmp_path, small_disk, argv, *, size, limit):
     _one_line_naming(res, out)
     assert "finished shards" in res.stderr and "re-run the same command to resume" in res.stderr
     # nothing written is torn: every shard under its final name is one the progress file records, whole
-    prog = json.loads((out / "_progress.json").read_text())
+    prog = progress.read(out)  # the logged shards and episodes inline
     names = sorted(p.name for p in out.glob("shard-*.tar"))
     assert names == [s["name"] for s in prog["shards"]] and not (out / "index.json").exists()
     assert len(names) >= (1 if small_disk else 0)  # the full disk came mid-run, after finished shards
@@ -95,13 +96,13 @@ def test_full_disk_during_merge_names_out_keeps_the_jobs_and_resumes(tmp_path, s
     if small_disk:  # room for the jobs and less than one merged shard
         used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         subprocess.run(["mount", "-o", f"remount,size={used // 1024 + 150}k", str(small_disk)], check=True)
-    res = _run(0 if small_disk else 100_000, "merge", str(out))
+    res = _run(0 if small_disk else 100_000, "merge", str(out), "--repack")
     _one_line_naming(res, out)
     assert "re-run the same merge" in res.stderr and not (out / "index.json").exists()
     assert sorted(p.name for p in (out / "_jobs").iterdir()) == ["job-0000", "job-0001"]
     if small_disk:
         subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
-    assert _run(0, "merge", str(out)).returncode == 0
+    assert _run(0, "merge", str(out), "--repack").returncode == 0
     assert _files(out) == _files(ref) and not (out / "_jobs").exists()
 
 

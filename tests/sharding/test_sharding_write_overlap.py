@@ -2,7 +2,6 @@
 the errors and the crash safety stay those of the plain loop."""
 
 import hashlib
-import json
 import subprocess
 import sys
 import threading
@@ -12,7 +11,7 @@ import pytest
 
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions, write_shards
+from episodepipes.sharding.write import WriteOptions, progress, write_shards
 from episodepipes.sharding.write.writer import ShardWriter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +64,7 @@ def test_a_bad_episode_taken_in_the_thread_is_raised_and_keeps_the_shards_before
     reader = _BadThird(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width", "lengths")})
     with pytest.raises(EpisodeError, match="ep0002"):
         write_shards(reader, tmp_path / "out", OPTS, workers=1)
-    prog = json.loads((tmp_path / "out" / "_progress.json").read_text())
+    prog = progress.read(tmp_path / "out")  # the logged shards and episodes inline
     assert [e["id"] for e in prog["episodes"]] == ["ep0000"][:len(prog["episodes"])]
     for s in prog["shards"]:
         assert hashlib.sha256((tmp_path / "out" / s["name"]).read_bytes()).hexdigest() == s["sha256"]
@@ -98,7 +97,7 @@ def test_a_full_disk_in_the_writing_thread_is_a_disk_full_error_and_resumes_to_t
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 3, res.stderr
     assert "the disk is full" in res.stdout and "re-run the same command to resume" in res.stdout
-    prog = json.loads((out / "_progress.json").read_text())
+    prog = progress.read(out)
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s["name"] for s in prog["shards"]]
     assert len(prog["shards"]) == 3 and "after 3 finished shards" in res.stdout
     assert not (out / "index.json").exists()

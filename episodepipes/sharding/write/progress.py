@@ -1,11 +1,16 @@
-"""Resume state of an unfinished write, kept in ``<out>/_progress.json``.
+"""Resume state of an unfinished write, kept in ``<out>/_progress.json`` and the append-only ``_progress.log``.
 
-After every finished shard the writer records, atomically: the options, the finished shards,
-the index entries of the episodes they complete, the skipped episodes, and a cursor (position
-in the job's episode list, first frame not yet in a finished shard, and that episode's finished
-segments). The finished episodes' statistics are appended, one record per episode, to a log beside it
-(`episodepipes.sharding.write.progress_stats`), so a save costs what the episodes finished since the last one
-add, not all the statistics again.
+After every finished shard the writer records: the options, the finished shards, the index entries of the
+episodes they complete, the skipped episodes, and a cursor (position in the job's episode list, first frame not yet
+in a finished shard, and that episode's finished segments). The shards and episodes finished since the last save
+are appended to ``_progress.log`` as one line (``<sha256 of the JSON> <JSON>``), fsynced; then the small
+``_progress.json`` (the cursor, the skipped episodes and how many bytes, shards and episodes of the log are
+recorded) is replaced atomically. So a save costs the new shard, not everything written so far; a crash between the
+two leaves a log tail no progress names, which the next save cuts off. The finished episodes' statistics are
+appended the same way to their own log (`episodepipes.sharding.write.progress_stats`).
+
+A ``_progress.json`` with the shards and episodes inline (older episodepipes, or a remote OUT, whose object store
+cannot append) is read as before; the first local save after it logs everything once, then appends.
 
 Encoding is deterministic, so a re-run re-encodes the cursor's episode, drops the
 frames already written, and continues to output byte-identical to an uninterrupted run.
@@ -13,8 +18,10 @@ frames already written, and continues to output byte-identical to an uninterrupt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,8 +36,10 @@ from episodepipes.normstats import sidefile as statsfile
 log = logging.getLogger(__name__)
 
 PROGRESS_NAME = "_progress.json"
+PROGRESS_LOG = "_progress.log"  # the finished shards and episodes, one line per save
 JOBS_DIR = "_jobs"
 STATS_LOG = "_progress.stats.log"  # `Progress.stats_log` names its records
+_LOGGED = ("shards", "episodes", "stats_log")  # the lists kept in PROGRESS_LOG, not in PROGRESS_NAME
 
 
 @dataclass
@@ -45,21 +54,97 @@ class Progress:
     splits: dict = field(default_factory=dict)  # where the finished episodes' splits came from: origin -> count
     stats: dict | None = None  # the finished episodes' `StatsFields.to_json()`, as older episodepipes saved them
     stats_log: list = field(default_factory=list)  # each STATS_LOG record's {"bytes", "sha256"}, in order
+    log: dict | None = None  # {"bytes", "shards", "episodes", "stats_log"} of PROGRESS_LOG; None: none logged yet
 
-    def save(self, out: Path) -> None:
-        safefile.write_file(out / PROGRESS_NAME, json.dumps(self.__dict__, sort_keys=True).encode())
+    def save(self, out: Path, *, append: bool = True) -> None:
+        """Append the shards and episodes since the last save to the log, then replace the small progress file.
+        ``append=False`` writes them all inline in the progress file instead (a remote OUT's object store)."""
+        if not append:
+            whole = {k: v for k, v in self.__dict__.items() if k != "log"}
+            safefile.write_file(out / PROGRESS_NAME, json.dumps(whole, sort_keys=True).encode())
+            return
+        done = self.log or {"bytes": 0, **dict.fromkeys(_LOGGED, 0)}
+        new = {k: getattr(self, k)[done[k]:] for k in _LOGGED}
+        if any(new.values()) or self.log is None:
+            text = json.dumps(new, sort_keys=True, separators=(",", ":")).encode()
+            line = hashlib.sha256(text).hexdigest().encode() + b" " + text + b"\n"
+            with os.fdopen(safefile.open_kept(out / PROGRESS_LOG, os.O_WRONLY), "wb") as f:
+                f.truncate(done["bytes"])  # a torn tail from a crash after an append (or an older log)
+                f.seek(done["bytes"])
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            done = {"bytes": done["bytes"] + len(line), **{k: len(getattr(self, k)) for k in _LOGGED}}
+        self.log = done
+        small = {k: v for k, v in self.__dict__.items() if k not in _LOGGED}
+        safefile.write_file(out / PROGRESS_NAME, json.dumps(small, sort_keys=True).encode())
+
+
+def read(out: Path) -> dict:
+    """The progress of the unfinished write in ``out`` as one dict, its logged shards and episodes inline (what a
+    ``_progress.json`` of an older episodepipes held): for tools and tests; `start` checks it field by field."""
+    file = out / PROGRESS_NAME
+    raw = read_regular(file, "pass --overwrite to start over", error=ValueError)  # a FIFO there never blocks
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, 5000 digits
+        raise ValueError(f"{file} is damaged ({e}); pass --overwrite to start over") from e
+    if type(data) is not dict:
+        raise ValueError(f"{file} is damaged (it should hold an object); pass --overwrite to start over")
+    if data.get("log") is not None:
+        data.update(_read_log(out, data["log"]))
+    return data
+
+
+def _read_log(out: Path, done: object) -> dict:
+    """The shards, episodes and statistics records of the log's first ``done["bytes"]`` bytes, each line's sha256
+    checked."""
+    path, fix = out / PROGRESS_LOG, "pass --overwrite to start over"
+    keys = ("bytes", *_LOGGED)
+    if type(done) is not dict or set(done) != set(keys) or any(type(done[k]) is not int or done[k] < 0 for k in keys):
+        raise ValueError(f"{out / PROGRESS_NAME} is damaged (log should be {{{', '.join(keys)}}} as counts); {fix}")
+    if done["bytes"] == 0:
+        raw = b""
+    else:
+        try:
+            raw = read_regular(path, fix, error=ValueError)
+        except FileNotFoundError:
+            raise ValueError(f"{path} is missing, and {out / PROGRESS_NAME} records {done['bytes']} bytes of it; "
+                             f"{fix}") from None
+    if len(raw) < done["bytes"]:
+        raise ValueError(f"{path} has {len(raw)} bytes, fewer than the {done['bytes']} {PROGRESS_NAME} records; {fix}")
+    out_fields: dict[str, list] = {k: [] for k in _LOGGED}
+    for n, line in enumerate(raw[:done["bytes"]].splitlines()):
+        sha, _, text = line.partition(b" ")
+        if hashlib.sha256(text).hexdigest().encode() != sha:
+            raise ValueError(f"{path}: line {n + 1} does not match its sha256 (the file changed); {fix}")
+        try:
+            rec = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"{path}: line {n + 1} is damaged ({e}); {fix}") from None
+        if type(rec) is not dict or any(type(rec.get(k)) is not list for k in _LOGGED):
+            raise ValueError(f"{path}: line {n + 1} should hold lists of shards, episodes and statistics records; "
+                             f"{fix}")
+        for k in _LOGGED:
+            out_fields[k] += rec[k]
+    if any(len(out_fields[k]) != done[k] for k in _LOGGED):
+        raise ValueError(f"{path} holds {len(out_fields['shards'])} shards and {len(out_fields['episodes'])} "
+                         f"episodes, {PROGRESS_NAME} records {done['shards']} and {done['episodes']} (and "
+                         f"{done['stats_log']} statistics records); {fix}")
+    return out_fields
 
 
 def finish(out: Path) -> None:
     """Remove the progress of a write whose index is written."""
     (out / PROGRESS_NAME).unlink(missing_ok=True)
+    (out / PROGRESS_LOG).unlink(missing_ok=True)
     (out / STATS_LOG).unlink(missing_ok=True)
 
 
 def clear(out: Path, *, jobs: bool = True) -> None:
     """Remove everything a write puts in ``out`` (and nothing else); ``jobs`` also the partial job outputs."""
     for pattern in (INDEX_NAME, INDEX_NAME + ".tmp", PROGRESS_NAME, PROGRESS_NAME + ".tmp", statsfile.NAME,
-                    statsfile.NAME + ".tmp", STATS_LOG,
+                    statsfile.NAME + ".tmp", STATS_LOG, PROGRESS_LOG,
                     "shard-*.tar", "shard-*.tar.tmp"):
         for p in out.glob(pattern):
             p.unlink()
@@ -69,12 +154,13 @@ def clear(out: Path, *, jobs: bool = True) -> None:
 
 
 def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | None = None,
-          check: Callable[[list[dict]], None] | None = None) -> tuple[Progress, bool]:
+          check: Callable[[list[dict]], None] | None = None, append: bool = True) -> tuple[Progress, bool]:
     """Prepare ``out`` for a write with ``options``: fresh, resumed, or refused. Returns (progress, resumed).
 
     ``finished_hint`` is another index that, when present, also marks the output finished
     (the merged index of a multi-job output). ``check(shards)`` replaces the check that the finished
-    shards of a resumed write are still in ``out`` (a remote OUT keeps them in its object store).
+    shards of a resumed write are still in ``out`` (a remote OUT keeps them in its object store). ``append``:
+    saves append to the progress log (False for a remote OUT, whose progress file holds everything).
     """
     for done in (out / INDEX_NAME, finished_hint):
         if done is not None and done.exists() and not overwrite:
@@ -88,10 +174,10 @@ def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | No
     out.mkdir(parents=True, exist_ok=True)
     file = out / PROGRESS_NAME
     if file.exists():
-        raw = read_regular(file, "pass --overwrite to start over", error=ValueError)  # a FIFO there never blocks
+        data = read(out)
         try:
-            prog = Progress(**json.loads(raw))
-        except (ValueError, RecursionError, TypeError) as e:  # not JSON, not UTF-8, 5000 digits, not an object
+            prog = Progress(**data)
+        except TypeError as e:  # a field this episodepipes does not know, or one missing
             raise ValueError(f"{file} is damaged ({e}); pass --overwrite to start over") from e
         if type(prog.options) is not dict:
             raise ValueError(f"{file} is damaged (options should be an object); pass --overwrite to start over")
@@ -108,7 +194,7 @@ def start(out: Path, options: dict, *, overwrite: bool, finished_hint: Path | No
         raise ValueError(f"{out} holds shards but no index or {PROGRESS_NAME}, so it is not a resumable write; "
                          "pass --overwrite or choose an empty OUT")
     prog = Progress(options=options)
-    prog.save(out)
+    prog.save(out, append=append)
     return prog, False
 
 

@@ -216,7 +216,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
         with write_lock(target):
             if remote is not None:  # the remote state (finished? progress?) into the cleared staging folder
                 remote.prepare(target, state, overwrite=overwrite, job=num_jobs > 1)
-            prog, resumed = start(target, state, overwrite=overwrite and remote is None,
+            prog, resumed = start(target, state, overwrite=overwrite and remote is None, append=remote is None,
                                   finished_hint=out / INDEX_NAME if num_jobs > 1 and remote is None else None,
                                   check=remote.check(target) if remote is not None else None)
             if remote is not None and not resumed:
@@ -262,16 +262,19 @@ class _Run:
         self.skipped = list(prog.skipped)
         self.origins = Counter(prog.splits)
         self.position = prog.position  # relative to the block; read by `save` when a shard finishes
+        self.logged = prog.log  # how much of the progress log the saved progress names
         self.stats = resumed_stats(target, prog)  # of the finished episodes, folded in output order
         self.stats_log = StatsLog(target, prog, self.stats)  # appends each finished episode's part at a save
 
     def save(self, w: ShardWriter) -> None:
         # no episode in flight happens only at the final flush: every episode has been added
         pend = w.pending or {"segments": [], "frame": 0}
-        Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
-                 position=self.position if w.pending else len(self.block), frame=pend["frame"],
-                 segments=pend["segments"], splits=dict(self.origins),
-                 **self.stats_log.save()).save(self.target)
+        prog = Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
+                        position=self.position if w.pending else len(self.block), frame=pend["frame"],
+                        segments=pend["segments"], splits=dict(self.origins), log=self.logged,
+                        **self.stats_log.save())
+        prog.save(self.target, append=self.remote is None)  # an object store cannot append: all inline there
+        self.logged = prog.log  # only once the progress naming it is in place
         if self.remote is not None:  # upload the shard, then this progress; the local shard goes
             self.remote.shard_done(self.target, w.shards[-1])
 
