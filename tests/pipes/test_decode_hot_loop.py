@@ -1,6 +1,5 @@
 """What the decode hot loop no longer does per frame, held by counting: timestamps come from the index (equal to the
-writer's json members, never parsed), decode processes freeze what they inherit from the collector's walks, and with
-batch rows each worker takes its share of a batch in one task."""
+writer's json members, never parsed) and decode processes freeze what they inherit from the collector's walks."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import json
 import pytest
 from helpers import make_shards
 
-from episodepipes.pipes import BatchStacker, Decoder, EpisodeIndex, ShardReader, video_pipe
+from episodepipes.pipes import EpisodeIndex, ShardReader, video_pipe
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.train import train_pipe
 
@@ -50,12 +49,3 @@ def test_decode_processes_freeze_what_they_inherit(index):
     counts = [int(c) for b in pipe for c in b["frozen"]]
     assert counts and min(counts) > 1000  # the fork server's imports: numpy, cv2, torchdata, the library
     assert gc.get_freeze_count() == 0  # the process running the pass is the user's: left as it was
-
-
-@pytest.mark.parametrize(("batch", "workers", "chunk"), [(8, 2, 4), (32, 2, 16), (32, 3, 10), (3, 4, 1)])
-def test_batch_rows_give_each_worker_its_share_of_a_batch_in_one_task(index, batch, workers, chunk):
-    items = [Item(e.id, f) for e in index.episodes for f in range(e.length)]
-    dec = Decoder(ShardReader(index, items), index, num_workers=workers)
-    stacker = BatchStacker(dec, batch_size=batch, rows=dec)
-    assert dec.chunk == chunk
-    assert sum(len(b["episode"]) for b in stacker) == len(items)
