@@ -58,8 +58,7 @@ class Decoder(BaseNode[dict]):
             passes (a pipe gives one to every pass's decoder). Not used with a ``transform``.
         chunk: samples per task for processes whose frames come back pickled (a ``transform``, no
             ``slab``, or no fork server), and for every method when a `BatchStacker` asked for batch rows
-            (`batch_rows`: there the default gives each worker its share of a batch in one task); every other case
-            sends one sample per task.
+            (`batch_rows`); every other case sends one sample per task.
         share_frames: once a `BatchStacker` asked for batch rows (`batch_rows`), decode a camera frame that
             several samples of a batch show (overlapping windows) once, and copy it into the others
             (`episodepipes.pipes._decode.batchmemo`); ``frames_decoded`` then counts distinct frames.
@@ -122,10 +121,9 @@ class Decoder(BaseNode[dict]):
         chunked = pickled or self._batched
         if self._batched and not pickled:  # a chunk holds at most a batch's rows, so rows in flight scale with it
             rows = self._sink.slabs.size  # type: ignore[attr-defined]
-            # whole-batch tasks: each worker takes its share of a batch's rows in one task (the default chunk), so a
-            # batch costs each worker one queue hand-off and one future instead of one per 8 samples; two batches
-            # in flight, the one being filled and the consumer's stay within the slabs a pipe keeps across passes
-            chunk = max(1, rows // num_workers) if chunk == CHUNK else min(chunk, rows)
+            # a pipe's own Slabs keeps a few slabs across passes: rows in flight beyond one batch (plus the one
+            # being filled and the consumer's) would take fresh slabs, a page fault per 4 KB of each
+            chunk = min(chunk, max(1, rows // (2 * num_workers)) if self._given else rows)
         self.prefetch = prefetch or (2 * chunk if chunked else 4) * num_workers
         self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if chunked else 1
         self._gops = GopKeys.of(self.fn.frames) if num_workers > 1 else None
