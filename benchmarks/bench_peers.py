@@ -1,11 +1,16 @@
 """The peer libraries side by side on the same frames: conversion, bytes, first batch, train, one episode, resume.
 
-Peers: MosaicML Streaming (``MDSWriter`` + ``StreamingDataset``/``StreamingDataLoader``), LitData
+Frames: real footage (`benchmarks.footage`: Debian's vtest.avi, Megamind.avi, cockatoo.mp4), 224x224.
+Peers: Grain 0.2 (the same JPEG bytes in ArrayRecord files; ``MapDataset.shuffle().map(cv2 decode)`` on its thread
+pool, ``ReadOptions(num_threads=2)``, and with ``mp_prefetch`` over 2 processes), MosaicML Streaming
+(``MDSWriter`` + ``StreamingDataset``/``StreamingDataLoader``), LitData
 (``optimize`` + ``StreamingDataset``/``StreamingDataLoader``), WebDataset (``ShardWriter``, then
 ``WebDataset(shardshuffle).shuffle(1000)`` + cv2 decode + ``DataLoader``) and LeRobotDataset v3 (its
-own writer, ``LeRobotDataset.create`` + ``add_frame`` + ``save_episode``, read with its PyAV backend).
+own writer, ``LeRobotDataset.create`` + ``add_frame`` + ``save_episode``, read with its PyAV backend). DALI's CPU
+pipeline (nvidia-dali-cuda120 2.4 installs from PyPI and imports here without a GPU) has no peer script yet.
 Every JPEG peer stores the same JPEG q90 bytes as ours (cv2-encoded from the same RGB frames; the
-digest column checks it) and decodes them with ``cv2.imdecode``; LeRobot stores AV1 video (libsvtav1,
+digest column checks it) and decodes them with ``cv2.imdecode`` (ours: libjpeg-turbo directly, simplejpeg, which
+gives OpenCV's pixels); LeRobot stores AV1 video (libsvtav1,
 its writer's default), as its format requires. Shards or chunks target 8 MB everywhere.
 
 Each stage runs in a fresh process: ``convert`` (from frames already in memory, JPEG encoding
@@ -39,38 +44,42 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.peers import venvs
-from episodepipes.sharding.formats.synthetic import SyntheticReader
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
 # name -> (script, venv or None for this interpreter)
 PEERS = {"episodepipes": ("peer_ours.py", None), "episodepipes, method='process'": ("peer_ours.py", None),
+         "Grain, thread pool": ("peer_grain.py", "grain"), "Grain, processes": ("peer_grain.py", "grain"),
          "MosaicML Streaming": ("peer_mosaic.py", "stream"), "LitData": ("peer_litdata.py", "stream"),
          "WebDataset": ("peer_wds.py", None), "LeRobotDataset v3": ("peer_lerobot.py", "lerobot")}
 CONVERT_ONCE = {"LeRobotDataset v3"}  # its video encoding takes minutes at full size: one conversion, not three
-VARIANTS = {"episodepipes, method='process'": ("episodepipes", ["--method", "process"])}  # train-only reruns
+VARIANTS = {"episodepipes, method='process'": ("episodepipes", ["--method", "process"]),  # train-only reruns
+            "Grain, processes": ("Grain, thread pool", ["--method", "process"])}
 
 
 def make_frames(data: Path, *, episodes: int, length: int, size: int = 224) -> dict:
-    """DATA for the peer scripts: frames.npy (N, 2, H, W, 3) RGB, state.npy, meta.json."""
+    """DATA for the peer scripts: frames.npy (N, 2, H, W, 3) RGB of the footage episodes (`benchmarks.footage`: the
+    frames our writer shards in the train section), state.npy, meta.json."""
+    from benchmarks.footage import FootageReader, clip_paths
+
     data.mkdir(parents=True, exist_ok=True)
     if (data / "meta.json").exists():
         return json.loads((data / "meta.json").read_text())
-    syn = SyntheticReader(num_episodes=episodes, length=length, height=size, width=size)
+    reader = FootageReader(clip_paths(), episodes=episodes, length=length, size=(size, size))
     n = episodes * length
     frames = np.lib.format.open_memmap(data / "frames.npy", mode="w+", dtype=np.uint8, shape=(n, 2, size, size, 3))
     state = np.zeros((n, 7), np.float32)
     eps, first = [], 0
-    for eid in syn.episode_ids():
-        ep = syn.read(eid)
+    for eid in reader.episode_ids():
+        ep = reader.read(eid)
         for k, cam in enumerate(("front", "wrist")):
-            frames[first:first + length, k] = np.stack(list(ep.cameras[cam]))
+            frames[first:first + length, k] = np.stack([f[..., ::-1] for f in ep.cameras[cam]])  # BGR -> RGB
         state[first:first + length] = np.asarray(ep.arrays["state"], np.float32)[:, :7]
         eps.append({"id": eid, "first": first, "length": length})
         first += length
     frames.flush()
     del frames
     np.save(data / "state.npy", state)
-    meta = {"episodes": eps, "fps": float(syn.fps), "size": size}
+    meta = {"episodes": eps, "fps": float(reader.read(reader.episode_ids()[0]).fps), "size": size}
     (data / "meta.json").write_text(json.dumps(meta))
     return meta
 
@@ -155,7 +164,8 @@ def run(workdir: Path, quick: bool) -> dict:
                                    else f"no ({r.get('error') or str(r.get('got')) + ' of ' + str(r.get('expected'))})")
         else:
             res[peer]["resume"] = {"peer_wds.py": "no: a tar stream with a shuffle buffer has no state to save",
-                                   "peer_lerobot.py": "no: a torch DataLoader + RandomSampler keep no position"}[
+                                   "peer_lerobot.py": "no: a torch DataLoader + RandomSampler keep no position",
+                                   "peer_grain.py": "not measured here (Grain iterators have get_state/set_state)"}[
                                        PEERS[peer][0]]
     print(f"    peers: done ({', '.join(live)})", flush=True)
     return _report(res, meta, n=n, eps=eps, length=length, reps=reps, pinned_ep=pinned_ep)

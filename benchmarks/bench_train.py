@@ -1,21 +1,21 @@
-"""Training reads: shuffled frames/s of `train_pipe` vs webdataset shard shuffle + buffer, and the decode ceiling.
+"""Training reads on real footage: `train_pipe` against a bare libjpeg-turbo decode of the same bytes, and webdataset.
 
-`train_pipe` reads a planned per-epoch permutation by seeking through the byte-range index: a full
-shuffle whose resume state is a cursor. The usual alternative is webdataset's shard shuffle plus a
-bounded buffer (``.shuffle(1000)``), which reads sequentially but only mixes frames within the buffer.
-The read-only rows show what the random seeks cost; the ceiling is bare ``cv2.imdecode`` of the same
-JPEGs on 2 threads, bytes already in memory. A sample is one frame of two 224x224 cameras. A second ceiling
-also lays each decoded frame out as the RGB ``[3, H, W]`` array the pipes yield (one ``cv2.split``), the least
-any loader of CHW tensors does beyond decoding.
+Footage (`benchmarks.footage`): Debian's vtest.avi, Megamind.avi and cockatoo.mp4 cut into 2-camera episodes and
+sharded by our writer (JPEG q90), at 224x224 (24 episodes x 150 steps) and 480x640 (12 x 150); generated frames
+(`SyntheticReader`, smoother than footage and so kinder to a decoder) are kept as a second row only. A frame is one
+step: two JPEGs and the state/action arrays. The ceiling is a bare ``simplejpeg.decode_jpeg`` (libjpeg-turbo) of the
+same JPEG bytes, already in memory, on 2 threads; a second ceiling is bare ``cv2.imdecode`` the same way. Neither lays
+out the RGB ``[3, H, W]`` arrays the pipes yield.
 
-Each repeat is a ceiling pass followed at once by one epoch of each of our pipes (threads, processes, a camera
-window), so each ratio to the ceiling compares runs that saw the same machine; the notes give the median ratio
-and its range over the repeats, in wall time and in CPU time (samples per CPU second of this process and its
-workers against the ceiling's; process workers come from a fork server, so their CPU is read from /proc as each
-pass's pool closes, ``stats["worker_cpu_us"]``: other load on a shared machine moves it far less). The window row
-also counts in JPEGs: the JPEGs it decoded per second against the ceiling's, and per batch the distinct (episode, step,
-camera) JPEGs its samples show beside the JPEGs it decoded. First batch: from building the pipe (imports done)
-to its first batch.
+`train_pipe` reads a planned per-epoch permutation by seeking through the byte-range index: a full shuffle whose
+resume state is a cursor. The usual alternative is webdataset's shard shuffle plus a bounded buffer
+(``.shuffle(1000)``), which reads sequentially but only mixes frames within the buffer. Each repeat is a ceiling pass
+followed at once by one epoch of each of our pipes (threads, processes, a camera window at 224), so each ratio compares
+runs that saw the same machine; the notes give the median ratio and its range over the repeats, in wall time and in
+CPU time (frames per CPU second of this process and its workers against the ceiling's, and CPU ms per frame; process
+workers come from a fork server, so their CPU is read from /proc as each pass's pool closes,
+``stats["worker_cpu_us"]``). The window row also counts JPEGs decoded against those its batches show. First batch:
+from building the pipe (imports done) to its first batch; the peers section times it from a fresh process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import resource
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -104,25 +103,24 @@ def _jpegs(idx: EpisodeIndex) -> list[tuple[bytes, bytes]]:
     return jpegs
 
 
-def _ceiling_pass(jpegs: list[tuple[bytes, bytes]], layout: bool = False) -> int:
-    """One pass of bare ``cv2.imdecode`` of every sample's two JPEGs on 2 threads; returns the samples.
+def _ceiling_pass(jpegs: list[tuple[bytes, bytes]], decoder: str = "simplejpeg") -> int:
+    """One pass of a bare decode of every frame's two JPEGs on 2 threads, bytes in memory; returns the frames.
 
-    With ``layout``, each frame is also split into an RGB ``[3, H, W]`` array, the layout every pipe here
-    yields (`episodepipes.pipes.frames` does the same ``cv2.split``): the least a loader of CHW tensors does."""
-    local = threading.local()
+    ``decoder``: ``"simplejpeg"`` (libjpeg-turbo called directly, RGB HWC) or ``"cv2"`` (``cv2.imdecode``, BGR HWC)."""
+    import simplejpeg
 
-    def decode(pair: tuple[bytes, bytes]) -> int:
+    def turbo(pair: tuple[bytes, bytes]) -> int:
         for data in pair:
-            bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-            if layout:
-                out = getattr(local, "out", None)
-                if out is None or out.shape[1:] != bgr.shape[:2]:
-                    out = local.out = np.empty((3, *bgr.shape[:2]), np.uint8)
-                cv2.split(bgr, [out[2], out[1], out[0]])
+            simplejpeg.decode_jpeg(data)
+        return 1
+
+    def opencv(pair: tuple[bytes, bytes]) -> int:
+        for data in pair:
+            cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         return 1
 
     with ThreadPoolExecutor(2) as ex:
-        return sum(ex.map(decode, jpegs, chunksize=16))
+        return sum(ex.map(turbo if decoder == "simplejpeg" else opencv, jpegs, chunksize=16))
 
 
 def _reader_only(idx: EpisodeIndex) -> int:
@@ -183,90 +181,122 @@ def _span(values: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(v[len(v) // 2])} (range {fmt.format(v[0])}-{fmt.format(v[-1])} over {len(v)})"
 
 
-def run(workdir: Path, quick: bool) -> dict:
-    eps, length = (8, 60) if quick else (24, 150)
-    idx = make_data(workdir / "train-shards", episodes=eps, length=length)
-    urls = [str(idx.shard_path(i)) for i in range(len(idx.shards))]
-    frames = sum(e.length for e in idx.episodes)
-    repeat = 2 if quick else 3
-    reps = 3 if quick else 7
+def _paired(idx: EpisodeIndex, reps: int, *, window: bool, cv2_ceiling: bool) -> dict:
+    """``reps`` rounds of: the simplejpeg ceiling pass (and the cv2 one), then one epoch of each of our pipes."""
     jpegs = _jpegs(idx)
 
     def ours(method: str, **kw: object):  # noqa: ANN202
         return train_pipe(idx, batch_size=BATCH, seed=0, rank=0, world_size=1, num_workers=2, method=method, **kw)
 
-    pipes = {"thread": ours("thread"), "process": ours("process"), "window": ours("thread", **WINDOW)}
-    # paired repeats: a ceiling pass, then each pipe's next epoch right after it, so a ratio sees one machine state
+    pipes = {"thread": ours("thread"), "process": ours("process")}
+    if window:
+        pipes["window"] = ours("thread", **WINDOW)
+    for p in pipes.values():  # warm: the first epoch makes the batch buffers every later epoch reuses
+        for _ in p:
+            pass
     runs: dict[str, list[dict]] = {k: [] for k in pipes}
-    ceilings: list[float] = []
-    cpu_ceilings: list[float] = []
-    laid: list[float] = []  # the ceiling with the RGB [3, H, W] layout the pipes yield
-    cpu_laid: list[float] = []
+    ceil: dict[str, list[tuple[float, float]]] = {"simplejpeg": [], "cv2": []}
     for _ in range(reps):
-        t0, c0 = time.perf_counter(), _cpu()
-        done = _ceiling_pass(jpegs)
-        ceilings.append(done / (time.perf_counter() - t0))
-        cpu_ceilings.append(done / max(_cpu() - c0, 1e-9))
-        t0, c0 = time.perf_counter(), _cpu()
-        done = _ceiling_pass(jpegs, layout=True)
-        laid.append(done / (time.perf_counter() - t0))
-        cpu_laid.append(done / max(_cpu() - c0, 1e-9))
+        for dec in ("simplejpeg", "cv2") if cv2_ceiling else ("simplejpeg",):
+            t0, c0 = time.perf_counter(), _cpu()
+            done = _ceiling_pass(jpegs, dec)
+            ceil[dec].append((done / (time.perf_counter() - t0), done / max(_cpu() - c0, 1e-9)))
         for k, p in pipes.items():
             runs[k].append(_timed_pass(p, window=k == "window"))
-    ratio = {k: [r["fps"] / c for r, c in zip(v, ceilings)] for k, v in runs.items()}
-    cpu_ratio = {k: [r["cpu_fps"] / c for r, c in zip(v, cpu_ceilings)] for k, v in runs.items()}
-    laid_ratio = {k: [r["fps"] / c for r, c in zip(v, laid)] for k, v in runs.items()}
-    cpu_laid_ratio = {k: [r["cpu_fps"] / c for r, c in zip(v, cpu_laid)] for k, v in runs.items()}
-    jpeg_ratio = [r["jpegs_per_s"] / (2 * c) for r, c in zip(runs["window"], ceilings)]  # ceiling: 2 JPEGs a sample
-
-    def mid(k: str) -> float:
-        return sorted(r["fps"] for r in runs[k])[reps // 2]
-
-    ceiling = sorted(ceilings)[reps // 2]
-    w = runs["window"][0]
-    first = {m: [_first_batch(idx, m) for _ in range(3 if quick else 5)] for m in ("thread", "process")}
-    wds_cv2 = _best(lambda: _wds_loader(urls, _cv2_rgb), repeat)
-    wds_pil = _best(lambda: _wds_loader(urls, "rgb8"), repeat)
-    read_ours = _best(lambda: _reader_only(idx), repeat)
-    read_wds = _best(lambda: sum(1 for _ in _wds(urls, None, decode=False)), repeat)
-    note = f"{frames} frames x 2 cameras 224x224, {len(urls)} shards, batch {BATCH}, 2 workers"
-    paired = "ratio to the ceiling pass run just before it {}; in samples per CPU second {}"
-    both = {k: paired.format(_span(ratio[k]), _span(cpu_ratio[k])) for k in runs}
-    rows = [
-        {"metric": "train frames/s, threads vs wds+DataLoader (cv2 decode)", "ours": mid("thread"),
-         "baseline": wds_cv2, "ceiling": ceiling, "unit": "frames/s",
-         "note": f"{note}; {both['thread']} (goal 0.85); baseline: "
-                 "WebDataset(shardshuffle).shuffle(1000).decode(cv2) + DataLoader(num_workers=2)"},
-        {"metric": "train frames/s, threads vs wds+DataLoader (decode('rgb8'))", "ours": mid("thread"),
-         "baseline": wds_pil, "ceiling": ceiling, "unit": "frames/s", "note": "baseline decodes with PIL, its default"},
-        {"metric": "train frames/s, processes", "ours": mid("process"), "baseline": wds_cv2, "ceiling": ceiling,
-         "unit": "frames/s", "note": f"method='process': forked decode workers writing into shared batch rows; "
-                                     f"{both['process']} (goal 0.75)"},
-        {"metric": "train frames/s, windows", "ours": mid("window"), "baseline": None, "ceiling": ceiling,
-         "unit": "frames/s",
-         "note": "history front 2 + state 2, horizon action 16: three JPEGs per sample instead of two; "
-                 f"{both['window']}; in JPEGs decoded/s against the ceiling's "
-                 f"{_span(jpeg_ratio)}; per batch {w['distinct'] / w['batches']:.2f} distinct JPEGs shown, "
-                 f"{w['decoded'] / w['batches']:.2f} decoded"},
-        {"metric": "train frames/s vs the ceiling with the RGB [3, H, W] layout, threads / processes",
-         "ours": mid("thread"), "baseline": None, "ceiling": sorted(laid)[reps // 2], "unit": "frames/s",
-         "note": "ceiling: the same cv2.imdecode passes, each frame also split into the RGB [3, H, W] array every "
-                 "pipe yields (one cv2.split, as ours does); threads: "
-                 + paired.format(_span(laid_ratio["thread"]), _span(cpu_laid_ratio["thread"]))
-                 + "; processes: " + paired.format(_span(laid_ratio["process"]), _span(cpu_laid_ratio["process"]))
-                 + "; the goals are against the bare ceiling above"},
-        {"metric": "read only (no decode): permutation seeks vs wds sequential", "ours": read_ours,
-         "baseline": read_wds, "ceiling": None, "unit": "frames/s",
-         "note": "one process; page cache warm; the full shuffle's random reads cost far less than decoding"},
-        {"metric": "first batch, threads (s from building the pipe)",
-         "ours": sorted(first["thread"])[len(first["thread"]) // 2], "baseline": None, "ceiling": None, "unit": "s",
-         "note": f"{_span(first['thread'], '{:.3f}')} s; imports done before (see peers for a fresh process)"},
-        {"metric": "first batch, processes (s from building the pipe)",
-         "ours": sorted(first["process"])[len(first["process"]) // 2], "baseline": None, "ceiling": None, "unit": "s",
-         "note": f"{_span(first['process'], '{:.3f}')} s; the workers fork at the first next()"},
-    ]
     for p in pipes.values():
         p.shutdown()
+    return {"runs": runs, "ceil": ceil, "frames": len(jpegs), "shards": len(idx.shards)}
+
+
+def _ratios(got: dict, k: str, dec: str = "simplejpeg") -> tuple[list[float], list[float]]:
+    """(wall ratios, per-CPU-second ratios) of pipe ``k`` to the ``dec`` ceiling pass run just before it."""
+    runs, ceil = got["runs"][k], got["ceil"][dec]
+    return [r["fps"] / c[0] for r, c in zip(runs, ceil)], [r["cpu_fps"] / c[1] for r, c in zip(runs, ceil)]
+
+
+def _mid(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _pair_note(got: dict, k: str) -> str:
+    wall, cpu = _ratios(got, k)
+    ms = [1000 / r["cpu_fps"] for r in got["runs"][k]]
+    cms = [1000 / c[1] for c in got["ceil"]["simplejpeg"]]
+    text = (f"x the simplejpeg ceiling run just before it {_span(wall)}; per CPU second {_span(cpu)}; CPU "
+            f"{_span(ms, '{:.3f}')} ms/frame (ceiling {_span(cms, '{:.3f}')})")
+    if got["ceil"]["cv2"]:
+        wall, cpu = _ratios(got, k, "cv2")
+        text += f"; x the cv2.imdecode ceiling {_span(wall)}, per CPU second {_span(cpu)} (issue 23's bar: 0.85)"
+    return text
+
+
+def run(workdir: Path, quick: bool) -> dict:
+    from benchmarks.footage import shard_footage
+
+    eps, length = (8, 60) if quick else (24, 150)
+    reps = 3 if quick else 5
+    small = shard_footage(workdir / "footage-224", episodes=eps, length=length, size=(224, 224))
+    large = shard_footage(workdir / "footage-480", episodes=max(2, eps // 2), length=length, size=(480, 640))
+    generated = make_data(workdir / "train-shards", episodes=eps, length=length)
+    at224 = _paired(small, reps, window=True, cv2_ceiling=True)
+    at480 = _paired(large, max(2, reps - 2), window=False, cv2_ceiling=False)
+    gen = _paired(generated, max(2, reps - 2), window=False, cv2_ceiling=False)
+    urls = [str(small.shard_path(i)) for i in range(len(small.shards))]
+    repeat = 2 if quick else 3
+    first = {m: [_first_batch(small, m) for _ in range(3 if quick else 5)] for m in ("thread", "process")}
+    wds_cv2 = _best(lambda: _wds_loader(urls, _cv2_rgb), repeat)
+    read_ours = _best(lambda: _reader_only(small), repeat)
+    read_wds = _best(lambda: sum(1 for _ in _wds(urls, None, decode=False)), repeat)
+
+    def fps(got: dict, k: str) -> float:
+        return _mid([r["fps"] for r in got["runs"][k]])
+
+    def ceiling(got: dict, dec: str = "simplejpeg") -> float:
+        return _mid([c[0] for c in got["ceil"][dec]])
+
+    w = at224["runs"]["window"][0]
+    jpeg_ratio = [r["jpegs_per_s"] / (2 * c[0]) for r, c in zip(at224["runs"]["window"], at224["ceil"]["simplejpeg"])]
+    note = f"{at224['frames']} frames x 2 cameras, {at224['shards']} shards, batch {BATCH}, 2 workers"
+    rows = [
+        {"metric": "224x224 footage, threads vs wds+DataLoader (cv2 decode)", "ours": fps(at224, "thread"),
+         "baseline": wds_cv2, "ceiling": ceiling(at224), "unit": "frames/s",
+         "note": f"{note}; {_pair_note(at224, 'thread')} (goal 0.85); baseline: "
+                 "WebDataset(shardshuffle).shuffle(1000).decode(cv2) + DataLoader(num_workers=2)"},
+        {"metric": "224x224 footage, processes", "ours": fps(at224, "process"), "baseline": wds_cv2,
+         "ceiling": ceiling(at224), "unit": "frames/s",
+         "note": "method='process' (fork-server workers writing into shared batch rows); "
+                 + _pair_note(at224, "process")},
+        {"metric": "224x224 footage, windows", "ours": fps(at224, "window"), "baseline": None,
+         "ceiling": ceiling(at224), "unit": "frames/s",
+         "note": "history front 2 + state 2, horizon action 16: three JPEGs per sample instead of two; "
+                 f"{_pair_note(at224, 'window')}; in JPEGs decoded/s against the ceiling's {_span(jpeg_ratio)}; per "
+                 f"batch {w['distinct'] / w['batches']:.2f} distinct JPEGs shown, {w['decoded'] / w['batches']:.2f} "
+                 "decoded"},
+        {"metric": "224x224 footage, threads vs the cv2.imdecode ceiling", "ours": fps(at224, "thread"),
+         "baseline": None, "ceiling": ceiling(at224, "cv2"), "unit": "frames/s",
+         "note": "ceiling: bare cv2.imdecode of the same bytes on 2 threads (what the pipes called before simplejpeg)"},
+        {"metric": "480x640 footage, threads", "ours": fps(at480, "thread"), "baseline": None,
+         "ceiling": ceiling(at480), "unit": "frames/s",
+         "note": f"{at480['frames']} frames; {_pair_note(at480, 'thread')} (goal 0.9)"},
+        {"metric": "480x640 footage, processes", "ours": fps(at480, "process"), "baseline": fps(at480, "thread"),
+         "ceiling": ceiling(at480), "unit": "frames/s",
+         "note": f"{_pair_note(at480, 'process')}; baseline: threads (goal: processes >= threads in frames/s and CPU "
+                 "per frame)"},
+        {"metric": "224x224 generated frames (second row), threads", "ours": fps(gen, "thread"), "baseline": None,
+         "ceiling": ceiling(gen), "unit": "frames/s",
+         "note": f"SyntheticReader frames, smoother than footage; {_pair_note(gen, 'thread')}; processes: "
+                 f"{_pair_note(gen, 'process')}"},
+        {"metric": "read only (no decode): permutation seeks vs wds sequential", "ours": read_ours,
+         "baseline": read_wds, "ceiling": None, "unit": "frames/s",
+         "note": "224x224 footage; one process; page cache warm; the full shuffle's random reads cost far less than "
+                 "decoding"},
+        {"metric": "first batch, threads (s from building the pipe)", "ours": _mid(first["thread"]),
+         "baseline": None, "ceiling": None, "unit": "s",
+         "note": f"{_span(first['thread'], '{:.3f}')} s; imports done before (see peers for a fresh process)"},
+        {"metric": "first batch, processes (s from building the pipe)", "ours": _mid(first["process"]),
+         "baseline": None, "ceiling": None, "unit": "s",
+         "note": f"{_span(first['process'], '{:.3f}')} s; the workers fork at the first next()"},
+    ]
     return {"section": "train", "intro": __doc__.split("\n\n", 1)[1].strip(), "rows": rows}
 
 

@@ -3,8 +3,8 @@
 MosaicML Streaming caps numpy below 2.2 and, like LitData, requires torchvision; PyPI's torchvision
 does not import beside the CPU torch 2.13 build this project pins, so those peers get a venv with a
 torch/torchvision pair that works together. LeRobot 0.4 caps torch below 2.11 and torchvision below
-0.26, so it gets its own. Each venv is made once, under ``EPBENCH_VENVS`` (default
-``~/.cache/episodepipes-bench``), and re-made when its requirement list changes.
+0.26, so it gets its own. Grain gets one of its own (it needs no torch). Each venv is made once, under
+``EPBENCH_VENVS`` (default ``~/.cache/episodepipes-bench``), and re-made when its requirement list changes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ SPECS: dict[str, list[list[str]]] = {
                ["mosaicml-streaming==0.13.0", "litdata==0.2.76", "opencv-python-headless", "webdataset"]],
     "lerobot": [["torch==2.9.1", "torchvision==0.24.1"],
                 ["lerobot==0.4.4"]],
+    # Grain brings no torch: it reads the same JPEG bytes from ArrayRecord files of its own and decodes them itself
+    "grain": [["grain==0.2.18", "opencv-python-headless", "simplejpeg"]],
 }
 
 

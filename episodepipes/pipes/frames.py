@@ -1,9 +1,11 @@
 """Frame decoders: a camera's stored frame member to a uint8 RGB ``[3, H, W]`` array (the decoding seam).
 
 `FrameDecoder` is what the per-sample decode (`episodepipes.pipes.sample_decode`) calls for every camera
-frame; `JpegFrames` (``cv2.imdecode``) is the one shards hold today, and video packets plug in beside it.
-Where the target size is at most 1/2, 1/4 or 1/8 of the source, libjpeg's reduced decode
-(`cv2.IMREAD_REDUCED_COLOR_*`) does most of the resize for free.
+frame; `JpegFrames` is the one shards hold today, and video packets plug in beside it. A JPEG goes to libjpeg-turbo
+directly (`episodepipes.pipes._decode.turbo`, simplejpeg: OpenCV's pixels, a quarter less CPU at 224x224) and
+anything that path is not sure of to ``cv2.imdecode``. Where the target size is at most 1/2, 1/4 or 1/8 of the
+source, libjpeg's reduced decode (`cv2.IMREAD_REDUCED_COLOR_*`, the same scale in simplejpeg) does most of the
+resize for free.
 
 A frame's bytes are checked against the index's size by their header (`episodepipes.imagehead`) before
 ``cv2.imdecode`` sees them: a 2 KB JPEG may declare 30000 x 30000, which OpenCV would allocate (2.7 GB) before
@@ -19,6 +21,7 @@ import cv2
 import numpy as np
 
 from episodepipes.imagehead import header_size
+from episodepipes.pipes._decode.turbo import decode_rgb
 
 _REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
 
@@ -85,12 +88,16 @@ def decode_jpeg(data: bytes, *, src: tuple[int, int], size: tuple[int, int] | No
     if head is None or (head != tuple(src) and head != (src[1], src[0])):  # (EXIF may turn it: decoded, checked)
         return None
     flag, f = _reduced(src, size)
-    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
-    if bgr is None or bgr.shape[0] != -(-src[0] // f) or bgr.shape[1] != -(-src[1] // f):
+    img = decode_rgb(data, head, f) if head == tuple(src) else None  # RGB, or None: OpenCV's BGR then
+    rgb = img is not None
+    if not rgb:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+    if img is None or img.shape[0] != -(-src[0] // f) or img.shape[1] != -(-src[1] // f):
         return None
-    if size is not None and bgr.shape[:2] != tuple(size):
-        bgr = cv2.resize(bgr, (size[1], size[0]), interpolation=cv2.INTER_AREA)
-    if out is None or out.shape != (3, *bgr.shape[:2]):
-        out = np.empty((3, *bgr.shape[:2]), np.uint8)
-    cv2.split(bgr, [out[2], out[1], out[0]])  # BGR HWC -> RGB CHW in one SIMD pass, into out's planes
+    if size is not None and img.shape[:2] != tuple(size):  # INTER_AREA works per channel: RGB or BGR alike
+        img = cv2.resize(img, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    if out is None or out.shape != (3, *img.shape[:2]):
+        out = np.empty((3, *img.shape[:2]), np.uint8)
+    # HWC -> RGB CHW in one SIMD pass, into out's planes
+    cv2.split(img, [out[0], out[1], out[2]] if rgb else [out[2], out[1], out[0]])
     return out

@@ -17,6 +17,7 @@ Workers die with the process running the pass, even killed outright (`_deathsig.
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -56,6 +57,10 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
       128 KB trim gave it back to the kernel (``brk``) to fault it in again for the next frame, which cost a third
       of a process pass's throughput. Only our own workers are tuned.
 
+    - The cyclic collector's oldest generation frozen (``gc.freeze``): a worker holds the fork server's imports (torch,
+      cv2, lightning: a few hundred thousand objects), which a full collection would walk again and again while the
+      worker decodes; what the worker makes itself is still collected.
+
     Do not call `cv2.setNumThreads` here: it was seen to wait forever on the parent's pool in a forked child.
     """
     if owner is not None:
@@ -68,6 +73,7 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+    gc.freeze()
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
