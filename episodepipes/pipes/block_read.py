@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
-from episodepipes.pipes.order.block_order import BlockLayout, BlockOrder, block_bounds, check_count
+from episodepipes.pipes.chosen import Chosen
+from episodepipes.pipes.order.block_order import BlockLayout, BlockOrder, check_count
 from episodepipes.pipes.order.shuffle import FrameTable
 from episodepipes.pipes.order.window import Window, fields_by_step
 from episodepipes.remote.ranges import coalesce
@@ -25,11 +26,11 @@ Key = tuple[int, int]  # (epoch, window)
 
 
 def layout_of(index: EpisodeIndex, episodes: Sequence[Episode], block_frames: int, window_blocks: int) -> BlockLayout:
-    """The blocks of ``episodes``' frames (flat order), cut where the shard changes."""
-    rows = np.concatenate([np.arange(e.rows.start, e.rows.stop, dtype=np.int64) for e in episodes])
+    """The blocks of ``episodes``' frames (flat order), cut where the shard changes: from the index's segments
+    (`Chosen.runs`), nothing per frame."""
+    runs = Chosen.of(index, episodes).runs()[0]
     block_frames = check_count("block_frames", block_frames)
-    return BlockLayout(block_bounds(index.frame_ranges(rows)[0], block_frames), block_frames=block_frames,
-                       window_blocks=window_blocks)
+    return BlockLayout.of_runs(runs, block_frames=block_frames, window_blocks=window_blocks)
 
 
 def positions_in(order: BlockOrder, window: int, *, rank: int, world_size: int, used: int) -> np.ndarray:
@@ -59,7 +60,7 @@ def following(key: Key, orders: Callable[[int], BlockOrder], *, rank: int, world
 
 
 def read_window(source: object, names: Sequence[str], table: FrameTable, episodes: Sequence[Episode],
-                windows: Mapping[str, Window], bounds: np.ndarray,
+                windows: Mapping[str, Window], layout: BlockLayout,
                 flats: np.ndarray) -> dict[int, dict[int, memoryview]]:
     """flat -> step -> bytes of ``flats`` (one rank's frames of a window), read with the blocks they lie in.
 
@@ -69,12 +70,13 @@ def read_window(source: object, names: Sequence[str], table: FrameTable, episode
         table: the flat frame numbering of ``episodes``.
         episodes: the reader's episodes.
         windows: the reader's history/horizon windows.
-        bounds: the block boundaries (`BlockLayout.bounds`).
+        layout: the blocks (`BlockLayout`).
         flats: the frames to return.
     """
     need: dict[tuple[int, int], None] = {}  # (episode, step), in order
-    for b in np.unique(np.searchsorted(bounds, flats, side="right") - 1).tolist():
-        need.update((table.locate(f), None) for f in range(int(bounds[b]), int(bounds[b + 1])))
+    blocks = np.unique(layout.block_of(flats))
+    for a, z in zip(layout.block_start(blocks).tolist(), layout.block_end(blocks).tolist()):
+        need.update((table.locate(f), None) for f in range(a, z))
     mine = []
     for flat in flats.tolist():
         e, t = table.locate(flat)

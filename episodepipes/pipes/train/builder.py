@@ -15,11 +15,12 @@ import numpy as np
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
+from episodepipes.pipes.chosen import choose
 from episodepipes.pipes.decode import CHUNK, Decoder
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.order import block_order as bo
 from episodepipes.pipes.order.window import plan_windows
-from episodepipes.pipes.select import Where, select
+from episodepipes.pipes.select import Where
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train import packed as train_packed
 from episodepipes.pipes.train.mix import mixture_pipe
@@ -178,12 +179,12 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
                             horizon=horizon, rank=rank, world_size=world_size, inferred=inferred, options=options,
                             transform=checked, epochs=epochs, on_resize=on_resize, stop=stop or "cycle")
     idx = open_index(index)
-    episodes = select(idx, split, episodes=episodes, where=where)
-    check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
+    chosen = choose(idx, split, episodes=episodes, where=where)  # columns, not an Episode per episode
+    check_batchable(chosen.schemas(), resize)  # so episode 0's array specs are every episode's
     train_packed.check_trainable(idx, str(idx.root))
-    windows = plan_windows(history, horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
+    windows = plan_windows(history, horizon, cameras=set(chosen[0].cameras), arrays=set(chosen[0].arrays))
     stats = Stats()
-    reader = train_packed.reader_class(idx)(idx, episodes, windows=windows, seed=int(seed), rank=rank,
+    reader = train_packed.reader_class(idx)(idx, chosen, windows=windows, seed=int(seed), rank=rank,
                                             world_size=world_size, batch_size=batch_size, epochs=epochs, stats=stats,
                                             on_resize=on_resize, blocks=blocks)
     dec = Decoder(reader, idx, options, stats=stats, transform=checked, frames=train_packed.frames_of(idx),
