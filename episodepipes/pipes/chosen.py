@@ -24,11 +24,11 @@ _FEW = 64  # schemas up to which `Chosen.schemas` scans the column once per sche
 class _Ids(Sequence[str]):
     """The ids of some of an index's episodes, looked up on access (slices give lists)."""
 
-    def __init__(self, ids: Sequence[str], numbers: np.ndarray) -> None:
-        self._ids, self._numbers = ids, numbers
+    def __init__(self, ids: Sequence[str], chosen: Chosen) -> None:
+        self._ids, self._chosen = ids, chosen
 
     def __len__(self) -> int:
-        return len(self._numbers)
+        return len(self._chosen)
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -37,11 +37,12 @@ class _Ids(Sequence[str]):
 
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            got = self._numbers[i].tolist()
-            if len(got) > 1 and got[-1] - got[0] == len(got) - 1 and isinstance(self._ids, list):
-                return self._ids[got[0]:got[-1] + 1]  # consecutive episodes (a whole split): a slice of the list
-            return [self._ids[n] for n in got]
-        return self._ids[int(self._numbers[i])]
+            a, b, step = i.indices(len(self))
+            span = self._chosen.span
+            if span is not None and step == 1 and isinstance(self._ids, list):
+                return self._ids[span[0] + a:span[0] + max(a, b)]  # consecutive episodes: a slice of the list
+            return [self._ids[n] for n in self._chosen.numbers[i].tolist()]
+        return self._ids[self._chosen.number(i)]
 
 
 class Chosen(Sequence[Episode]):
@@ -51,26 +52,44 @@ class Chosen(Sequence[Episode]):
         index: the index.
         numbers: the episodes' numbers (int64).
         lengths: their lengths (int64).
-        firsts: their first frame rows (int64).
+        firsts: their first frame rows (int64; a view where they are consecutive).
+        span: ``(first, end)`` numbers where the episodes are consecutive, else None.
         ids: their ids, looked up on access.
     """
 
     def __init__(self, index: EpisodeIndex, numbers: np.ndarray) -> None:
         self.index = index
-        self.numbers = np.asarray(numbers, np.int64)
-        n = len(self.numbers)
-        # consecutive episodes (a whole split, usually): columns are views of the mapped table, not copies
-        self._span = (int(self.numbers[0]), int(self.numbers[-1]) + 1) if n and (
-            self.numbers[-1] - self.numbers[0] == n - 1) and (n == 1 or bool((np.diff(self.numbers) == 1).all())) \
-            else None
-        self.firsts = self.column(FIRST).astype(np.int64)
-        self.ids = _Ids(index.ids, self.numbers)
+        numbers = np.asarray(numbers, np.int64)
+        n = len(numbers)
+        # consecutive episodes (a whole split, usually): held as a span, and columns are views of the mapped table
+        consecutive = n > 0 and numbers[-1] - numbers[0] == n - 1 and (n == 1 or bool((np.diff(numbers) == 1).all()))
+        self.span = (int(numbers[0]), int(numbers[-1]) + 1) if consecutive else None
+        self._numbers = None if consecutive else numbers
+        self._n = n
+        first = self.column(FIRST)  # frame rows fit int64 (the index bounds them): a view, not a copy
+        self.firsts = first.view(np.int64) if first.dtype == np.dtype(np.uint64) else first.astype(np.int64)
+        self.ids = _Ids(index.ids, self)
+
+    @property
+    def numbers(self) -> np.ndarray:
+        """The episodes' numbers (int64; made on each call for a span)."""
+        return self._numbers if self.span is None else np.arange(*self.span, dtype=np.int64)
+
+    def number(self, i: int) -> int:
+        """The number of the ``i``-th episode."""
+        if self.span is None:
+            return int(self._numbers[i])
+        return range(*self.span)[i]
+
+    def _slice(self, a: int, b: int) -> np.ndarray:
+        return np.arange(self.span[0] + a, self.span[0] + min(b, self._n), dtype=np.int64) if self.span else \
+            self._numbers[a:b]
 
     def column(self, k: int) -> np.ndarray:
         """Column ``k`` of the index's episodes table (`episodepipes.index.v2`'s ``LENGTH``, ...) for these
         episodes, uint64: a view of the table where they are consecutive."""
         table = self.index.tables.episodes
-        return table[self._span[0]:self._span[1], k] if self._span else table[self.numbers, k]
+        return table[self.span[0]:self.span[1], k] if self.span else table[self._numbers, k]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -85,7 +104,7 @@ class Chosen(Sequence[Episode]):
         return cls(index, np.array([e.number for e in episodes], np.int64))
 
     def __len__(self) -> int:
-        return len(self.numbers)
+        return self._n
 
     @overload
     def __getitem__(self, i: int) -> Episode: ...
@@ -95,7 +114,7 @@ class Chosen(Sequence[Episode]):
     def __getitem__(self, i: int | slice) -> Episode | list[Episode]:
         if isinstance(i, slice):
             return [self.index.episodes[n] for n in self.numbers[i].tolist()]
-        return self.index.episodes[int(self.numbers[i])]
+        return self.index.episodes[self.number(i)]
 
     def schemas(self) -> list[Episode]:
         """The first episode of each schema among these, in order (what a check of their keys compares)."""
@@ -116,7 +135,7 @@ class Chosen(Sequence[Episode]):
         bounds, shards = [np.zeros(1, np.int64)], [np.zeros(0, np.int64)]
         last, at = -1, 0
         for a in range(0, len(self), _CHUNK):
-            nums = self.numbers[a:a + _CHUNK]
+            nums = self._slice(a, a + _CHUNK)
             j0 = seg_first[nums].astype(np.int64)
             nxt = nums + 1
             j1 = np.where(nxt < len(seg_first), seg_first[np.minimum(nxt, len(seg_first) - 1)].astype(np.int64),

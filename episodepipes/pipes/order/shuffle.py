@@ -31,6 +31,7 @@ class FrameTable:
         np.cumsum(lengths, dtype=np.int64, out=self.starts[1:])
         self.starts.flags.writeable = False
         self._n = int(self.starts[-1])
+        self._fingerprint: str | None = None
 
     def __len__(self) -> int:
         return self._n
@@ -39,7 +40,13 @@ class FrameTable:
         """A digest of the episode ids and lengths in order: what every epoch's order depends on besides the seed
         (re-sharding the same episodes keeps it, another episode list or length changes it).
 
-        The sha256 of ``json.dumps([ids, lengths])``, encoded a chunk of episodes at a time (no whole copy)."""
+        The sha256 of ``json.dumps([ids, lengths])``, encoded a chunk of episodes at a time (no whole copy), once
+        (a reader's state and a mixture's both record it)."""
+        if self._fingerprint is None:
+            self._fingerprint = self._digest()
+        return self._fingerprint
+
+    def _digest(self) -> str:
         h = hashlib.sha256(b"[[")
         n = len(self.ids)
         for a in range(0, n, _CHUNK):
