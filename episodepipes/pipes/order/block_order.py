@@ -203,8 +203,19 @@ class BlockOrder:
             start, end = self.start(win), self.start(win + 1)
             shuffle = IndexShuffle.of(end - start, seed=self.seed, epoch=self.epoch, stream=(_WINDOW, win))
             r[at] = start + shuffle(p[at] - start)
-        k, off = self.slots(r)
-        return self.layout.block_start(self._perm(k.ravel()).reshape(k.shape)) + off
+        return self.at(*self.slots(r))
+
+    def at(self, slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """The frame ``offsets`` into the block of each slot of ``slots`` (before any window shuffle)."""
+        k = np.asarray(slots, np.int64)
+        return self.layout.block_start(self._perm(k.ravel()).reshape(k.shape)) + offsets
+
+    def positions(self, window: int, *, rank: int, world_size: int, used: int) -> np.ndarray:
+        """``rank``'s stream positions in ``window`` (ranks take every ``world_size``-th; those past ``used`` sit
+        out)."""
+        lo, hi = self.start(window), min(self.start(window + 1), used)
+        first = lo + (rank - lo) % world_size
+        return np.arange(first, max(first, hi), world_size, dtype=np.int64)
 
     def window_blocks(self, window: int) -> list[tuple[int, int]]:
         """``[(first frame, end frame)]`` of each block of ``window``, in slot order."""

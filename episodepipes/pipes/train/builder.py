@@ -146,12 +146,17 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
             default), ``"next_step"`` or ``"next_epoch"``, as above.
         stop: a mixture's stop rule, ``"cycle"`` (None: the default) or ``"first_exhausted"``, as above; a
             pipe of one source takes None only.
-        shuffle: ``"full"`` (the default: every frame anywhere in the epoch) or ``"block"`` (the block order,
-            as above); a mixture takes ``"full"`` only.
-        block_frames: with ``shuffle="block"``, the frames per block, an int >= 1 (None: 64; a block also
-            ends at a shard's end). Larger blocks mean fewer, bigger GETs and less mix.
-        window_blocks: with ``shuffle="block"``, the blocks whose frames are shuffled together, an int >= 1
-            (None: 8). More mix, and more memory (a window's frames are held until it is consumed).
+        shuffle: ``"full"`` (the default: every frame anywhere in the epoch), ``"block"`` (the block order,
+            as above) or ``"rank_block"`` (the rank-sharded block order, `order.rank_blocks`: the epoch's permuted
+            blocks are cut into one contiguous share per rank, each shuffled in windows of ``window_blocks``
+            blocks, so on an object store each rank fetches about the bytes it uses, in one request per block, at
+            any world size; ranks stay even (drop-last); a state resumes exactly at the same world size and batch
+            size, and one of another size is refused: no elastic resume); a mixture takes ``"full"`` only.
+        block_frames: with ``shuffle="block"`` or ``"rank_block"``, the frames per block, an int >= 1 (None: 64;
+            a block also ends at a shard's end). Larger blocks mean fewer, bigger GETs and less mix.
+        window_blocks: with ``shuffle="block"`` or ``"rank_block"``, the blocks whose frames are shuffled
+            together, an int >= 1 (None: 8). More mix, and more memory (a window's frames are held until it is
+            consumed).
     """
     options = DecodeOptions(num_workers=num_workers, method=method, resize=resize, on_corrupt=on_corrupt)
     if isinstance(index, Sequence | Set) and not isinstance(index, str | bytes):
@@ -169,7 +174,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
         raise ValueError(f"seed={seed!r} should be a non-negative int (it fixes every epoch's order)")
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
-    blocks = block_options(shuffle, block_frames, window_blocks)
+    blocks = block_options(shuffle, block_frames, window_blocks, (world_size, batch_size))
     if mixture and blocks is not None:
         raise ValueError(f"{shuffle=} is not supported for a mixture of sources; pass shuffle='full' (the default), "
                          "or train on one source")
@@ -206,8 +211,10 @@ def task_chunk(options: DecodeOptions, batch_size: int) -> int:
     return max(CHUNK, -(-batch_size // options.num_workers))
 
 
-def block_options(shuffle: str, block_frames: int | None, window_blocks: int | None) -> tuple[int, int] | None:
-    """``(block_frames, window_blocks)`` of ``shuffle="block"``, None for the full shuffle; bad options refused."""
+def block_options(shuffle: str, block_frames: int | None, window_blocks: int | None,
+                  ranks: tuple[int, int] | None = None) -> tuple | None:
+    """``(block_frames, window_blocks)`` of ``shuffle="block"`` (``shuffle="rank_block"`` adds ``ranks``, the
+    ``(world_size, batch_size)`` its shares follow), None for the full shuffle; bad options refused."""
     if shuffle not in SHUFFLES:
         raise ValueError(f"{shuffle=} should be one of {SHUFFLES}")
     if shuffle == "full":
@@ -215,5 +222,6 @@ def block_options(shuffle: str, block_frames: int | None, window_blocks: int | N
             raise ValueError(f"{block_frames=} and {window_blocks=} set the block order; pass shuffle='block' too, "
                              "or leave them None")
         return None
-    return (bo.check_count("block_frames", bo.DEFAULT_BLOCK_FRAMES if block_frames is None else block_frames),
-            bo.check_count("window_blocks", bo.DEFAULT_WINDOW_BLOCKS if window_blocks is None else window_blocks))
+    sizes = (bo.check_count("block_frames", bo.DEFAULT_BLOCK_FRAMES if block_frames is None else block_frames),
+             bo.check_count("window_blocks", bo.DEFAULT_WINDOW_BLOCKS if window_blocks is None else window_blocks))
+    return sizes if shuffle == "block" else (*sizes, ranks)

@@ -39,7 +39,7 @@ from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
 READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
-SHUFFLES = ("full", "block")
+SHUFFLES = ("full", "block", "rank_block")
 STEPS_AHEAD = 8  # global steps whose order and byte ranges `TrainReader` computes in one numpy pass
 
 
