@@ -171,11 +171,52 @@ def scale_rows(sizes: list[tuple[int, int]] | None = None, kinds: tuple[str, ...
     return rows
 
 
+def rank_fetch_rows(root: Path, *, world_sizes: tuple[int, ...] = (1, 8, 64), batch_size: int = 32,
+                    block_frames: int = 64, window_blocks: int = 8) -> list[dict[str, Any]]:
+    """What rank 0 fetches from an object store in an epoch of ``shuffle="block"`` and ``"rank_block"``, counted
+    from the orders alone (no I/O): the frames of the whole blocks each window's frames of rank 0 lie in (what
+    `block_read.read_window` fetches, window steps aside), against the frames it uses; requests as blocks fetched
+    (adjacent blocks would merge into fewer); and the mix, distinct episodes per batch (frames are equal-sized in
+    the synthetic index, so frames stand for bytes)."""
+    from episodepipes.index import EpisodeIndex
+    from episodepipes.pipes.chosen import choose
+    from episodepipes.pipes.order.block_order import BlockLayout
+    from episodepipes.pipes.order.permute import rank_positions, steps_per_epoch
+    from episodepipes.pipes.order.rank_blocks import RankBlockLayout
+    from episodepipes.pipes.order.shuffle import FrameTable
+
+    idx = EpisodeIndex.open(root)
+    chosen = choose(idx, "train")
+    table = FrameTable(chosen.ids, chosen.lengths)
+    base = BlockLayout.of_runs(chosen.runs()[0], block_frames=block_frames, window_blocks=window_blocks)
+    rows = []
+    for world in world_sizes:
+        steps = steps_per_epoch(len(table), world_size=world, batch_size=batch_size)
+        for kind in ("block", "rank_block"):
+            layout = base if kind == "block" else RankBlockLayout.ranked(base, world_size=world, batch_size=batch_size)
+            order = layout.order(seed=0, epoch=0)
+            p = rank_positions(0, rank=0, world_size=world, batch_size=batch_size, steps=steps)
+            flats, windows = order(p), order.window_of(p)
+            fetched = blocks = 0
+            for w in np.unique(windows).tolist():
+                got = np.unique(layout.block_of(flats[windows == w]))
+                blocks += len(got)
+                fetched += int((layout.block_end(got) - layout.block_start(got)).sum())
+            episodes = np.searchsorted(table.starts, flats, side="right").reshape(steps, batch_size)
+            mix = float(np.mean([len(np.unique(e)) for e in episodes]))
+            rows.append({"kind": kind, "world_size": world, "frames_used": len(flats), "frames_fetched": fetched,
+                         "fetch_ratio": fetched / len(flats), "requests_per_frame": blocks / len(flats),
+                         "episodes_per_batch": mix})
+    return rows
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--case"]:
         print(json.dumps(_case(sys.argv[2], sys.argv[3], sys.argv[4] == "1")))
         return
     quick = "--quick" in sys.argv
+    for row in rank_fetch_rows(data_for(10**4, 10**6, "train")):
+        print(json.dumps(row), flush=True)
     sizes = [(10**3, 10**5), (10**4, 10**6)] if quick else None
     for row in scale_rows(sizes):
         print(json.dumps(row), flush=True)
