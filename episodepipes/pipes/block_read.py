@@ -6,7 +6,8 @@ block costs one request), plus the window steps (history/horizon) of this rank's
 this rank's frames' bytes: views of a GET's body where they are most of it (one rank: no copy), copies
 where they are not (several ranks), so that the body goes. The other ranks' frames of those blocks are
 transferred and dropped: the blocks are shared by every rank of a window, so each rank reads all of them
-(see `train_pipe`).
+(see `train_pipe`). In the rank-sharded order (`order.rank_blocks`) a window's blocks are the rank's own, and
+only the blocks a share's cut falls in are read by two ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
-from episodepipes.pipes.order.block_order import BlockLayout, BlockOrder, block_bounds, check_count
+from episodepipes.pipes.chosen import Chosen
+from episodepipes.pipes.order.block_order import BlockLayout, BlockOrder, check_count
+from episodepipes.pipes.order.rank_blocks import RankBlockLayout
 from episodepipes.pipes.order.shuffle import FrameTable
 from episodepipes.pipes.order.window import Window, fields_by_step
 from episodepipes.remote.ranges import coalesce
@@ -24,19 +27,23 @@ from episodepipes.remote.ranges import coalesce
 Key = tuple[int, int]  # (epoch, window)
 
 
-def layout_of(index: EpisodeIndex, episodes: Sequence[Episode], block_frames: int, window_blocks: int) -> BlockLayout:
-    """The blocks of ``episodes``' frames (flat order), cut where the shard changes."""
-    rows = np.concatenate([np.arange(e.rows.start, e.rows.stop, dtype=np.int64) for e in episodes])
+def layout_of(index: EpisodeIndex, episodes: Sequence[Episode], block_frames: int, window_blocks: int,
+              ranks: tuple[int, int] | None = None) -> BlockLayout:
+    """The blocks of ``episodes``' frames (flat order), cut where the shard changes: from the index's segments
+    (`Chosen.runs`), nothing per frame. ``ranks``: ``(world_size, batch_size)`` of the rank-sharded order
+    (`rank_blocks`), whose layout deals whole blocks to ranks."""
+    runs = Chosen.of(index, episodes).runs()[0]
     block_frames = check_count("block_frames", block_frames)
-    return BlockLayout(block_bounds(index.frame_ranges(rows)[0], block_frames), block_frames=block_frames,
-                       window_blocks=window_blocks)
+    layout = BlockLayout.of_runs(runs, block_frames=block_frames, window_blocks=window_blocks)
+    if ranks is None:
+        return layout
+    return RankBlockLayout.ranked(layout, world_size=ranks[0], batch_size=ranks[1])
 
 
 def positions_in(order: BlockOrder, window: int, *, rank: int, world_size: int, used: int) -> np.ndarray:
-    """``rank``'s stream positions in ``window`` (ranks take every ``world_size``-th; those past ``used`` sit out)."""
-    lo, hi = order.start(window), min(order.start(window + 1), used)
-    first = lo + (rank - lo) % world_size
-    return np.arange(first, max(first, hi), world_size, dtype=np.int64)
+    """``rank``'s stream positions in ``window`` (`BlockOrder.positions`; its windows are the rank's own in the
+    rank-sharded order)."""
+    return order.positions(window, rank=rank, world_size=world_size, used=used)
 
 
 def following(key: Key, orders: Callable[[int], BlockOrder], *, rank: int, world_size: int, used: int,
@@ -59,7 +66,7 @@ def following(key: Key, orders: Callable[[int], BlockOrder], *, rank: int, world
 
 
 def read_window(source: object, names: Sequence[str], table: FrameTable, episodes: Sequence[Episode],
-                windows: Mapping[str, Window], bounds: np.ndarray,
+                windows: Mapping[str, Window], layout: BlockLayout,
                 flats: np.ndarray) -> dict[int, dict[int, memoryview]]:
     """flat -> step -> bytes of ``flats`` (one rank's frames of a window), read with the blocks they lie in.
 
@@ -69,12 +76,13 @@ def read_window(source: object, names: Sequence[str], table: FrameTable, episode
         table: the flat frame numbering of ``episodes``.
         episodes: the reader's episodes.
         windows: the reader's history/horizon windows.
-        bounds: the block boundaries (`BlockLayout.bounds`).
+        layout: the blocks (`BlockLayout`).
         flats: the frames to return.
     """
     need: dict[tuple[int, int], None] = {}  # (episode, step), in order
-    for b in np.unique(np.searchsorted(bounds, flats, side="right") - 1).tolist():
-        need.update((table.locate(f), None) for f in range(int(bounds[b]), int(bounds[b + 1])))
+    blocks = np.unique(layout.block_of(flats))
+    for a, z in zip(layout.block_start(blocks).tolist(), layout.block_end(blocks).tolist()):
+        need.update((table.locate(f), None) for f in range(a, z))
     mine = []
     for flat in flats.tolist():
         e, t = table.locate(flat)

@@ -11,6 +11,7 @@ import numpy as np
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes._decode.slabs import Slabs
 from episodepipes.pipes.batch import BatchStacker
+from episodepipes.pipes.chosen import choose
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.gate import Gate
@@ -18,7 +19,7 @@ from episodepipes.pipes.names import batch_keys, keyed_builder, window_keys
 from episodepipes.pipes.options import DecodeOptions, ReadOptions
 from episodepipes.pipes.order.window import Window, plan_windows, video_fields
 from episodepipes.pipes.pipe import Pipe
-from episodepipes.pipes.plan import Item, metric_items, num_batches, per_rank, shards_of, split_even, video_items
+from episodepipes.pipes.plan import Item, num_batches, per_rank, rank_items, shards_of, video_items
 from episodepipes.pipes.read import ShardReader
 from episodepipes.pipes.seconds import DEFAULT_TOLERANCE_S, seconds_windows
 from episodepipes.pipes.select import Where, select
@@ -232,18 +233,18 @@ def metric_pipe(index: EpisodeIndex | str | os.PathLike, *, split: str = "val", 
     idx = open_index(index)
     inferred = rank is None or world_size is None
     rank, world_size = dist_rank_world(rank, world_size)
-    eps = select(idx, split, episodes=episodes, where=where)
-    check_batchable(eps, resize)
+    eps = choose(idx, split, episodes=episodes, where=where)  # columns, not an Episode per episode
+    check_batchable(eps.schemas(), resize)
     sw = seconds_windows(delta_timestamps, eps, tolerance_s=tolerance_s, history=history, horizon=horizon,
                          keys=window_keys(eps))
     windows = eval_windows(idx, eps, sw.history, sw.horizon)
     rename = batch_keys(names, idx, eps, windows)
-    chosen = metric_items(eps, frames_per_episode, sampling=sampling, seed=seed)
-    items = split_even(chosen, rank=rank, world_size=world_size)
+    items, total = rank_items(eps.ids, eps.lengths, frames_per_episode, rank=rank, world_size=world_size,
+                              sampling=sampling, seed=seed)  # this rank's share only
     stats = Stats()
     build = graph_builder(idx, items, stats, batch_size=batch_size, decode=decode, read=read,
                           transform=sample_transform(transform, method=method, pipe="metric_pipe"), windows=windows)
-    length = num_batches(per_rank(len(chosen), world_size), batch_size)
+    length = num_batches(per_rank(total, world_size), batch_size)
     return Pipe(Gate(keyed_builder(build, rename, sw.trim), stats=stats), length=length, index=idx, stats=stats,
                 gated=False, rank_world=(rank, world_size) if inferred else None)
 

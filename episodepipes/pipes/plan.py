@@ -65,6 +65,53 @@ def metric_items(episodes: Sequence[Episode], k: int, *, sampling: str = "even",
     return [Item(e.id, f) for e in episodes for f in choose_frames(e.length, k, sampling=sampling, seed=seed, key=e.id)]
 
 
+def rank_items(ids: Sequence[str], lengths: Sequence[int] | np.ndarray, k: int, *, rank: int, world_size: int,
+               sampling: str = "even", seed: int = 0) -> tuple[list[Item], int]:
+    """``(split_even(metric_items(...), rank=rank, ...), len(metric_items(...)))``, planning only this rank's share.
+
+    The chosen frames per episode are ``min(length, k)``, so where each episode's frames fall in the whole plan
+    is a cumulative sum over the lengths (one int per episode, vectorised), and only the episodes overlapping
+    this rank's contiguous block have their frames chosen (`choose_frames`). Every rank gets the items, padding
+    and total that the whole plan split by `split_even` gives it, at a cost proportional to its share.
+
+    Args:
+        ids, lengths: the episodes' ids and lengths, in index order.
+        k: frames per episode.
+        rank, world_size: this rank and the number of ranks.
+        sampling, seed: as `choose_frames`.
+    """
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
+        raise ValueError(f"frames_per_episode={k} should be a positive int")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling={sampling!r} should be one of {SAMPLINGS}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} should be in [0, world_size={world_size})")
+    lengths = np.asarray(lengths, np.int64).ravel()
+    cum = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(np.minimum(lengths, k), out=cum[1:])
+    n = int(cum[-1])
+    if n == 0:
+        return [], 0
+
+    def items_of(e: int) -> list[Item]:
+        return [Item(ids[e], f) for f in choose_frames(int(lengths[e]), k, sampling=sampling, seed=seed, key=ids[e])]
+
+    lo, hi = rank * n // world_size, (rank + 1) * n // world_size
+    mine: list[Item] = []
+    if hi > lo:
+        e0, e1 = int(np.searchsorted(cum, lo, side="right")) - 1, int(np.searchsorted(cum, hi, side="left"))
+        for e in range(e0, e1):
+            mine += items_of(e)
+        mine = mine[lo - int(cum[e0]):hi - int(cum[e0])]
+    if mine:
+        filler = mine[-1]
+    else:  # a rank with no real item repeats the whole plan's item rank % n
+        g = rank % n
+        e = int(np.searchsorted(cum, g, side="right")) - 1
+        filler = items_of(e)[g - int(cum[e])]
+    return mine + [filler._replace(valid=False)] * (per_rank(n, world_size) - len(mine)), n
+
+
 def per_rank(n: int, world_size: int) -> int:
     """Samples every rank yields, padding included."""
     return math.ceil(n / world_size)

@@ -1,44 +1,70 @@
 """`FrameTable`: the flat frame numbers of a training epoch over episodes in order, and back to (episode, frame).
 
 The epoch orders themselves are `permute` (the keyed elastic shuffle) and `block_order`; this table maps their
-flat positions to frames, and its fingerprint is what every epoch's order depends on besides the seed.
+flat positions to frames, and its fingerprint is what every epoch's order depends on besides the seed. It holds
+one int64 per episode (the cumulative lengths) and the ids as given (a list, or a lazy view of an index's), so
+nothing per frame, nor a Python object per episode, is made.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import itertools
 import json
 from collections.abc import Sequence
 
+import numpy as np
+
 from episodepipes.pipes.plan import Item
+
+_CHUNK = 1 << 16  # episodes encoded at a time by `FrameTable.fingerprint`
 
 
 class FrameTable:
     """Flat frame numbers ``0..n-1`` over episodes in order, and back to `Item` (episode, frame)."""
 
-    def __init__(self, ids: Sequence[str], lengths: Sequence[int]) -> None:
+    def __init__(self, ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
+        lengths = np.asarray(lengths).ravel()  # a view of an index's column, or a list
         if len(ids) != len(lengths):
             raise ValueError(f"{len(ids)} episode ids but {len(lengths)} lengths")
-        self.ids = list(ids)
-        self.starts = [0, *itertools.accumulate(int(n) for n in lengths)]  # a list: bisect beats numpy per lookup
+        self.ids = ids
+        self.starts = np.zeros(len(lengths) + 1, np.int64)  # each episode's first flat frame, then n
+        np.cumsum(lengths, dtype=np.int64, out=self.starts[1:])
+        self.starts.flags.writeable = False
+        self._n = int(self.starts[-1])
+        self._fingerprint: str | None = None
 
     def __len__(self) -> int:
-        return self.starts[-1]
+        return self._n
 
     def fingerprint(self) -> str:
         """A digest of the episode ids and lengths in order: what every epoch's order depends on besides the seed
-        (re-sharding the same episodes keeps it, another episode list or length changes it)."""
-        lengths = [b - a for a, b in itertools.pairwise(self.starts)]
-        return hashlib.sha256(json.dumps([self.ids, lengths]).encode()).hexdigest()[:16]
+        (re-sharding the same episodes keeps it, another episode list or length changes it).
+
+        The sha256 of ``json.dumps([ids, lengths])``, encoded a chunk of episodes at a time (no whole copy), once
+        (a reader's state and a mixture's both record it)."""
+        if self._fingerprint is None:
+            self._fingerprint = self._digest()
+        return self._fingerprint
+
+    def _digest(self) -> str:
+        h = hashlib.sha256(b"[[")
+        n = len(self.ids)
+        for a in range(0, n, _CHUNK):
+            ids = self.ids[a:a + _CHUNK]
+            h.update((", " if a else "").encode() + json.dumps(list(ids))[1:-1].encode())
+        h.update(b"], [")
+        lengths = np.diff(self.starts)
+        for a in range(0, n, _CHUNK):
+            h.update((", " if a else "").encode() + str(lengths[a:a + _CHUNK].tolist())[1:-1].encode())  # json's ints
+        h.update(b"]]")
+        return h.hexdigest()[:16]
 
     def locate(self, flat: int) -> tuple[int, int]:
         """(episode position, frame) of a flat frame number."""
-        if not 0 <= flat < len(self):
-            raise IndexError(f"frame number {flat} is outside [0, {len(self)})")
-        e = bisect.bisect_right(self.starts, flat) - 1
-        return e, flat - self.starts[e]
+        if not 0 <= flat < self._n:
+            raise IndexError(f"frame number {flat} is outside [0, {self._n})")
+        e = int(self.starts.searchsorted(flat, side="right")) - 1
+        return e, int(flat - self.starts[e])
 
     def item(self, flat: int) -> Item:
         e, f = self.locate(flat)

@@ -15,13 +15,14 @@ import numpy as np
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import check_batchable, dist_rank_world, open_index
+from episodepipes.pipes.chosen import choose
 from episodepipes.pipes.decode import CHUNK, Decoder
 from episodepipes.pipes.names import batch_keys, check_names, keyed, window_keys
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.order import block_order as bo
 from episodepipes.pipes.order.window import plan_windows
 from episodepipes.pipes.seconds import DEFAULT_TOLERANCE_S, seconds_windows
-from episodepipes.pipes.select import Where, select
+from episodepipes.pipes.select import Where
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train import packed as train_packed
 from episodepipes.pipes.train.mix import mixture_pipe
@@ -148,12 +149,17 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
             default), ``"next_step"`` or ``"next_epoch"``, as above.
         stop: a mixture's stop rule, ``"cycle"`` (None: the default) or ``"first_exhausted"``, as above; a
             pipe of one source takes None only.
-        shuffle: ``"full"`` (the default: every frame anywhere in the epoch) or ``"block"`` (the block order,
-            as above); a mixture takes ``"full"`` only.
-        block_frames: with ``shuffle="block"``, the frames per block, an int >= 1 (None: 64; a block also
-            ends at a shard's end). Larger blocks mean fewer, bigger GETs and less mix.
-        window_blocks: with ``shuffle="block"``, the blocks whose frames are shuffled together, an int >= 1
-            (None: 8). More mix, and more memory (a window's frames are held until it is consumed).
+        shuffle: ``"full"`` (the default: every frame anywhere in the epoch), ``"block"`` (the block order,
+            as above) or ``"rank_block"`` (the rank-sharded block order, `order.rank_blocks`: the epoch's permuted
+            blocks are cut into one contiguous share per rank, each shuffled in windows of ``window_blocks``
+            blocks, so on an object store each rank fetches about the bytes it uses, in one request per block, at
+            any world size; ranks stay even (drop-last); a state resumes exactly at the same world size and batch
+            size, and one of another size is refused: no elastic resume); a mixture takes ``"full"`` only.
+        block_frames: with ``shuffle="block"`` or ``"rank_block"``, the frames per block, an int >= 1 (None: 64;
+            a block also ends at a shard's end). Larger blocks mean fewer, bigger GETs and less mix.
+        window_blocks: with ``shuffle="block"`` or ``"rank_block"``, the blocks whose frames are shuffled
+            together, an int >= 1 (None: 8). More mix, and more memory (a window's frames are held until it is
+            consumed).
         delta_timestamps: windows in seconds, LeRobot's ``{key: [offsets in seconds]}`` (``[-0.1, 0.0]`` at 10
             fps is ``history={key: 2}``), converted at the episodes' fps by LeRobot's rule: an offset must lie
             within ``tolerance_s`` of a step, and a key's steps must be consecutive and ascending, else it is
@@ -183,7 +189,7 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
         raise ValueError(f"seed={seed!r} should be a non-negative int (it fixes every epoch's order)")
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ValueError(f"epochs={epochs!r} should be a positive int, or None for an endless (step-based) pass")
-    blocks = block_options(shuffle, block_frames, window_blocks)
+    blocks = block_options(shuffle, block_frames, window_blocks, (world_size, batch_size))
     if mixture and blocks is not None:
         raise ValueError(f"{shuffle=} is not supported for a mixture of sources; pass shuffle='full' (the default), "
                          "or train on one source")
@@ -196,15 +202,15 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
                             horizon=horizon, rank=rank, world_size=world_size, inferred=inferred, options=options,
                             transform=checked, epochs=epochs, on_resize=on_resize, stop=stop or "cycle")
     idx = open_index(index)
-    episodes = select(idx, split, episodes=episodes, where=where)
-    check_batchable(episodes, resize)  # so episode 0's array specs are every episode's
+    chosen = choose(idx, split, episodes=episodes, where=where)  # columns, not an Episode per episode
+    check_batchable(chosen.schemas(), resize)  # so episode 0's array specs are every episode's
     train_packed.check_trainable(idx, str(idx.root))
-    sw = seconds_windows(delta_timestamps, episodes, tolerance_s=tolerance_s, history=history, horizon=horizon,
-                         keys=window_keys(episodes))
-    windows = plan_windows(sw.history, sw.horizon, cameras=set(episodes[0].cameras), arrays=set(episodes[0].arrays))
-    rename = batch_keys(names, idx, episodes, windows)
+    sw = seconds_windows(delta_timestamps, chosen, tolerance_s=tolerance_s, history=history, horizon=horizon,
+                         keys=window_keys(chosen))
+    windows = plan_windows(sw.history, sw.horizon, cameras=set(chosen[0].cameras), arrays=set(chosen[0].arrays))
+    rename = batch_keys(names, idx, chosen, windows)
     stats = Stats()
-    reader = train_packed.reader_class(idx)(idx, episodes, windows=windows, seed=int(seed), rank=rank,
+    reader = train_packed.reader_class(idx)(idx, chosen, windows=windows, seed=int(seed), rank=rank,
                                             world_size=world_size, batch_size=batch_size, epochs=epochs, stats=stats,
                                             on_resize=on_resize, blocks=blocks)
     dec = Decoder(reader, idx, options, stats=stats, transform=checked, frames=train_packed.frames_of(idx),
@@ -226,8 +232,10 @@ def task_chunk(options: DecodeOptions, batch_size: int) -> int:
     return max(CHUNK, -(-batch_size // options.num_workers))
 
 
-def block_options(shuffle: str, block_frames: int | None, window_blocks: int | None) -> tuple[int, int] | None:
-    """``(block_frames, window_blocks)`` of ``shuffle="block"``, None for the full shuffle; bad options refused."""
+def block_options(shuffle: str, block_frames: int | None, window_blocks: int | None,
+                  ranks: tuple[int, int] | None = None) -> tuple | None:
+    """``(block_frames, window_blocks)`` of ``shuffle="block"`` (``shuffle="rank_block"`` adds ``ranks``, the
+    ``(world_size, batch_size)`` its shares follow), None for the full shuffle; bad options refused."""
     if shuffle not in SHUFFLES:
         raise ValueError(f"{shuffle=} should be one of {SHUFFLES}")
     if shuffle == "full":
@@ -235,5 +243,6 @@ def block_options(shuffle: str, block_frames: int | None, window_blocks: int | N
             raise ValueError(f"{block_frames=} and {window_blocks=} set the block order; pass shuffle='block' too, "
                              "or leave them None")
         return None
-    return (bo.check_count("block_frames", bo.DEFAULT_BLOCK_FRAMES if block_frames is None else block_frames),
-            bo.check_count("window_blocks", bo.DEFAULT_WINDOW_BLOCKS if window_blocks is None else window_blocks))
+    sizes = (bo.check_count("block_frames", bo.DEFAULT_BLOCK_FRAMES if block_frames is None else block_frames),
+             bo.check_count("window_blocks", bo.DEFAULT_WINDOW_BLOCKS if window_blocks is None else window_blocks))
+    return sizes if shuffle == "block" else (*sizes, ranks)

@@ -17,12 +17,13 @@ from typing import Any
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes.batch import BatchStacker
 from episodepipes.pipes.builders import RESERVED, open_index, stack_mismatch
+from episodepipes.pipes.chosen import choose
 from episodepipes.pipes.decode import Decoder
 from episodepipes.pipes.frames import JPEG
 from episodepipes.pipes.options import DecodeOptions
 from episodepipes.pipes.order.mixture import Mixture
 from episodepipes.pipes.order.window import Window, plan_windows
-from episodepipes.pipes.select import Where, select
+from episodepipes.pipes.select import Where
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.train import packed as train_packed
 from episodepipes.pipes.train.mix_reader import MixIndex, MixReader, Sourced, SourceNames, View, view
@@ -142,11 +143,11 @@ def mixture_pipe(sources: Mapping[str, Any], *, split: str, batch_size: int, see
     idxs, views, readers = [], {}, []
     for name, src in srcs.items():
         idx = open_index(src.root)
-        eps = select(idx, src.split or split, episodes=src.episodes, where=src.where)
+        eps = choose(idx, src.split or split, episodes=src.episodes, where=src.where)  # columns, not objects
         check_keys(name, eps[0], src.keys)
         train_packed.check_trainable(idx, f"source {name!r} ({idx.root})")
         idxs.append((idx, eps))
-        views[name] = schemas(eps, src.keys)
+        views[name] = schemas(eps.schemas(), src.keys)
     check_mix_batchable(views, options.resize)
     first = views[names[0]][0]
     windows = plan_windows(history, horizon, cameras=set(first.cameras), arrays=set(first.arrays))

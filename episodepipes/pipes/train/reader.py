@@ -24,6 +24,7 @@ from episodepipes.format import sample_key
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.pipes import block_read
 from episodepipes.pipes._decode.mapped import ShardFrames, ShardSlice, frame_members
+from episodepipes.pipes.chosen import Chosen
 from episodepipes.pipes.order.block_order import BlockOrder
 from episodepipes.pipes.order.permute import MISMATCH, IndexShuffle, rank_positions, steps_per_epoch
 from episodepipes.pipes.order.shuffle import FrameTable
@@ -38,7 +39,7 @@ from episodepipes.tarmembers import frame_fields
 
 log = logging.getLogger(__name__)
 READ_AHEAD = 4  # batches a remote root's reader fetches ahead of the one it yields
-SHUFFLES = ("full", "block")
+SHUFFLES = ("full", "block", "rank_block")
 STEPS_AHEAD = 8  # global steps whose order and byte ranges `TrainReader` computes in one numpy pass
 
 
@@ -78,10 +79,10 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
                  rank: int, world_size: int, batch_size: int, epochs: int | None, stats: Stats | None = None,
                  on_resize: str = "refuse", blocks: tuple[int, int] | None = None) -> None:
         super().__init__()
-        self.index, self.episodes, self.windows = index, list(episodes), dict(windows)
+        self.index, self.episodes, self.windows = index, Chosen.of(index, episodes), dict(windows)  # no object each
         self.seed, self.rank, self.world_size, self.batch_size, self.epochs = seed, rank, world_size, batch_size, epochs
         self.stats = stats if stats is not None else Stats()
-        self.table = FrameTable([e.id for e in self.episodes], [e.length for e in self.episodes])
+        self.table = FrameTable(self.episodes.ids, self.episodes.lengths)
         if on_resize not in MISMATCH:
             raise ValueError(f"{on_resize=} should be one of {MISMATCH}")
         self.on_resize = on_resize
@@ -122,7 +123,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         self._prefixes: dict[int, bytes] = {}  # episode position -> its member names' prefix (`_plain_sample`)
         self._mapped: ShardFrames | None = None  # a local root's frames, read whole (`_shards`)
         self._starts = np.asarray(self.table.starts, np.int64)  # each episode's first flat frame
-        self._row_starts = np.asarray([e.rows.start for e in self.episodes], np.int64)  # its first index row
+        self._row_starts = self.episodes.firsts  # its first index row
 
     def _order(self, epoch: int) -> IndexShuffle | BlockOrder:
         """Epoch ``epoch``'s order of the frames (pure of the cursor: the read-ahead threads call it too)."""
@@ -305,7 +306,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         at = block_read.positions_in(order, key[1], rank=self.rank, world_size=self.world_size,
                                      used=self.per_epoch * self.world_size)
         return block_read.read_window(self.source, self._names, self.table, self.episodes, self.windows,
-                                      self.blocks.bounds, order(at))  # type: ignore[union-attr, arg-type]
+                                      self.blocks, order(at))  # type: ignore[arg-type]
 
     def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
         """The whole bytes of each step's frame through the index's byte source (a remote root).

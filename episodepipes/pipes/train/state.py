@@ -47,7 +47,8 @@ FIXES = {
     WEIGHTS: "Build the mixture with the checkpoint's weights (they fix which source each sample comes from).",
     STOP_RULE: "Build the mixture with the checkpoint's stop= rule.",
     SHUFFLE: "Build the pipe with the checkpoint's shuffle=, block_frames= and window_blocks=, on the shards it "
-             "was trained on (the block order follows the shard layout).",
+             "was trained on (the block order follows the shard layout); shuffle='rank_block' also with its "
+             "world_size and batch_size (its shares follow them: no elastic resume).",
 }
 FIXES[PLAN] = FIXES[FRAMES]
 _ELASTIC = (RANK, WORLD, BATCH)  # may differ: resume_at checks them against the global batch

@@ -112,7 +112,7 @@ def test_the_same_episodes_resharded_are_refused_in_the_block_order(index, tmp_p
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(shuffle="blocks"), r"shuffle='blocks' should be one of \('full', 'block'\)"),
+    (dict(shuffle="blocks"), r"shuffle='blocks' should be one of \('full', 'block', 'rank_block'\)"),
     (dict(block_frames=8), "block_frames=8 and window_blocks=None set the block order; pass shuffle='block'"),
     (dict(shuffle="block", block_frames=0), "block_frames=0 should be an int >= 1"),
     (dict(shuffle="block", window_blocks=2.5), "window_blocks=2.5 should be an int >= 1"),

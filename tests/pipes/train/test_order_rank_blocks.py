@@ -1,0 +1,99 @@
+"""The rank-sharded block order (shuffle="rank_block"): each rank reads whole blocks of its own share, so on an
+object store a rank fetches about the bytes it uses at any world size, and ranks stay even."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nodes_contract import run_test_save_load_state
+from test_nodes_contract import Exact
+
+from episodepipes.pipes import EpisodeIndex
+from episodepipes.pipes.order.block_order import BlockLayout, run_bounds
+from episodepipes.pipes.order.permute import rank_positions, steps_per_epoch
+from episodepipes.pipes.order.rank_blocks import RankBlockLayout
+from episodepipes.pipes.train import train_pipe
+
+BUCKET = "rankblocks"
+URL = f"s3://{BUCKET}/r"
+SHAPE = dict(num_episodes=6, length=200, height=16, width=24)  # 1200 frames, of which train holds 800
+RANK = dict(shuffle="rank_block", block_frames=4, window_blocks=2)
+
+
+@settings(max_examples=80, deadline=None)
+@given(runs=st.lists(st.integers(1, 60), min_size=1, max_size=8), b=st.integers(1, 8), m=st.integers(1, 4),
+       world=st.integers(1, 6), batch=st.integers(1, 4), seed=st.integers(0, 2**32), epoch=st.integers(0, 3))
+def test_each_ranks_frames_come_from_its_own_share_of_whole_blocks(runs, b, m, world, batch, seed, epoch):
+    shards = np.repeat(np.arange(len(runs)), runs)
+    n, steps = len(shards), steps_per_epoch(len(shards), world_size=world, batch_size=batch)
+    layout = RankBlockLayout.ranked(BlockLayout.of_runs(run_bounds(shards), block_frames=b, window_blocks=m),
+                                    world_size=world, batch_size=batch)
+    order = layout.order(seed=seed, epoch=epoch)
+    seen: list[int] = []
+    shares = []
+    for r in range(world):
+        lo, hi = order.share(r)
+        assert hi - lo in (n // world, n // world + 1)
+        share = set(order.base.at(*order.base.slots(np.arange(lo, hi))).tolist())
+        shares.append(share)
+        if not steps:
+            continue
+        p = rank_positions(0, rank=r, world_size=world, batch_size=batch, steps=steps)
+        got = order(p)
+        assert set(got.tolist()) <= share  # this rank's frames lie in its share
+        seen += got.tolist()
+        windows = order.window_of(p)  # a window's positions are what positions() gives for it
+        for w in np.unique(windows).tolist():
+            assert sorted(order.positions(w, rank=r, world_size=world, used=steps * world * batch).tolist()) == \
+                sorted(p[windows == w].tolist())
+    assert len(seen) == len(set(seen)) == steps * world * batch  # disjoint, and every used position once
+    assert sum(map(len, shares)) == n and set().union(*shares) == set(range(n))  # the shares cover the frames
+    blocks = [set(layout.block_of(np.array(sorted(s), np.int64)).tolist()) for s in shares]
+    shared = sum(len(a & c) for i, a in enumerate(blocks) for c in blocks[i + 1:])
+    assert shared <= world - 1  # only a block a cut falls in is split between two ranks
+
+
+@pytest.fixture(scope="module")
+def shards(moto, shard_folder) -> Path:
+    out = shard_folder("rank-blocks", **SHAPE)
+    moto.upload_dir(out, BUCKET, "r")
+    return out
+
+
+def test_at_eight_ranks_each_fetches_at_most_1_1x_the_bytes_it_uses_in_a_request_per_block(shards, proxy):
+    index = EpisodeIndex.open(URL)
+    kw = dict(batch_size=4, seed=1, world_size=8, num_workers=1, **RANK)
+    seen: list[tuple[str, int]] = []
+    for rank in range(8):
+        pipe = train_pipe(index, rank=rank, **kw)
+        proxy.reset()
+        items = [(e, int(f)) for b in pipe for e, f in zip(b["episode"], b["frame"])]
+        assert len(items) == len(pipe) * 4 == 800 // 32 * 4  # even over ranks: every rank the same batches
+        used = sum(b - a for a, b in (index.episode(e).frame_range(f)[1:] for e, f in items))
+        touched = {int(x) for x in pipe.reader.blocks.block_of(np.array(  # this rank's blocks
+            [pipe.reader.table.starts[index.split("train").index(index.episode(e))] + f for e, f in items]))}
+        assert used <= proxy.body_bytes <= 1.1 * used, (rank, proxy.body_bytes / used)
+        assert len(proxy.gets()) <= len(touched)  # a ranged GET per block (adjacent ones merge)
+        seen += items
+    assert len(set(seen)) == len(seen)  # no frame on two ranks
+
+
+def test_a_rank_block_pipe_follows_torchdatas_save_load_contract_and_refuses_another_world(shards):
+    kw = dict(batch_size=4, seed=2, num_workers=1, epochs=1, **RANK)
+    for midpoint in (0, 7):
+        root = train_pipe(shards, rank=1, world_size=4, **kw)._root
+        run_test_save_load_state(Exact(), root, midpoint)
+    pipe = train_pipe(shards, rank=1, world_size=4, **kw)
+    it = iter(pipe)
+    for _ in range(3):
+        next(it)
+    state = pipe.state_dict()
+    again = train_pipe(shards, rank=1, world_size=4, **kw)
+    again.load_state_dict(state)
+    assert [b["frame"].tolist() for b in again] == [b["frame"].tolist() for b in it]
+    with pytest.raises(ValueError, match="shuffle='rank_block' also with its world_size and batch_size"):
+        train_pipe(shards, rank=0, world_size=2, **{**kw, "batch_size": 8}).load_state_dict(state)
