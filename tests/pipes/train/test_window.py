@@ -97,7 +97,8 @@ def test_window_sample_and_decode_give_source_values_and_masks():
     assert out.corrupt == [] and out.frames == 0
     assert fields["state"].ravel().tolist() == [0, 0, 0] and fields["state_pad"].tolist() == [True, True, False]
     assert fields["action"].ravel().tolist() == [10, 11] and fields["action_pad"].tolist() == [False, False]
-    assert (fields["episode"], fields["frame"], fields["prompt"], fields["timestamp"]) == ("ep", 0, "go", 0.5)
+    # the timestamp is the frame over the episode's fps (as the writer writes it), never parsed from the member
+    assert (fields["episode"], fields["frame"], fields["prompt"], fields["timestamp"]) == ("ep", 0, "go", t / 10.0)
     assert fields["plus_one"] == 1
 
 
