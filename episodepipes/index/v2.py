@@ -39,11 +39,14 @@ the shard, non-zero sizes) are checked per episode on its first frame lookup, an
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import json
 import math
 import re
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,22 +196,52 @@ def packed_spans(cols: Mapping[str, np.ndarray], row: int, count: int, first: in
             "keys": (cols["key"][row:row + count].astype(np.int64) - first).tolist()}
 
 
-def write(out: Path, data: dict, cols: dict[str, np.ndarray]) -> bytes:
+@dataclass(frozen=True)
+class Streamed:
+    """A per-frame column `write` streams to its file instead of taking it whole: its shape and its data bytes in
+    order, in the column's `episodepipes.format.COLUMNS` dtype (an in-place merge reads them from the jobs' columns
+    a chunk at a time, so 10**8 frames are never held in memory)."""
+
+    shape: tuple[int, ...]
+    blocks: Iterable[bytes]
+
+
+def streamed_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The .npy header `npy_bytes` gives a numeric array of this dtype and shape (format 1.0, what numpy writes for
+    these), made without the array: `episodepipes.format.npy_header` writes a zero array of the shape to find it,
+    800 MB for a 10**8-row column of an in-place merge."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                                               "shape": tuple(shape)})
+    return buf.getvalue()
+
+
+def write(out: Path, data: dict, cols: Mapping[str, np.ndarray | Streamed]) -> bytes:
     """Write the columns, then ``index.json`` (atomically, last); returns the index bytes.
 
     ``data`` and ``cols`` are what `build` gives: its ``ids`` and ``episode_meta`` lists are written as the ``ids``,
     ``id_order`` and ``attr`` columns and the JSON's ``attrs`` (`episodepipes.index.idcols`), so opening the index
-    parses nothing per episode."""
+    parses nothing per episode. ``data`` may hold ``attrs`` with those columns in ``cols`` already (an in-place
+    merge builds them from its jobs' columns), and a column may be `Streamed`: fsynced and named before the
+    others, which are written together with ``index.json``, renamed last."""
     if "ids" in data:
         attrs, idc = idcols.build(data["ids"], data["episode_meta"])
         data = dict({k: v for k, v in data.items() if k not in ("ids", "episode_meta")}, attrs=attrs)
         cols = {**cols, **idc}
     info, files = {}, []
-    for name, arr in cols.items():
+    for name, value in cols.items():
         file, dtype, _ = COLUMNS[name]
-        dtype = arr.dtype.str if name == "ids" else dtype  # "|S<width of the longest id>"
-        blob = npy_bytes(np.ascontiguousarray(arr, dtype=dtype))
-        info[name] = {"dtype": dtype, "shape": list(arr.shape), "sha256": hashlib.sha256(blob).hexdigest()}
+        if isinstance(value, Streamed):
+            h = hashlib.sha256()
+            with safefile.replacing(out / file) as f:
+                for raw in itertools.chain([streamed_header(np.dtype(dtype), value.shape)], value.blocks):
+                    h.update(raw)
+                    f.write(raw)
+            info[name] = {"dtype": dtype, "shape": list(value.shape), "sha256": h.hexdigest()}
+            continue
+        dtype = value.dtype.str if name == "ids" else dtype  # "|S<width of the longest id>"
+        blob = npy_bytes(np.ascontiguousarray(value, dtype=dtype))
+        info[name] = {"dtype": dtype, "shape": list(value.shape), "sha256": hashlib.sha256(blob).hexdigest()}
         files.append((out / file, blob))
     raw = json.dumps(dict(data, columns=info), sort_keys=True, separators=(",", ":")).encode()
     safefile.write_files([*files, (out / INDEX_NAME, raw)])  # index.json renamed last

@@ -15,20 +15,20 @@ single-job write; ``merge --repack`` gives those byte for byte.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from episodepipes import safefile
-from episodepipes.format import COLUMNS, FORMAT_NAME, INDEX_NAME, npy_header, shard_name
+from episodepipes.format import COLUMNS, FORMAT_NAME, shard_name
 from episodepipes.index import EpisodeIndex
+from episodepipes.index import v2 as indexv2
 from episodepipes.index.load import read_regular
 from episodepipes.index.v2 import FIRST, FPS, PROMPT, ROW, SCHEMA, SEGMENT, SHARD, SPLIT
 from episodepipes.sharding.write.progress import JOBS_DIR
@@ -139,8 +139,10 @@ def join(jobs: list[tuple[Any, EpisodeIndex]], extra: dict) -> tuple[dict, dict[
     merged: dict[str, list] = {"schemas": [], "splits": [], "prompts": [], "fps": []}
     tables: list[dict[str, int]] = [{}, {}, {}, {}]
     keys: list[Callable[[Any], str]] = [lambda s: json.dumps(s, sort_keys=True), str, str, json.dumps]
-    eps, segs, frames, ids, meta, shards = [], [], {n: [] for n in _FRAME_COLUMNS}, [], [], []
-    row = seg = ep = 0
+    eps, segs, frames, ids, attr, shards = [], [], {n: [] for n in _FRAME_COLUMNS}, [], [], []
+    attrs: list[dict] = [{}]
+    attr_codes: dict[str, int] = {"{}": 0}
+    row = seg = 0
     for _, index in jobs:
         t, m, root = index.tables, index.meta, index.root
         e = np.array(t.episodes, np.uint64)
@@ -156,19 +158,38 @@ def join(jobs: list[tuple[Any, EpisodeIndex]], extra: dict) -> tuple[dict, dict[
         for name in _FRAME_COLUMNS:
             if name in t.columns and (name != "crc32" or crc):
                 frames[name].append((t.columns[name], row if name == "key" else 0, Path(root) / COLUMNS[name][0]))
-        ids.extend(m["ids"])
-        meta.extend([n + ep, attrs] for n, attrs in m["episode_meta"])
+        ids.append(np.asarray(t.ids))
+        attr.append(_attr_codes(t.attr, t.attrs, attr_codes, attrs))
         base = len(shards)
         shards.extend({"name": shard_name(base + i), "bytes": x.bytes, "sha256": x.sha256, "samples": x.samples}
                       for i, x in enumerate(index.shards))
-        row, seg, ep = row + len(t.offset), seg + len(s), ep + len(e)
+        row, seg = row + len(t.offset), seg + len(s)
     options = jobs[0][1].meta["options"]
     data = {"format": FORMAT_NAME, "version": 2, "layout": layout, "crc32": crc, "options": options,
-            "shards": shards, **merged, "ids": ids, "frames": row, "episode_meta": meta, **extra}
+            "shards": shards, **merged, "attrs": attrs, "frames": row, **extra}
+    id_col = np.concatenate(ids) if any(len(i) for i in ids) else np.zeros(0, "S1")  # the widest job's width
     cols: dict[str, Any] = {"episodes": np.concatenate(eps).reshape(-1, 7), "segments": np.concatenate(segs)
-                            .reshape(-1, 3)}
-    cols.update({n: parts for n, parts in frames.items() if parts})
+                            .reshape(-1, 3), "ids": id_col,
+                            "id_order": np.argsort(id_col, kind="stable").astype("<i8"),
+                            "attr": np.concatenate(attr).astype("<u4")}
+    cols.update({n: indexv2.Streamed((sum(len(a) for a, *_ in parts),), _column_chunks(parts, COLUMNS[n][1]))
+                 for n, parts in frames.items() if parts})
     return data, cols
+
+
+def _attr_codes(attr: np.ndarray, have: Sequence[dict], codes: dict[str, int], attrs: list[dict]) -> np.ndarray:
+    """A job's ``attr`` column as codes into the merged ``attrs`` (extended here). Its sets are numbered in the order
+    their first episodes come, as `episodepipes.index.idcols.build` numbers them in a single write of the same
+    episodes, so the merged ``attrs`` and ``attr`` equal that write's."""
+    used, first = np.unique(attr, return_index=True)
+    to = np.zeros(len(have), np.uint32)
+    for k in used[np.argsort(first, kind="stable")].tolist():
+        key = json.dumps(have[k], sort_keys=True)
+        if key not in codes:
+            codes[key] = len(attrs)
+            attrs.append(have[k])
+        to[k] = codes[key]
+    return to[np.asarray(attr, np.int64)]
 
 
 def _data_offset(path: Path, arr: np.ndarray) -> int:
@@ -199,35 +220,6 @@ def _column_chunks(parts: list[tuple[np.ndarray, int, Path]], dtype: str):  # no
 
 
 def write_index(out: Path, data: dict, cols: dict[str, Any]) -> bytes:
-    """Write the columns (the per-frame ones streamed from the jobs' maps), fsync them, give them their names, then
-    ``index.json`` last and atomically, as `episodepipes.index.v2.write` does; returns the index bytes."""
-    info, tmps = {}, []
-    for name, value in cols.items():
-        file, dtype, _ = COLUMNS[name]
-        if isinstance(value, np.ndarray):
-            shape, blocks = value.shape, [np.ascontiguousarray(value, dtype=dtype).tobytes()]
-        else:
-            shape, blocks = (sum(len(a) for a, *_ in value),), _column_chunks(value, dtype)
-        h = hashlib.sha256()
-        tmp = out / (file + ".tmp")
-        with safefile.open_new(tmp) as f:
-            for raw in _with_header(npy_header(np.dtype(dtype), shape), blocks):
-                h.update(raw)
-                f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        info[name] = {"dtype": dtype, "shape": list(shape), "sha256": h.hexdigest()}
-        tmps.append((tmp, out / file))
-    for tmp, path in tmps:
-        os.replace(tmp, path)
-    for name in ("crc32", "member", "key"):
-        if name not in cols:
-            (out / COLUMNS[name][0]).unlink(missing_ok=True)  # a stale one from an earlier write
-    raw = json.dumps(dict(data, columns=info), sort_keys=True, separators=(",", ":")).encode()
-    safefile.write_file(out / INDEX_NAME, raw)
-    return raw
-
-
-def _with_header(head: bytes, blocks):  # noqa: ANN001, ANN202
-    yield head
-    yield from blocks
+    """`episodepipes.index.v2.write` of what `join` gives (its per-frame columns streamed from the jobs' files, the
+    rest written with ``index.json`` last and atomically); returns the index bytes."""
+    return indexv2.write(out, data, cols)

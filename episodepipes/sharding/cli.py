@@ -339,8 +339,8 @@ def _run(a: argparse.Namespace) -> int:
         merged = run_jobs(a.src, a.out, a.num_jobs, _fleet_write_args(a), address=a.address,
                           cpus_per_job=a.cpus_per_job, repack=a.repack,
                           progress=lambda line: _say(line, file=sys.stderr))
-        _say(f"merged {a.num_jobs} Ray jobs into {a.out}: {len(merged['ids'])} episodes, {len(merged['shards'])} "
-             "shards")
+        episodes = merged["columns"]["episodes"]["shape"][0]  # the ids are a column now, not in the JSON
+        _say(f"merged {a.num_jobs} Ray jobs into {a.out}: {episodes} episodes, {len(merged['shards'])} shards")
         return 0
     if a.command == "info":
         index = EpisodeIndex.open(a.out)

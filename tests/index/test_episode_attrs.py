@@ -184,6 +184,31 @@ def test_two_jobs_merged_keep_the_attributes_byte_for_byte(tmp_path):
     assert [e.meta["robot"] for e in EpisodeIndex.open(tmp_path / "two").episodes] == [_robot(n) for n in range(6)]
 
 
+def test_three_jobs_merged_in_place_write_the_id_columns_of_one_write(tmp_path):
+    """The in-place merge builds ids, id_order and attr from its jobs' columns: job 1 meets a set job 0 made first
+    and one of its own, so its codes are remapped, and the merged columns and attrs are a single write's, bytes."""
+    from episodepipes.format import COLUMNS, INDEX_NAME
+
+    src = _raw_with_meta(tmp_path / "src")
+    common = ["--shard-size", "15kB", "--workers", "1"]
+    assert main(["write", str(src), str(tmp_path / "one"), *common]) == 0
+    for i in range(3):
+        assert main(["write", str(src), str(tmp_path / "m"), *common, "--num-jobs", "3", "--job-index", str(i)]) == 0
+    assert main(["merge", str(tmp_path / "m")]) == 0
+    for name in ("ids", "id_order", "attr"):
+        file = COLUMNS[name][0]
+        assert (tmp_path / "m" / file).read_bytes() == (tmp_path / "one" / file).read_bytes(), name
+    merged, one = (json.loads((tmp_path / d / INDEX_NAME).read_text()) for d in ("m", "one"))
+    assert "ids" not in merged and "episode_meta" not in merged
+    assert merged["attrs"] == one["attrs"] and len(merged["attrs"]) == 5  # {} and four sets, each once
+    assert merged["columns"].keys() == one["columns"].keys()
+    index = EpisodeIndex.open(tmp_path / "m")  # its own checks of the id columns pass
+    index.verify()
+    assert list(index.ids) == list(EpisodeIndex.open(tmp_path / "one").ids)
+    assert [e.meta["robot"] for e in index.episodes] == [_robot(n) for n in range(6)]
+    assert [e.meta["success"] for e in index.episodes] == [n < 3 for n in range(6)]
+
+
 def test_the_built_in_names_are_the_index_entry_fields(written):
     """What where= sees besides the attributes: every built-in name the writer keeps attributes from."""
     from episodepipes import episode_attrs

@@ -319,3 +319,23 @@ def test_a_pickled_v2_index_maps_its_columns_again(pair):
     assert len(blob) < 4000  # the index travels as its path, not as its columns
     again = pickle.loads(blob)
     assert again == index.episodes[2] and again.frame_range(3) == index.episodes[2].frame_range(3)
+
+
+def test_a_streamed_column_header_is_numpys_and_is_made_without_the_column():
+    """An in-place merge streams 10**8-row columns: their header must not cost the column's bytes (counted)."""
+    import tracemalloc
+
+    from episodepipes.format import npy_bytes
+    from episodepipes.index.v2 import streamed_header
+
+    for dtype, shape in (("<u8", (5, 7)), ("<u8", (0, 3)), ("<u4", (11,)), ("<i8", (2**33,)), ("|S9", (4,))):
+        small = tuple(min(n, 3) for n in shape)
+        want = npy_bytes(np.zeros(small, dtype))[:-int(np.prod(small)) * np.dtype(dtype).itemsize or None]
+        got = streamed_header(np.dtype(dtype), small)
+        assert got == want, (dtype, shape)
+        assert len(streamed_header(np.dtype(dtype), shape)) == len(got)  # still one 1.0 header at any size
+    tracemalloc.start()
+    streamed_header(np.dtype("<u8"), (10**8,))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20

@@ -231,8 +231,11 @@ def test_an_id_that_is_not_in_the_index_is_refused_in_one_line(datasets, tmp_pat
     assert not (tmp_path / "p.html").exists()
     bad = tmp_path / "bad"  # an index whose id is HTML: refused when the index opens, naming the file
     shutil.copytree(out, bad)
-    data = json.loads((bad / "index.json").read_text())
-    data["ids"][0] = "<script>alert(1)</script>"
+    data = json.loads((bad / "index.json").read_text())  # the ids are a column (`episodepipes.index.idcols`)
+    ids = np.load(bad / "index.ids.npy").astype("S32")
+    ids[0] = b"<script>alert(1)</script>"
+    np.save(bad / "index.ids.npy", ids)
+    data["columns"]["ids"].update(dtype=ids.dtype.str)
     (bad / "index.json").write_text(json.dumps(data))
     assert main(["show", str(bad), "--page", str(tmp_path / "p.html")]) == 2
     err = capsys.readouterr().err
