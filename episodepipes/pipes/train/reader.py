@@ -346,11 +346,16 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             crc = crc if whole else None
         name, path = self._names[shard], self._where[shard]
         if fetched is None and not self.index.remote:  # the frame in one read, its members parsed in place
-            view = self._shards().frame(name, start, end)
-            got = None if view is None else frame_members(view, sample_key(ep.id, step).encode() + b".",
-                                                          want if crc is None else None)
-            if got is not None:  # plain members: parsed in place (anything else takes frame_fields below)
-                return self._mapped_fields(step, view, got, path, start, crc, into, checks)
+            prefix = sample_key(ep.id, step).encode() + b"."
+            if not whole:  # arrays only: their members alone are read (no crc32 to check: see above)
+                some = self._shards().members(name, start, end, prefix, want)  # type: ignore[arg-type]
+                if some is not None:
+                    return self._some_fields(step, *some, path, into)
+            else:
+                view = self._shards().frame(name, start, end)
+                got = frame_members(view, prefix, want if crc is None else None)
+                if got is not None:  # plain members: parsed in place (anything else takes frame_fields below)
+                    return self._mapped_fields(step, view, got, path, start, crc, into, checks)
             read = self._shards().read
         else:
             read = self.source.read
@@ -394,6 +399,17 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             checks.append((step, whole, crc))  # type: ignore[arg-type]
         elif crc is not None and zlib.crc32(view) != crc:
             return f"frame {step} does not match its crc32 in the index"
+        return None
+
+    def _some_fields(self, step: int, got: dict[str, tuple[int, memoryview]], n: int, path: str,
+                     into: dict[int, dict[str, bytes]]) -> None:
+        """`_read` of a step's array members alone (`ShardFrames.members`): their bytes, or `ShardSlice` references
+        to them where decode processes read the frames (`send_slices`)."""
+        self.stats.add("bytes_read", n)
+        if self._slices:
+            into[step] = {f: ShardSlice(path, a, len(b)) for f, (a, b) in got.items()}  # type: ignore[misc]
+        else:
+            into[step] = {f: b for f, (_, b) in got.items()}  # type: ignore[misc]
         return None
 
     def send_slices(self) -> None:

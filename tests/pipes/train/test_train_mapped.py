@@ -60,3 +60,42 @@ def test_the_reader_leaves_crc_checks_to_the_decode_worker_which_refuses_a_misma
     sent = portable(bad)  # a process worker gets bytes, and the check made before it is sent
     assert sent.checks == () and sent.damaged == out.damaged
     assert all(isinstance(v, bytes) for v in sent.members.values())
+
+
+def test_members_reads_the_wanted_members_as_a_parse_of_the_whole_frame_finds_them(tmp_path):
+    from episodepipes.format import sample_key
+    from episodepipes.pipes._decode.mapped import HEAD, frame_members
+
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=2, length=5, height=96, width=96))
+    src = LocalSource(idx.root)
+    frames = ShardFrames(src)
+    for ep in idx.episodes:
+        for t in range(ep.length):
+            shard, a, b = ep.frame_range(t)
+            name, prefix = idx.shards[shard].name, sample_key(ep.id, t).encode() + b"."
+            whole = src.read(name, a, b - a)
+            assert len(whole) > 2 * HEAD  # the walk crosses reads: state.npy lies past the JPEGs before it
+            for want in ({"action.npy"}, {"state.npy"}, {"action.npy", "keypoints.npy", "state.npy"}):
+                got, n = frames.members(name, a, b, prefix, want)
+                spans, m = frame_members(memoryview(whole), prefix, want)
+                assert set(got) == want and n == m
+                for f, (at, body) in got.items():
+                    assert at == a + spans[f][0] and bytes(body) == whole[spans[f][0]:spans[f][1]]
+            assert frames.members(name, a, b, prefix, {"nope.npy"}) is None  # frame_fields then names what is wrong
+            assert frames.members(name, a, b, b"other/000000.", {"action.npy"}) is None
+
+
+def test_a_window_pass_over_a_shard_cut_short_names_it(tmp_path):
+    from episodepipes.pipes.order.window import plan_windows
+    from episodepipes.pipes.train import TrainReader
+
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=2, length=12, height=16, width=16,
+                                        shard_size=1 << 30))
+    windows = plan_windows(None, {"action": 6}, cameras={"front", "wrist"}, arrays={"state", "action"})
+    reader = TrainReader(idx, idx.split("train"), windows=windows, seed=0, rank=0, world_size=1, batch_size=2,
+                         epochs=1)
+    reader.reset(None)
+    assert len(next(reader).windows["action"].steps) == 6
+    os.truncate(idx.shard_path(0), 1024)  # what cp over it or rsync --inplace does mid-pass
+    with pytest.raises(ShardTruncatedError, match=idx.shards[0].name):
+        list(reader)
