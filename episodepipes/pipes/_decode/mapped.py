@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import sys
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -37,6 +38,7 @@ _FDS: OrderedDict[str, int] = OrderedDict()
 _CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
 _SIZES: dict[bytes, int] = {}
 HEAD = 2048  # bytes of a frame read at a time where only some of its members are wanted (`ShardFrames.members`)
+SPARES = 16  # earlier arenas `ShardFrames` keeps for reuse (the frames of a few batches in flight)
 ARENA = 1 << 20  # bytes of frames read into one buffer (`ShardFrames.frame`); a larger read gets its own
 try:  # libc's pread, called with the GIL held (PyDLL): a page-cache read of a frame is microseconds
     _PREAD = ctypes.PyDLL(None, use_errno=True).pread
@@ -62,6 +64,8 @@ class ShardFrames:
     def __init__(self, source: LocalSource) -> None:
         self.source = source
         self._view = memoryview(bytearray(0))
+        self._arena: np.ndarray | None = None  # the arena `_view` shows
+        self._spare: list[np.ndarray] = []  # earlier arenas, reused once no slice of them is held (`_fresh`)
         self._base = 0  # the arena's address
         self._free = 0  # the arena's first byte no slice was handed out of
 
@@ -77,9 +81,7 @@ class ShardFrames:
         if size > len(self._view) - self._free:
             if size > ARENA // 4:  # a run of frames: its own buffer, the arena kept for the next frames
                 return self._into(np.empty(size, np.uint8), name, start)
-            # not zeroed (a bytearray would be): every byte handed out is read first; the old arena lives on in the
-            # slices still held, and its memory comes back (warm in the cache) once they are gone
-            arena = np.empty(ARENA, np.uint8)
+            arena = self._fresh()
             self._view, self._base, self._free = memoryview(arena), arena.ctypes.data, 0
         a = self._free
         got = self._view[a:a + size]
@@ -87,6 +89,24 @@ class ShardFrames:
             self._again(name, start, got)
         self._free = a + size
         return got
+
+    def _fresh(self) -> np.ndarray:
+        """An arena to read into, not zeroed (a bytearray would be: every byte handed out is read first): a spare
+        one no slice is held of any more, else a new one. The old arena lives on in the slices still held and joins
+        the spares. Reusing its pages matters: malloc gives a freed MiB back to the kernel, and faulting a new one in
+        page by page cost as much again as the reads into it."""
+        if self._arena is not None:
+            self._spare.append(self._arena)
+        self._view = memoryview(bytearray(0))  # the old arena's last reference here besides the spares
+        spare = self._spare
+        for i in range(len(spare)):
+            if sys.getrefcount(spare[i]) == 2:  # the list's and the argument's: no memoryview of it is left anywhere
+                self._arena = spare.pop(i)
+                return self._arena
+        if len(self._spare) > SPARES:  # slices held long: let the oldest go with them
+            del self._spare[0]
+        self._arena = np.empty(ARENA, np.uint8)
+        return self._arena
 
     def members(self, name: str, start: int, end: int, prefix: bytes,
                 want: set[str]) -> tuple[dict[str, tuple[int, memoryview]], int] | None:
@@ -162,18 +182,25 @@ def frame_members(buf: memoryview, prefix: bytes,
     The reader's per-frame hot path: the headers are parsed in place, with no per-member read or copy.
     """
     out: dict[str, tuple[int, int]] = {}
-    end, pos, n = len(buf), 0, 0
+    end, pos, n, plen = len(buf), 0, 0, len(prefix)
     left = len(want) if want is not None else -1
     while pos < end and left != 0:
         if end - pos < BLOCK:
             return None
-        got = _member(buf, pos, prefix)
-        if got is None:
+        # `_member`, inlined: a call per member is a third of this function's time, and every frame comes here
+        name, size_field, kind, magic = _USTAR.unpack_from(buf, pos)
+        if magic != b"ustar" or kind not in b"0\0" or size_field[0] == 0x80 or not name.startswith(prefix):
             return None
-        field, size = got
+        size = _SIZES.get(size_field)
+        field = _FIELDS.get(name[plen:])
+        if size is None or field is None:
+            got = _member(buf, pos, prefix)
+            if got is None:
+                return None
+            field, size = got
         data = pos + BLOCK
         pos = data + -(-size // BLOCK) * BLOCK
-        if data + size > end or field in out:
+        if size < 0 or data + size > end or field in out:
             return None
         n += BLOCK
         if want is None:

@@ -120,7 +120,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
                                     depth=max(1, -(-READ_AHEAD * batch_size // frames)))
         self._slices = False  # frames as ShardSlice references, for decode processes (send_slices)
         self._locs: dict[int, tuple[int, int, int, int, int, int | None]] = {}  # the cached steps' frames (_located)
-        self._prefixes: dict[int, bytes] = {}  # episode position -> its member names' prefix (`_plain_sample`)
+        self._prefixes: dict[int, tuple[str, bytes]] = {}  # episode position -> (id, member prefix): `_plain_sample`
         self._mapped: ShardFrames | None = None  # a local root's frames, read whole (`_shards`)
         self._starts = np.asarray(self.table.starts, np.int64)  # each episode's first flat frame
         self._row_starts = self.episodes.firsts  # its first index row
@@ -218,10 +218,12 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         """`sample` of a frame without windows of a local shard whose members `frame_members` parses (the
         usual case), with none of the window bookkeeping; None for anything else, which `sample` then reads."""
         view = self._shards().frame(self._names[shard], start, end)
-        prefix = self._prefixes.get(e)
-        if prefix is None:
-            prefix = self._prefixes[e] = self.episodes[e].id.encode() + b"/"
-        got = None if view is None else frame_members(view, prefix + b"%06d." % t)  # sample_key's bytes
+        known = self._prefixes.get(e)
+        if known is None:
+            eid = self.episodes[e].id
+            known = self._prefixes[e] = (eid, eid.encode() + b"/")
+        eid, prefix = known
+        got = frame_members(view, prefix + b"%06d." % t)  # sample_key's bytes
         if got is None or not got[0]:  # a frame without members is checked where `_read` checks it
             return None
         spans, n = got
@@ -235,7 +237,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         else:
             members = {f: view[a:b] for f, (a, b) in spans.items()}  # type: ignore[misc]
             whole = view  # type: ignore[assignment]
-        return RawSample(Item(self.episodes[e].id, t), self._names[shard], members,  # type: ignore[arg-type]
+        return RawSample(Item(eid, t), self._names[shard], members,  # type: ignore[arg-type]
                          checks=() if crc is None else ((t, whole, crc),))  # type: ignore[arg-type]
 
     def _located(self, flat: int) -> tuple[int, int, int, int, int, int | None]:

@@ -99,3 +99,23 @@ def test_a_window_pass_over_a_shard_cut_short_names_it(tmp_path):
     os.truncate(idx.shard_path(0), 1024)  # what cp over it or rsync --inplace does mid-pass
     with pytest.raises(ShardTruncatedError, match=idx.shards[0].name):
         list(reader)
+
+
+def test_an_arena_is_reused_once_no_slice_of_it_is_held_and_never_while_one_is(tmp_path):
+    from episodepipes.pipes._decode.mapped import ARENA
+
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=2, length=20, height=64, width=64))
+    src = LocalSource(idx.root)
+    frames = ShardFrames(src)
+    ranges = [(idx.shards[s].name, a, b) for ep in idx.episodes for s, a, b in map(ep.frame_range, range(ep.length))]
+    kept = [(r, frames.frame(*r)) for r in ranges[:5]]  # held through everything below
+    arenas = {id(kept[0][1].obj)}
+    for _ in range(4 * ARENA // sum(b - a for _, a, b in ranges) + 2):  # several arenas' worth, each slice dropped
+        for r in ranges:
+            view = frames.frame(*r)
+            arenas.add(id(view.obj))  # the arena's ndarray (an id, not a reference: holding it would pin it)
+            assert bytes(view) == src.read(r[0], r[1], r[2] - r[1])
+    assert all(bytes(v) == src.read(n, a, b - a) for (n, a, b), v in kept)  # never overwritten while held
+    # the held arena, and the current one and a spare taking turns; a new MiB each time without reuse (the ids of
+    # freed arrays can repeat, so this counts the arrays alive at the end as well)
+    assert len(arenas) <= 3 and len([frames._arena, *frames._spare]) <= 3
