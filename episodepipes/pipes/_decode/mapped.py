@@ -37,6 +37,7 @@ MAX_OPEN = 64  # shards a decode process keeps open (`resolve`)
 _FDS: OrderedDict[str, int] = OrderedDict()
 _CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
 _SIZES: dict[bytes, int] = {}
+KEPT = 1 << 15  # frames whose wanted members `ShardFrames.members` keeps (then starts afresh)
 HEAD = 2048  # bytes of a frame read at a time where only some of its members are wanted (`ShardFrames.members`)
 SPARES = 16  # earlier arenas `ShardFrames` keeps for reuse (the frames of a few batches in flight)
 ARENA = 1 << 20  # bytes of frames read into one buffer (`ShardFrames.frame`); a larger read gets its own
@@ -65,6 +66,7 @@ class ShardFrames:
         self.source = source
         self._view = memoryview(bytearray(0))
         self._arena: np.ndarray | None = None  # the arena `_view` shows
+        self._kept: dict[tuple[str, int, bytes], tuple[dict[str, tuple[int, bytes]], int]] = {}  # `members`' answers
         self._spare: list[np.ndarray] = []  # earlier arenas, reused once no slice of them is held (`_fresh`)
         self._base = 0  # the arena's address
         self._free = 0  # the arena's first byte no slice was handed out of
@@ -109,12 +111,20 @@ class ShardFrames:
         return self._arena
 
     def members(self, name: str, start: int, end: int, prefix: bytes,
-                want: set[str]) -> tuple[dict[str, tuple[int, memoryview]], int] | None:
+                want: set[str]) -> tuple[dict[str, tuple[int, bytes]], int] | None:
         """Only the ``want`` members of the frame ``[start, end)`` of shard ``name``: ({field: (its offset in the
-        shard, its bytes)}, bytes a read of them takes, as `frame_members` counts), its headers walked in reads of
-        `HEAD` bytes. A window step read for an array takes a KB or two of its frame instead of the whole frame
-        with its JPEGs, which is what the mapping this replaced touched. None where `frame_members` gives None."""
-        out: dict[str, tuple[int, memoryview]] = {}
+        shard, a copy of its bytes)}, bytes a read of them takes, as `frame_members` counts), its headers walked in
+        reads of `HEAD` bytes. None where `frame_members` gives None.
+
+        A window step read for an array takes a KB or two of its frame instead of the whole frame with its JPEGs
+        (what the mapping this replaced touched); and as each step is a step of the windows of the samples around
+        it, its members are kept (`KEPT` frames' worth, a few hundred bytes each) and read once, as the mapping
+        read its page once. A frame changed in place is still found out by the reads of whole frames."""
+        key = (name, start, prefix)
+        kept = self._kept.get(key)
+        if kept is not None and want <= kept[0].keys():
+            return kept
+        out: dict[str, tuple[int, bytes]] = {}
         pos, n, left = start, 0, len(want)
         while pos < end and left:
             view = self.frame(name, pos, min(end, pos + HEAD))
@@ -130,14 +140,19 @@ class ShardFrames:
                 n += BLOCK
                 if field in want:
                     body = view[data:data + size] if data + size <= have else self.read(name, pos + data, size)
-                    out[field] = (pos + data, body)
+                    out[field] = (pos + data, bytes(body))
                     n += size
                     left -= 1
                 off = data + -(-size // BLOCK) * BLOCK
             if left and off < have and pos + have == end:  # a header cut by the frame's end
                 return None
             pos += off
-        return (out, n) if not left else None
+        if left:
+            return None
+        if len(self._kept) >= KEPT:
+            self._kept.clear()
+        self._kept[key] = (out, n)
+        return out, n
 
     def _into(self, buf: np.ndarray, name: str, start: int) -> memoryview:
         view = memoryview(buf)

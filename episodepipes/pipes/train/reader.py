@@ -403,7 +403,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             return f"frame {step} does not match its crc32 in the index"
         return None
 
-    def _some_fields(self, step: int, got: dict[str, tuple[int, memoryview]], n: int, path: str,
+    def _some_fields(self, step: int, got: dict[str, tuple[int, bytes]], n: int, path: str,
                      into: dict[int, dict[str, bytes]]) -> None:
         """`_read` of a step's array members alone (`ShardFrames.members`): their bytes, or `ShardSlice` references
         to them where decode processes read the frames (`send_slices`)."""
@@ -411,7 +411,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         if self._slices:
             into[step] = {f: ShardSlice(path, a, len(b)) for f, (a, b) in got.items()}  # type: ignore[misc]
         else:
-            into[step] = {f: b for f, (_, b) in got.items()}  # type: ignore[misc]
+            into[step] = {f: b for f, (_, b) in got.items()}
         return None
 
     def send_slices(self) -> None:

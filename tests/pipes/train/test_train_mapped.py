@@ -119,3 +119,21 @@ def test_an_arena_is_reused_once_no_slice_of_it_is_held_and_never_while_one_is(t
     # the held arena, and the current one and a spare taking turns; a new MiB each time without reuse (the ids of
     # freed arrays can repeat, so this counts the arrays alive at the end as well)
     assert len(arenas) <= 3 and len([frames._arena, *frames._spare]) <= 3
+
+
+def test_members_of_a_frame_are_read_once_and_whole_frames_still_find_a_shard_cut_short(tmp_path):
+    from episodepipes.format import sample_key
+
+    idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=1, length=4, height=32, width=32,
+                                        shard_size=1 << 30))
+    frames = ShardFrames(LocalSource(idx.root))
+    ep, name = idx.episodes[0], idx.shards[0].name
+    _, a, b = ep.frame_range(3)
+    prefix = sample_key(ep.id, 3).encode() + b"."
+    first = frames.members(name, a, b, prefix, {"action.npy"})
+    os.truncate(idx.shard_path(0), a)  # the frame is gone: a read of it now comes back short
+    assert frames.members(name, a, b, prefix, {"action.npy"}) == first  # kept, not read again
+    with pytest.raises(ShardTruncatedError, match=name):
+        frames.members(name, a, b, prefix, {"state.npy"})  # a field not kept is read
+    with pytest.raises(ShardTruncatedError, match=name):
+        frames.frame(name, a, b)
