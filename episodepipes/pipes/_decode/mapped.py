@@ -5,11 +5,11 @@ it, ``rsync --inplace``, a truncate) turns the next touch of a mapped page past 
 the process from inside C code (the decoder, zlib) with no message, and Python cannot catch it. A read that comes back
 short is `ShardTruncatedError` naming the file instead; bytes rewritten in place fail the frame's CRC32
 (``valid=False``). The read is one ``pread`` (a frame is tens of KB, from the page cache) into the free end of an arena
-(`ARENA` bytes, not zeroed; the samples hold slices of it until their decode ends, and an arena is freed when the
-last is gone, never overwritten), made through ``ctypes.PyDLL``, which keeps the GIL: ``os.pread`` releases it,
-and the thread that reads samples (the one feeding the decode threads) then waited to get it back behind the decode
-threads' Python once per frame, which cost the train pass 5% (a window's many reads 15%) against the mapping this
-replaced.
+(`ARENA` bytes, not zeroed; the samples hold slices of it until their decode ends, and an arena is reused once the
+last is gone, never overwritten while one is held), made through ``ctypes.PyDLL``, which keeps the GIL: ``os.pread``
+releases it, and the thread that reads samples (the one feeding the decode threads) then waited to get it back behind
+the decode threads' Python once per frame. A window step wanted for its arrays only reads those members, once
+(`ShardFrames.members`): not the whole frame, whose JPEGs a mapping never touched.
 
 Decode processes get no slices (a memoryview does not pickle) but `ShardSlice` references, which they read
 themselves (`resolve`) through descriptors of their own: the frame's bytes never go through a pipe. A sample of
