@@ -37,7 +37,7 @@ MAX_OPEN = 64  # shards a decode process keeps open (`resolve`)
 _FDS: OrderedDict[str, int] = OrderedDict()
 _CACHED = 4096  # distinct tar size fields and member names `frame_members` keeps parsed (a dataset has few)
 _SIZES: dict[bytes, int] = {}
-KEPT = 1 << 15  # frames whose wanted members `ShardFrames.members` keeps (then starts afresh)
+KEPT = 32 << 20  # bytes of wanted members `ShardFrames.members` keeps (then it starts afresh)
 HEAD = 2048  # bytes of a frame read at a time where only some of its members are wanted (`ShardFrames.members`)
 SPARES = 16  # earlier arenas `ShardFrames` keeps for reuse (the frames of a few batches in flight)
 ARENA = 1 << 20  # bytes of frames read into one buffer (`ShardFrames.frame`); a larger read gets its own
@@ -67,6 +67,7 @@ class ShardFrames:
         self._view = memoryview(bytearray(0))
         self._arena: np.ndarray | None = None  # the arena `_view` shows
         self._kept: dict[tuple[str, int, bytes], tuple[dict[str, tuple[int, bytes]], int]] = {}  # `members`' answers
+        self._held = 0  # bytes `_kept` holds (as `members` counts them: headers included)
         self._spare: list[np.ndarray] = []  # earlier arenas, reused once no slice of them is held (`_fresh`)
         self._base = 0  # the arena's address
         self._free = 0  # the arena's first byte no slice was handed out of
@@ -118,7 +119,7 @@ class ShardFrames:
 
         A window step read for an array takes a KB or two of its frame instead of the whole frame with its JPEGs
         (what the mapping this replaced touched); and as each step is a step of the windows of the samples around
-        it, its members are kept (`KEPT` frames' worth, a few hundred bytes each) and read once, as the mapping
+        it, its members are kept (up to `KEPT` bytes, a KB or so a frame) and read once, as the mapping
         read its page once. A frame changed in place is still found out by the reads of whole frames."""
         key = (name, start, prefix)
         kept = self._kept.get(key)
@@ -149,8 +150,10 @@ class ShardFrames:
             pos += off
         if left:
             return None
-        if len(self._kept) >= KEPT:
+        self._held += n
+        if self._held > KEPT:
             self._kept.clear()
+            self._held = n
         self._kept[key] = (out, n)
         return out, n
 
