@@ -60,7 +60,7 @@ class Progress:
         """Append the shards and episodes since the last save to the log, then replace the small progress file.
         ``append=False`` writes them all inline in the progress file instead (a remote OUT's object store)."""
         if not append:
-            whole = {k: v for k, v in self.__dict__.items() if k != "log"}
+            whole = {k: list(v) if k in _LOGGED else v for k, v in self.__dict__.items() if k != "log"}
             safefile.write_file(out / PROGRESS_NAME, json.dumps(whole, sort_keys=True).encode())
             return
         done = self.log or {"bytes": 0, **dict.fromkeys(_LOGGED, 0)}
