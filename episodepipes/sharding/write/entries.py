@@ -51,13 +51,14 @@ class _Column:
 
 
 def _values(seg: dict, key: str, dtype: type, where: str) -> np.ndarray:
-    v = np.asarray(seg[key], np.int64 if dtype is np.uint32 else np.uint64)
-    if len(v) != seg["count"]:
-        raise ValueError(f"{where}: {key} holds {len(v)} values for {seg['count']} frames")
-    if dtype is np.uint32 and len(v) and (v.min() < 0 or v.max() >= 2**32):
-        raise ValueError(f"{where}: a {key} value is outside 0..2**32-1 (a frame larger than 4 GiB, more than an "
-                         "index holds); use smaller frames")
-    return v.astype(dtype)
+    try:
+        v = np.asarray(seg[key], dtype)
+    except (OverflowError, TypeError, ValueError):
+        raise ValueError(f"{where}: a {key} value is not a whole number in 0..{np.iinfo(dtype).max} (a frame larger "
+                         "than 4 GiB is more than an index holds); use smaller frames") from None
+    if v.shape != (seg["count"],):
+        raise ValueError(f"{where}: {key} holds {v.size} values for {seg['count']} frames")
+    return v
 
 
 class Entries:
