@@ -1,5 +1,6 @@
 """The resume state's append-only log: a save appends the new shard's line, never rewrites what is saved."""
 
+import hashlib
 import json
 import os
 
@@ -40,7 +41,7 @@ def ref(tmp_path):
     return _files(tmp_path / "ref")
 
 
-def test_each_save_appends_one_line_and_the_progress_file_stays_small(tmp_path, monkeypatch):
+def test_each_save_appends_one_record_and_the_progress_file_stays_small(tmp_path, monkeypatch):
     sizes, lines = [], []
     real = progress.Progress.save
 
@@ -54,8 +55,12 @@ def test_each_save_appends_one_line_and_the_progress_file_stays_small(tmp_path, 
     monkeypatch.setattr(progress.Progress, "save", save)
     _crashed(tmp_path / "out")
     assert len(lines) > 4
-    for before, after in zip(lines, lines[1:]):  # appended: every earlier byte kept, one line more
-        assert after.startswith(before) and after.count(b"\n") == before.count(b"\n") + 1
+    for before, after in zip(lines, lines[1:]):  # appended: every earlier byte kept, one record more
+        assert after.startswith(before)
+        head, _, payload = after[len(before):].partition(b"\n")
+        sha, size, text = head.split(b" ", 2)
+        assert int(size) == len(payload) and json.loads(text)["columns"] == ["offsets", "crc32"]
+        assert len(payload) == 12 * sum(s["count"] for e in json.loads(text)["episodes"] for s in e["segments"])
     saved = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
     assert "shards" not in saved and "episodes" not in saved
     assert max(sizes) - min(sizes) < 40  # the cursor and counts only: not growing with the shards
@@ -81,9 +86,24 @@ def test_an_old_progress_file_with_everything_inline_still_resumes(tmp_path, ref
     assert _files(tmp_path / "out") == ref
 
 
+def test_a_log_of_json_lines_as_the_first_logs_held_still_resumes(tmp_path, ref):
+    _crashed(tmp_path / "out")
+    prog = progress.read(tmp_path / "out")  # every value inline
+    text = json.dumps({k: prog[k] for k in ("shards", "episodes", "stats_log")}).encode()
+    line = hashlib.sha256(text).hexdigest().encode() + b" " + text + b"\n"
+    (tmp_path / "out" / PROGRESS_LOG).write_bytes(line)
+    saved = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
+    saved["log"]["bytes"] = len(line)
+    (tmp_path / "out" / PROGRESS_NAME).write_text(json.dumps(saved))
+    assert progress.read(tmp_path / "out")["episodes"] == prog["episodes"]
+    assert write_shards(SYN, tmp_path / "out", OPTS).resumed
+    assert _files(tmp_path / "out") == ref
+
+
 @pytest.mark.parametrize(("damage", "message"), [
     (lambda b: b[:10] + bytes([b[10] ^ 1]) + b[11:], "line 1 does not match its sha256"),
     (lambda b: b[:-20], "fewer than the"),
+    (lambda b: b[:-30] + bytes([b[-30] ^ 1]) + b[-29:], r"line \d+ does not match its sha256"),  # in a payload
 ])
 def test_a_damaged_log_is_refused_by_name_and_nothing_is_deleted(tmp_path, damage, message):
     _crashed(tmp_path / "out")

@@ -102,6 +102,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
 MinJobAge=3600
+# a job starts as soon as a CPU is free: the default batch_sched_delay (3 s) was most of the test's time
+SchedulerParameters=batch_sched_delay=0,sched_interval=1
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """

@@ -3,11 +3,12 @@
 After every finished shard the writer records: the options, the finished shards, the index entries of the
 episodes they complete, the skipped episodes, and a cursor (position in the job's episode list, first frame not yet
 in a finished shard, and that episode's finished segments). The shards and episodes finished since the last save
-are appended to ``_progress.log`` as one line (``<sha256 of the JSON> <JSON>``), fsynced; then the small
-``_progress.json`` (the cursor, the skipped episodes and how many bytes, shards and episodes of the log are
-recorded) is replaced atomically. So a save costs the new shard, not everything written so far; a crash between the
-two leaves a log tail no progress names, which the next save cuts off. The finished episodes' statistics are
-appended the same way to their own log (`episodepipes.sharding.write.progress_stats`).
+are appended to ``_progress.log`` as one record (`episodepipes.sharding.write.progress_log`: JSON, then the
+episodes' per-frame values as columns), fsynced; then the small ``_progress.json`` (the cursor, the skipped
+episodes and how many bytes, shards and episodes of the log are recorded) is replaced atomically. So a save costs
+the new shard, not everything written so far; a crash between the two leaves a log tail no progress names, which
+the next save cuts off. The finished episodes' statistics are appended the same way to their own log
+(`episodepipes.sharding.write.progress_stats`).
 
 A ``_progress.json`` with the shards and episodes inline (older episodepipes, or a remote OUT, whose object store
 cannot append) is read as before; the first local save after it logs everything once, then appends.
@@ -18,7 +19,6 @@ frames already written, and continues to output byte-identical to an uninterrupt
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +32,7 @@ from episodepipes.format import INDEX_NAME, shard_name
 from episodepipes.index.check import SHARD_NAME, Where, _episode, _segments, check_extras, check_shards
 from episodepipes.index.load import read_regular
 from episodepipes.normstats import sidefile as statsfile
+from episodepipes.sharding.write import progress_log
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,13 @@ class Progress:
         """Append the shards and episodes since the last save to the log, then replace the small progress file.
         ``append=False`` writes them all inline in the progress file instead (a remote OUT's object store)."""
         if not append:
-            whole = {k: v for k, v in self.__dict__.items() if k != "log"}
+            whole = {k: list(v) if k in _LOGGED else v for k, v in self.__dict__.items() if k != "log"}
             safefile.write_file(out / PROGRESS_NAME, json.dumps(whole, sort_keys=True).encode())
             return
         done = self.log or {"bytes": 0, **dict.fromkeys(_LOGGED, 0)}
-        new = {k: getattr(self, k)[done[k]:] for k in _LOGGED}
-        if any(new.values()) or self.log is None:
-            text = json.dumps(new, sort_keys=True, separators=(",", ":")).encode()
-            line = hashlib.sha256(text).hexdigest().encode() + b" " + text + b"\n"
+        if any(len(getattr(self, k)) > done[k] for k in _LOGGED) or self.log is None:
+            line = progress_log.record(self.shards[done["shards"]:], self.episodes, done["episodes"],
+                                       self.stats_log[done["stats_log"]:])
             with os.fdopen(safefile.open_kept(out / PROGRESS_LOG, os.O_WRONLY), "wb") as f:
                 f.truncate(done["bytes"])  # a torn tail from a crash after an append (or an older log)
                 f.seek(done["bytes"])
@@ -113,20 +113,7 @@ def _read_log(out: Path, done: object) -> dict:
                              f"{fix}") from None
     if len(raw) < done["bytes"]:
         raise ValueError(f"{path} has {len(raw)} bytes, fewer than the {done['bytes']} {PROGRESS_NAME} records; {fix}")
-    out_fields: dict[str, list] = {k: [] for k in _LOGGED}
-    for n, line in enumerate(raw[:done["bytes"]].splitlines()):
-        sha, _, text = line.partition(b" ")
-        if hashlib.sha256(text).hexdigest().encode() != sha:
-            raise ValueError(f"{path}: line {n + 1} does not match its sha256 (the file changed); {fix}")
-        try:
-            rec = json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise ValueError(f"{path}: line {n + 1} is damaged ({e}); {fix}") from None
-        if type(rec) is not dict or any(type(rec.get(k)) is not list for k in _LOGGED):
-            raise ValueError(f"{path}: line {n + 1} should hold lists of shards, episodes and statistics records; "
-                             f"{fix}")
-        for k in _LOGGED:
-            out_fields[k] += rec[k]
+    out_fields = progress_log.records(raw[:done["bytes"]], str(path), fix, _LOGGED)
     if any(len(out_fields[k]) != done[k] for k in _LOGGED):
         raise ValueError(f"{path} holds {len(out_fields['shards'])} shards and {len(out_fields['episodes'])} "
                          f"episodes, {PROGRESS_NAME} records {done['shards']} and {done['episodes']} (and "

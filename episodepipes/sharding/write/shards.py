@@ -245,7 +245,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
             f"{target}: the disk is full ({e.strerror}{where}) after {len(kept)} finished shards "
             f"({sum(s['bytes'] for s in kept) / 1e6:.1f} MB, kept); free space (or choose another OUT) "
             "and re-run the same command to resume") from e
-    total = sum(e["length"] for e in writer.episodes)
+    total = writer.episodes.frames
     where = remote.target_url(target) if remote is not None else target
     return WriteResult(where, len(writer.episodes), total, len(writer.shards), run.skipped, resumed,
                        seconds=meter.seconds, frames_written=meter.frames, split_origins=dict(run.origins))

@@ -24,6 +24,7 @@ from episodepipes.format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, TAR_END
 from episodepipes.index import v2 as indexv2
 from episodepipes.sharding.write._writeback import start_writeback
 from episodepipes.sharding.write.encode import EncodedEpisode
+from episodepipes.sharding.write.entries import Entries
 
 _WRITEBACK = 8 * 2**20  # bytes written between writeback requests
 
@@ -98,7 +99,9 @@ class ShardWriter:
         self.shard_size = int(shard_size)
         self.options = options
         self.shards: list[dict] = list(shards or [])
-        self.episodes: list[dict] = list(episodes or [])
+        self.episodes = Entries(packed=bool(episodes) and is_packed(episodes[0]))  # per-frame values in numpy
+        for e in episodes or []:
+            self.episodes.append(e)
         self.extra = extra if extra is not None else {}
         self.on_shard = on_shard
         self.version = version  # of the index `close` writes: 2, or 1 as older episodepipes wrote it
@@ -110,7 +113,7 @@ class ShardWriter:
         self._samples = 0
         self.layout: str | None = None  # of every episode: "members" or "packed", set by the first one
         if self.episodes:
-            self.layout = "packed" if is_packed(self.episodes[0]) else "members"
+            self.layout = "packed" if self.episodes.packed else "members"
 
     @property
     def next_shard(self) -> int:
@@ -162,6 +165,7 @@ class ShardWriter:
         layout = "packed" if is_packed(meta) else "members"
         if self.layout is None:
             self.layout = layout
+            self.episodes = Entries(packed=layout == "packed")
         elif layout != self.layout:
             raise ValueError(f"episode {meta['id']!r} is in the {layout} layout, the episodes before it in the "
                              f"{self.layout} one (video cameras in some, none in others); write them with one --codec")
@@ -253,5 +257,10 @@ class ShardWriter:
         ``.tmp`` file and no index is written, so a resumed run continues from the finished shards.
         """
         self._flush()
-        write_index(self.out, self.shards, self.episodes, self.options, extra=self.extra, version=self.version,
-                    layout=self.layout or "members")
+        if self.version != 2:
+            write_index(self.out, self.shards, list(self.episodes), self.options, extra=self.extra,
+                        version=self.version, layout=self.layout or "members")
+            return
+        entries, offsets, crcs = self.episodes.index_parts()
+        indexv2.write(self.out, *indexv2.build(self.shards, entries, self.options, self.extra, offsets=offsets,
+                                               crcs=crcs, layout=self.layout or "members"))
