@@ -19,6 +19,8 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,46 @@ def load_columns(root: Path, data: dict, file: Path) -> dict[str, np.ndarray]:
         count = int(np.prod(shape, dtype=np.int64))
         out[name] = np.frombuffer(mm, dtype, count, start).reshape(shape) if count else np.zeros(shape, dtype)
     return out
+
+
+PER_FRAME = ("offset", "size", "crc32", "member", "key")  # columns of one row per frame: read at random rows
+
+
+def _mapping_of(arr: Any) -> mmap.mmap | None:
+    """The mapping an array of `load_columns` is a view of, or None (a remote or built column)."""
+    b = arr
+    while b is not None and not isinstance(b, mmap.mmap):
+        b = b.obj if isinstance(b, memoryview) else getattr(b, "base", None)
+    return b
+
+
+def advise(arrays: Iterable[Any], advice: str) -> None:
+    """Tell the kernel how the mapped columns among ``arrays`` will be read: ``"random"`` (a lookup's few rows) or
+    ``"normal"`` (a scan). Why: a fault on a mapped file reads around it (``read_ahead_kb`` of the device, up to
+    megabytes), so a train batch's few hundred rows at random would each read megabytes of a cold per-frame column;
+    at random, a fault reads its page. A hint: nothing read changes, and where the system has no ``madvise`` it is
+    skipped."""
+    code = getattr(mmap, "MADV_RANDOM" if advice == "random" else "MADV_NORMAL", None)
+    for a in arrays:
+        mm = _mapping_of(a)
+        if mm is not None and code is not None and hasattr(mm, "madvise"):
+            with _MAPS_LOCK:
+                try:
+                    mm.madvise(code)
+                except (OSError, ValueError):  # a closed mapping, or a kernel without the advice
+                    pass
+
+
+@contextmanager
+def scanning(arrays: Iterable[Any]) -> Iterator[None]:
+    """Read-around back on the mapped per-frame columns among ``arrays`` while a scan reads them through (verify,
+    upgrade, the v1 layout), then read at random again."""
+    arrays = list(arrays)
+    advise(arrays, "normal")
+    try:
+        yield
+    finally:
+        advise(arrays, "random")
 
 
 PROBE = 4096  # bytes of a column's first GET: its header (128 bytes as numpy writes it), and its size alongside

@@ -316,15 +316,24 @@ class EpisodeIndex:
                              "index.source")
         return Path(self.root) / self.shards[shard].name
 
-    def frame_ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def frame_ranges(self, rows: np.ndarray, numbers: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(shard, start byte, end byte) of many frame rows at once, as three arrays.
 
         Args:
             rows: frame rows (`Episode.rows`), any order.
+            numbers: the episode each row is in, when the caller knows it (a train reader does): the lookup then
+                reads only those episodes' rows of the tables, what the rows need and no more; None: found by a
+                search of the tables (O(log) reads per row).
         """
         rows, t = np.asarray(rows, np.int64), self._tables
-        seg = t.segment_of_rows(rows)  # O(log) reads per row: no column is copied
-        t.check_segments(np.unique(seg).tolist())
+        if numbers is None:
+            seg = t.segment_of_rows(rows)  # O(log) reads per row: no column is copied
+            t.check_segments(np.unique(seg).tolist())
+        else:
+            seg = t.segment_in_episodes(rows, numbers)
+            js, at = np.unique(seg, return_index=True)
+            t.check_segments(js.tolist(), np.asarray(numbers, np.int64)[at].tolist())
         start = t.offset[rows]
         return t.segments[seg, SHARD], start, start + t.size[rows]
 

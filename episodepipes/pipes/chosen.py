@@ -81,6 +81,11 @@ class Chosen(Sequence[Episode]):
             return int(self._numbers[i])
         return range(*self.span)[i]
 
+    def numbers_of(self, positions: np.ndarray) -> np.ndarray:
+        """The numbers (int64) of the episodes at ``positions`` among these, vectorised."""
+        positions = np.asarray(positions, np.int64)
+        return positions + self.span[0] if self.span is not None else self._numbers[positions]
+
     def _slice(self, a: int, b: int) -> np.ndarray:
         return np.arange(self.span[0] + a, self.span[0] + min(b, self._n), dtype=np.int64) if self.span else \
             self._numbers[a:b]
