@@ -44,6 +44,10 @@ class _Ids(Sequence[str]):
             return [self._ids[n] for n in self._chosen.numbers[i].tolist()]
         return self._ids[self._chosen.number(i)]
 
+    def numbers_of(self, positions: np.ndarray) -> np.ndarray:
+        """The index's episode numbers of the ids at ``positions``, vectorised."""
+        return self._chosen.numbers_of(positions)
+
 
 class Chosen(Sequence[Episode]):
     """Episodes ``numbers`` (ascending positions in ``index.episodes``), with their columns as arrays.
