@@ -14,6 +14,7 @@ from typing import overload
 import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.index.columns import release
 from episodepipes.index.v2 import COUNT, FIRST, LENGTH, SCHEMA, SEGMENT, SHARD
 from episodepipes.pipes.select import Where, select
 
@@ -154,6 +155,8 @@ class Chosen(Sequence[Episode]):
                 int(counts.sum()), dtype=np.int64)
             shard = t.segments[seg, SHARD].astype(np.int64)
             ends = at + np.cumsum(t.segments[seg, COUNT].astype(np.int64))
+            if len(seg):  # read once: the rows' pages go back to the page cache (`release`)
+                release(t.episodes[int(nums[0]):int(nums[-1]) + 2], t.segments[int(seg[0]):int(seg[-1]) + 1])
             if len(shard):
                 cut = np.flatnonzero(np.concatenate([[shard[0] != last], shard[1:] != shard[:-1]]))
                 starts = np.concatenate([[at], ends[:-1]])[cut]
