@@ -19,11 +19,18 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy < 2
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 from episodepipes.format import COLUMNS
 from episodepipes.index.check import IndexFormatError, check_memory
@@ -99,6 +106,78 @@ def load_columns(root: Path, data: dict, file: Path) -> dict[str, np.ndarray]:
         count = int(np.prod(shape, dtype=np.int64))
         out[name] = np.frombuffer(mm, dtype, count, start).reshape(shape) if count else np.zeros(shape, dtype)
     return out
+
+
+PER_FRAME = ("offset", "size", "crc32", "member", "key")  # columns of one row per frame: read at random rows
+
+
+def _mapping_of(arr: Any) -> mmap.mmap | None:
+    """The mapping an array of `load_columns` is a view of, or None (a remote or built column)."""
+    b = arr
+    while b is not None and not isinstance(b, mmap.mmap):
+        b = b.obj if isinstance(b, memoryview) else getattr(b, "base", None)
+    return b
+
+
+def advise(arrays: Iterable[Any], advice: str) -> None:
+    """Tell the kernel how the mapped columns among ``arrays`` will be read: ``"random"`` (a lookup's few rows) or
+    ``"normal"`` (a scan). Why: a fault on a mapped file reads around it (``read_ahead_kb`` of the device, up to
+    megabytes), so a train batch's few hundred rows at random would each read megabytes of a cold per-frame column;
+    at random, a fault reads its page. A hint: nothing read changes, and where the system has no ``madvise`` it is
+    skipped."""
+    code = getattr(mmap, "MADV_RANDOM" if advice == "random" else "MADV_NORMAL", None)
+    for a in arrays:
+        mm = _mapping_of(a)
+        if mm is not None and code is not None and hasattr(mm, "madvise"):
+            with _MAPS_LOCK:
+                try:
+                    mm.madvise(code)
+                except (OSError, ValueError):  # a closed mapping, or a kernel without the advice
+                    pass
+
+
+def release(*arrays: Any) -> None:
+    """Unmap from this process the pages of the mapped columns under ``arrays`` once a scan has read them
+    (``madvise(MADV_DONTNEED)``). Why: a page of a mapped file counts as private memory of the only process that
+    maps it once touched, so a check or plan that reads every row of a table a block at a time would otherwise
+    keep all of it (100 MB at 10**6 episodes) in each process. The pages stay in the page cache, shared: a later
+    read maps them again for a minor fault. Nothing else changes (the mapping is read-only); without ``madvise``
+    it does nothing."""
+    code = getattr(mmap, "MADV_DONTNEED", None)
+    for a in arrays:
+        mm = _mapping_of(a)
+        if mm is None or code is None or not getattr(a, "size", 0) or not hasattr(mm, "madvise"):
+            continue
+        lo, hi = byte_bounds(a)
+        base = np.frombuffer(mm, np.uint8, 1).ctypes.data
+        start = (lo - base) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(-(-(hi - base) // mmap.PAGESIZE) * mmap.PAGESIZE, len(mm))
+        if 0 <= start < end:
+            try:
+                mm.madvise(code, start, end - start)
+            except (OSError, ValueError):  # a closed mapping
+                pass
+
+
+def scanned(table: np.ndarray, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, block) of ``table``, ``rows`` rows at a time, each block's mapped pages released (`release`)
+    once the caller is done with it (when the next is asked for, and after the last)."""
+    for a in range(0, len(table), rows):
+        blk = table[a:a + rows]
+        yield a, blk
+        release(blk)
+
+
+@contextmanager
+def scanning(arrays: Iterable[Any]) -> Iterator[None]:
+    """Read-around back on the mapped per-frame columns among ``arrays`` while a scan reads them through (verify,
+    upgrade, the v1 layout), then read at random again."""
+    arrays = list(arrays)
+    advise(arrays, "normal")
+    try:
+        yield
+    finally:
+        advise(arrays, "random")
 
 
 PROBE = 4096  # bytes of a column's first GET: its header (128 bytes as numpy writes it), and its size alongside

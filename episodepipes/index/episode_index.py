@@ -25,6 +25,7 @@ from episodepipes.format import INDEX_NAME
 from episodepipes.index import idcols
 from episodepipes.index import stats as indexstats
 from episodepipes.index.check import IndexFormatError
+from episodepipes.index.columns import scanned
 from episodepipes.index.episodes import Episode, LazyEpisodes
 from episodepipes.index.idcols import IdList
 from episodepipes.index.load import parse, read_local, read_remote
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 # file), tables (the `Tables` the other parts read), records (Camera, ArraySpec, Segment, Shard), episodes (Episode,
 # made on first use), stats (statistics on first use), v1 (the v1 layout merge takes), filebytes (sha256_file,
 # mapped). The public names stay importable from here.
+_SCAN_ROWS = 1 << 16  # rows of a table a scan reads at a time
+
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
 
@@ -295,7 +298,10 @@ class EpisodeIndex:
         t = self._tables
         if split not in t.splits:
             return np.zeros(0, np.int64)
-        return np.flatnonzero(t.episodes[:, SPLIT] == t.splits.index(split))
+        code = t.splits.index(split)  # a block of the table at a time, its pages released after (`scanned`)
+        return np.concatenate([np.zeros(0, np.int64)] + [
+            a + np.flatnonzero(blk[:, SPLIT] == code) for a, blk in
+            scanned(t.episodes, _SCAN_ROWS)])
 
     def split(self, split: str) -> list[Episode]:
         """The episodes of ``split``, in index order (which is shard order).
@@ -316,15 +322,24 @@ class EpisodeIndex:
                              "index.source")
         return Path(self.root) / self.shards[shard].name
 
-    def frame_ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def frame_ranges(self, rows: np.ndarray, numbers: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(shard, start byte, end byte) of many frame rows at once, as three arrays.
 
         Args:
             rows: frame rows (`Episode.rows`), any order.
+            numbers: the episode each row is in, when the caller knows it (a train reader does): the lookup then
+                reads only those episodes' rows of the tables, what the rows need and no more; None: found by a
+                search of the tables (O(log) reads per row).
         """
         rows, t = np.asarray(rows, np.int64), self._tables
-        seg = t.segment_of_rows(rows)  # O(log) reads per row: no column is copied
-        t.check_segments(np.unique(seg).tolist())
+        if numbers is None:
+            seg = t.segment_of_rows(rows)  # O(log) reads per row: no column is copied
+            t.check_segments(np.unique(seg).tolist())
+        else:
+            seg = t.segment_in_episodes(rows, numbers)
+            js, at = np.unique(seg, return_index=True)
+            t.check_segments(js.tolist(), np.asarray(numbers, np.int64)[at].tolist())
         start = t.offset[rows]
         return t.segments[seg, SHARD], start, start + t.size[rows]
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from episodepipes.index.check import Where
+from episodepipes.index.columns import release
 
 MAX_ID_BYTES = 4096  # a width no real id reaches; a crafted one is refused before the column is mapped
 BLOCK = 1 << 16  # episodes checked at a time (temporaries of a few MB at the widest ids)
@@ -108,6 +109,7 @@ def check(w: Where, cols: Mapping[str, np.ndarray], attrs: Sequence[dict]) -> No
             raise w.fail(f"episode {id_text(ids, k)!r}", "this id appears twice; every episode needs its own id")
         raise w.fail("column 'id_order'", f"it does not sort the ids (at position {a + int(np.argmax(down))}); "
                                           "the ids are looked up through it")
+    release(ids, order, attr)  # read whole: their pages are the page cache's again, not this process's
 
 def id_text(ids: np.ndarray, n: int) -> str:
     """Episode ``n``'s id (checked ASCII) as text."""

@@ -127,6 +127,7 @@ def tables(root: Path | str, data: Any, file: Path | str,
         attrs = data["attrs"]
         indexv2.check_attrs(w, cols, attrs)
     indexv2.check_tables(w, data, cols, sizes, samples)
+    indexcolumns.advise([cols[n] for n in indexcolumns.PER_FRAME if n in cols], "random")  # after the checks' scans
     return version, data, None, cols, np.zeros(len(cols["segments"]), bool), attrs
 
 

@@ -9,6 +9,7 @@ on first use (`check_segments`), as they always were.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +20,13 @@ import numpy as np
 from episodepipes.index import idcols
 from episodepipes.index import v2 as indexv2
 from episodepipes.index.check import IndexFormatError
+from episodepipes.index.columns import PER_FRAME, scanning
 from episodepipes.index.idcols import EpisodeAttrs
 from episodepipes.index.records import ArraySpec, Camera, dtype_str, read_camera
 from episodepipes.index.search import Sorted
-from episodepipes.index.v2 import FIRST, ROW, SCHEMA, SEGMENT, SHARD
+from episodepipes.index.v2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD
 
+SCAN = 1024  # segments checked at once above which their columns are read as a scan (`columns.scanning`)
 Schema = tuple[dict[str, Camera], dict[str, ArraySpec]]
 
 
@@ -116,6 +119,41 @@ class Tables:
         """
         return self.sorted_column("episodes", FIRST).search(rows, side="right") - 1
 
+    def segment_in_episodes(self, rows: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+        """The segment each frame row is in, int64, given the episode each row is in (``numbers``): read from those
+        episodes' own rows of the tables, a few values each, never a search of a whole column (whose first use
+        would touch a page of it per `episodepipes.index.search.STEP` rows: what grows with the episodes).
+
+        Args:
+            rows: frame rows.
+            numbers: the episode of each row; a row outside its episode raises ValueError.
+        """
+        rows, numbers = np.asarray(rows, np.int64), np.asarray(numbers, np.int64)
+        ep, seg = self.episodes, self.segments
+        if len(rows) != len(numbers) or (len(numbers) and not (0 <= numbers.min() and numbers.max() < len(ep))):
+            raise ValueError(f"{len(numbers)} episode numbers for {len(rows)} rows, or a number past the "
+                             f"{len(ep)} episodes")
+        mine = ep[numbers]  # each row's episode: its first frame row, length and first segment
+        first = mine[:, FIRST].astype(np.int64)
+        if not ((rows >= first) & (rows < first + mine[:, LENGTH].astype(np.int64))).all():
+            raise ValueError("a frame row is not in the episode given for it")
+        lo = mine[:, SEGMENT].astype(np.int64)
+        nxt = numbers + 1
+        hi = np.where(nxt < len(ep), ep[np.minimum(nxt, len(ep) - 1), SEGMENT].astype(np.int64), len(seg))
+        many = np.flatnonzero(hi - lo > 1)  # episodes over several shards: a binary search of their few segments
+        if len(many):
+            a, b, r = lo[many], hi[many], rows[many]
+            while True:  # seg[a, ROW] <= r < seg[b, ROW] (b: the next episode's first segment)
+                open_ = b - a > 1
+                if not open_.any():
+                    break
+                mid = (a + b) // 2
+                right = open_ & (seg[np.where(open_, mid, a), ROW].astype(np.int64) <= r)
+                a = np.where(right, mid, a)
+                b = np.where(open_ & ~right, mid, b)
+            lo[many] = a
+        return lo
+
     def episode_of_segments(self, js: np.ndarray) -> np.ndarray:
         """The episode number each segment belongs to, int64; O(log) reads per segment, nothing copied.
 
@@ -133,14 +171,15 @@ class Tables:
         """
         return idcols.numbers(self.ids, self.id_order, ids)
 
-    def check_segments(self, js: Iterable[int]) -> None:
+    def check_segments(self, js: Iterable[int], owners: Sequence[int] | None = None) -> None:
         """Check the per-frame values of segments ``js`` before any of them is used to slice a shard (v2 checks them
         on first use), raising `IndexFormatError` naming the file, episode and segment.
 
         Args:
             js: segment numbers, rows of `segments`.
+            owners: the episode each of ``js`` belongs to, when the caller knows them (else found by a search).
         """
-        self._checks.check(self, js)
+        self._checks.check(self, js, owners)
 
     def episode_segments(self, n: int) -> tuple[tuple[int, int, int], ...]:
         """(shard, first frame, count) of each of episode ``n``'s segments, their frames checked.
@@ -150,7 +189,7 @@ class Tables:
         """
         j0 = int(self.episodes[n, SEGMENT])
         j1 = int(self.episodes[n + 1, SEGMENT]) if n + 1 < len(self.episodes) else len(self.segments)
-        self.check_segments(range(j0, j1))
+        self.check_segments(range(j0, j1), [n] * (j1 - j0))
         first = int(self.episodes[n, FIRST])
         return tuple((s, r - first, c) for s, r, c in self.segments[j0:j1].tolist())
 
@@ -163,12 +202,26 @@ class _SegmentChecks:
         self.meta, self.checked, self.file = meta, checked, file
         self.step_bytes: dict[int, int] = {}  # schema code -> bytes of one step of its arrays
 
-    def check(self, t: Tables, js: Iterable[int]) -> None:
-        todo = [j for j in js if not self.checked[j]]
+    def check(self, t: Tables, js: Iterable[int], owners: Sequence[int] | None = None) -> None:
+        js = list(js)
+        todo = [k for k, j in enumerate(js) if not self.checked[j]]
         if not todo:
             return
-        owners = t.episode_of_segments(np.asarray(todo, np.int64)).tolist()
-        for j, n in zip(todo, owners):
+        if owners is None:
+            found = t.episode_of_segments(np.asarray([js[k] for k in todo], np.int64)).tolist()
+        else:  # the caller's: checked to hold each segment (a wrong one would name another episode)
+            found = [int(owners[k]) for k in todo]
+            n, j = np.asarray(found, np.int64), np.asarray([js[k] for k in todo], np.int64)
+            nxt = np.minimum(n + 1, len(t.episodes) - 1)
+            end = np.where(n + 1 < len(t.episodes), t.episodes[nxt, SEGMENT].astype(np.int64), len(t.segments))
+            if not ((j >= t.episodes[n, SEGMENT].astype(np.int64)) & (j < end)).all():
+                raise ValueError("a segment is given an episode it does not belong to")
+        per_frame = [t.columns[c] for c in PER_FRAME if c in t.columns]
+        with scanning(per_frame) if len(todo) > SCAN else contextlib.nullcontext():
+            self._check(t, [js[k] for k in todo], found)
+
+    def _check(self, t: Tables, todo: list[int], found: list[int]) -> None:
+        for j, n in zip(todo, found):
             shard = int(t.segments[j, SHARD])
             code = int(t.episodes[n, SCHEMA])
             least = self.step_bytes.get(code)

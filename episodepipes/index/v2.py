@@ -78,6 +78,7 @@ from episodepipes.index.check import (
     check_schema,
     check_shards,
 )
+from episodepipes.index.columns import release, scanned
 
 FIRST, LENGTH, SEGMENT, SCHEMA, SPLIT, PROMPT, FPS = range(7)  # columns of the episodes table
 SHARD, ROW, COUNT = range(3)  # columns of the segments table
@@ -399,8 +400,7 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
 
     def tiles(what: str, table: np.ndarray, first_col: int, count_col: int) -> None:
         end = 0  # rows tile the frames: each starts where the one before ends, holds a frame at least, none past
-        for a in range(0, len(table), _TABLE_ROWS):
-            blk = table[a:a + _TABLE_ROWS]
+        for a, blk in scanned(table, _TABLE_ROWS):
             f, c = blk[:, first_col], blk[:, count_col]
             e = f + c
             prev = np.empty_like(f)
@@ -419,8 +419,7 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
                       np.uint64)
     starts = np.zeros(ns, bool)
     last = -1
-    for a in range(0, n, _TABLE_ROWS):
-        blk = ep[a:a + _TABLE_ROWS]
+    for a, blk in scanned(ep, _TABLE_ROWS):
         first = blk[:, SEGMENT]
         prev = np.empty(len(first), np.int64)
         prev[0], prev[1:] = last, first[:-1].astype(np.int64)
@@ -437,8 +436,7 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
                                                       "in the index")
     held = np.zeros(len(sizes), np.float64)
     last_shard = -1
-    for a in range(0, ns, _TABLE_ROWS):
-        blk = seg[a:a + _TABLE_ROWS]
+    for a, blk in scanned(seg, _TABLE_ROWS):
         shard = blk[:, SHARD]
         if (shard >= len(sizes)).any():
             raise w.fail(f"segment {a + int(np.argmax(shard >= len(sizes)))}", f"shard should be below {len(sizes)}")
@@ -455,6 +453,7 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
         raise w.fail(f"shard {i}", f"samples={samples[i]} but the segments put {int(held[i])} frames in it")
     if data["layout"] == "packed":
         check_packed(w, cols, np.asarray(sizes, np.int64), idcols.IdList(cols["ids"], cols["id_order"]))
+        release(*(cols[name] for name in PACKED_COLUMNS + ("offset", "size") if name in cols))  # read whole
 
 
 def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray, ids: Sequence[str]) -> None:

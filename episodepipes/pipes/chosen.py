@@ -14,6 +14,7 @@ from typing import overload
 import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.index.columns import release
 from episodepipes.index.v2 import COUNT, FIRST, LENGTH, SCHEMA, SEGMENT, SHARD
 from episodepipes.pipes.select import Where, select
 
@@ -43,6 +44,10 @@ class _Ids(Sequence[str]):
                 return self._ids[span[0] + a:span[0] + max(a, b)]  # consecutive episodes: a slice of the list
             return [self._ids[n] for n in self._chosen.numbers[i].tolist()]
         return self._ids[self._chosen.number(i)]
+
+    def numbers_of(self, positions: np.ndarray) -> np.ndarray:
+        """The index's episode numbers of the ids at ``positions``, vectorised."""
+        return self._chosen.numbers_of(positions)
 
 
 class Chosen(Sequence[Episode]):
@@ -80,6 +85,11 @@ class Chosen(Sequence[Episode]):
         if self.span is None:
             return int(self._numbers[i])
         return range(*self.span)[i]
+
+    def numbers_of(self, positions: np.ndarray) -> np.ndarray:
+        """The numbers (int64) of the episodes at ``positions`` among these, vectorised."""
+        positions = np.asarray(positions, np.int64)
+        return positions + self.span[0] if self.span is not None else self._numbers[positions]
 
     def _slice(self, a: int, b: int) -> np.ndarray:
         return np.arange(self.span[0] + a, self.span[0] + min(b, self._n), dtype=np.int64) if self.span else \
@@ -145,6 +155,8 @@ class Chosen(Sequence[Episode]):
                 int(counts.sum()), dtype=np.int64)
             shard = t.segments[seg, SHARD].astype(np.int64)
             ends = at + np.cumsum(t.segments[seg, COUNT].astype(np.int64))
+            if len(seg):  # read once: the rows' pages go back to the page cache (`release`)
+                release(t.episodes[int(nums[0]):int(nums[-1]) + 2], t.segments[int(seg[0]):int(seg[-1]) + 1])
             if len(shard):
                 cut = np.flatnonzero(np.concatenate([[shard[0] != last], shard[1:] != shard[:-1]]))
                 starts = np.concatenate([[at], ends[:-1]])[cut]

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
+from episodepipes.index.v2 import FIRST, LENGTH
 
 SAMPLINGS = ("even", "random")
 
@@ -40,6 +41,7 @@ class Run(NamedTuple):
     end: int
     items: tuple[Item, ...]
     bounds: tuple[int, ...] = ()  # each item's start byte, then the run's end
+    crcs: tuple[int | None, ...] = ()  # each item's crc32 (None: the index has none); empty: look them up
 
 
 def choose_frames(length: int, k: int, *, sampling: str = "even", seed: int = 0, key: str = "") -> list[int]:
@@ -66,13 +68,14 @@ def metric_items(episodes: Sequence[Episode], k: int, *, sampling: str = "even",
 
 
 def rank_items(ids: Sequence[str], lengths: Sequence[int] | np.ndarray, k: int, *, rank: int, world_size: int,
-               sampling: str = "even", seed: int = 0) -> tuple[list[Item], int]:
+               sampling: str = "even", seed: int = 0) -> tuple[RankItems, int]:
     """``(split_even(metric_items(...), rank=rank, ...), len(metric_items(...)))``, planning only this rank's share.
 
     The chosen frames per episode are ``min(length, k)``, so where each episode's frames fall in the whole plan
     is a cumulative sum over the lengths (one int per episode, vectorised), and only the episodes overlapping
-    this rank's contiguous block have their frames chosen (`choose_frames`). Every rank gets the items, padding
-    and total that the whole plan split by `split_even` gives it, at a cost proportional to its share.
+    this rank's contiguous block have their frames chosen (`choose_frames`), a chunk at a time when the reader
+    gets there (`RankItems`). Every rank gets the items, padding and total that the whole plan split by
+    `split_even` gives it.
 
     Args:
         ids, lengths: the episodes' ids and lengths, in index order.
@@ -91,25 +94,119 @@ def rank_items(ids: Sequence[str], lengths: Sequence[int] | np.ndarray, k: int, 
     np.cumsum(np.minimum(lengths, k), out=cum[1:])
     n = int(cum[-1])
     if n == 0:
-        return [], 0
-
-    def items_of(e: int) -> list[Item]:
-        return [Item(ids[e], f) for f in choose_frames(int(lengths[e]), k, sampling=sampling, seed=seed, key=ids[e])]
-
+        return RankItems(_Share(ids, lengths, cum, k, sampling, seed, 0, 0, 0)), 0
     lo, hi = rank * n // world_size, (rank + 1) * n // world_size
-    mine: list[Item] = []
-    if hi > lo:
-        e0, e1 = int(np.searchsorted(cum, lo, side="right")) - 1, int(np.searchsorted(cum, hi, side="left"))
-        for e in range(e0, e1):
-            mine += items_of(e)
-        mine = mine[lo - int(cum[e0]):hi - int(cum[e0])]
-    if mine:
-        filler = mine[-1]
-    else:  # a rank with no real item repeats the whole plan's item rank % n
-        g = rank % n
-        e = int(np.searchsorted(cum, g, side="right")) - 1
-        filler = items_of(e)[g - int(cum[e])]
-    return mine + [filler._replace(valid=False)] * (per_rank(n, world_size) - len(mine)), n
+    share = _Share(ids, lengths, cum, k, sampling, seed, lo, hi, per_rank(n, world_size))
+    if hi == lo:  # a rank with no real item repeats the whole plan's item rank % n
+        share.filler = rank % n
+    return RankItems(share), n
+
+
+CHUNK = 4096  # items chosen, or located in the index, at a time
+
+
+class _Share:
+    """A rank's block ``[lo, hi)`` of the whole metric plan, padded to ``size`` with repeats of item ``filler``
+    (a position in the whole plan; by default the block's last): its frames chosen a `CHUNK` at a time, on use."""
+
+    def __init__(self, ids: Sequence[str], lengths: np.ndarray, cum: np.ndarray, k: int, sampling: str, seed: int,
+                 lo: int, hi: int, size: int) -> None:
+        self.ids, self.lengths, self.cum, self.k, self.sampling, self.seed = ids, lengths, cum, k, sampling, seed
+        self.lo, self.hi, self.size, self.filler = lo, hi, size, hi - 1
+        self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # the last chunks chosen
+
+    def located(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(episode position, frame) of items ``a .. b`` of the whole plan, int64 arrays."""
+        es, fs = [], []
+        for c in range(a // CHUNK, -(-b // CHUNK)):
+            e, f = self._chunk(c)
+            at = c * CHUNK
+            es.append(e[max(a - at, 0):b - at])
+            fs.append(f[max(a - at, 0):b - at])
+        return (np.concatenate(es), np.concatenate(fs)) if es else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def _chunk(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        got = self._chunks.get(c)
+        if got is not None:
+            return got
+        a, b = c * CHUNK, min((c + 1) * CHUNK, int(self.cum[-1]))
+        cum = self.cum
+        e0, e1 = int(np.searchsorted(cum, a, side="right")) - 1, int(np.searchsorted(cum, b, side="left"))
+        lengths = self.lengths[e0:e1]
+        take = np.minimum(lengths, self.k)
+        eps = np.repeat(np.arange(e0, e1, dtype=np.int64), take)
+        i = np.arange(len(eps), dtype=np.int64) - np.repeat(cum[e0:e1] - cum[e0], take)  # its rank in its episode
+        if self.sampling == "even":  # choose_frames' rule, vectorised
+            ln = np.repeat(lengths, take)
+            frames = np.where(ln <= self.k, i, (2 * i + 1) * ln // (2 * self.k))
+        else:
+            frames = np.array([f for e in range(e0, e1) for f in choose_frames(
+                int(self.lengths[e]), self.k, sampling=self.sampling, seed=self.seed, key=self.ids[e])], np.int64)
+        cut = a - int(cum[e0])
+        got = (eps[cut:cut + b - a], frames[cut:cut + b - a])
+        self._chunks = {k: v for k, v in self._chunks.items() if k == c - 1}
+        self._chunks[c] = got
+        return got
+
+
+class RankItems(Sequence[Item]):
+    """`rank_items`' plan of a rank: a sequence of `Item` whose frames are chosen (and items made) on access, a
+    `CHUNK` at a time, so building a metric pipe costs nothing per item and a pass plans as it reads.
+    `located` gives a range of them as arrays (what `iter_runs` reads); a slice is a view."""
+
+    def __init__(self, share: _Share, start: int = 0, stop: int | None = None) -> None:
+        self._share, self._start = share, start
+        self._stop = share.size if stop is None else stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def located(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(episode position in ``ids``, frame, valid) of items ``a .. b`` of this sequence, as arrays."""
+        sh = self._share
+        a, b = self._start + a, self._start + min(b, len(self))
+        real = max(min(b, sh.hi - sh.lo) - a, 0)
+        e, f = sh.located(sh.lo + a, sh.lo + a + real)
+        pad = b - a - real
+        if pad > 0:
+            pe, pf = sh.located(sh.filler, sh.filler + 1)
+            e, f = np.concatenate([e, np.repeat(pe, pad)]), np.concatenate([f, np.repeat(pf, pad)])
+        return e, f, np.arange(a, b) < sh.hi - sh.lo
+
+    def numbers_of(self, positions: np.ndarray) -> np.ndarray | None:
+        """The index's episode numbers of episode ``positions`` (in ``ids``), when ``ids`` knows them (a
+        `episodepipes.pipes.chosen.Chosen`'s ids), else None."""
+        of = getattr(self._share.ids, "numbers_of", None)
+        return None if of is None else of(positions)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                return list(self)[i]
+            return RankItems(self._share, self._start + a, self._start + max(a, b))
+        i = range(len(self))[i]
+        e, f, ok = self.located(i, i + 1)
+        return Item(self._share.ids[int(e[0])], int(f[0]), bool(ok[0]))
+
+    def items(self, a: int, b: int) -> list[Item]:
+        """Items ``a .. b`` as `Item` objects, made together."""
+        e, f, ok = self.located(a, b)
+        ids = self._share.ids
+        names = {n: ids[n] for n in np.unique(e).tolist()}
+        return [Item(names[x], y, v) for x, y, v in zip(e.tolist(), f.tolist(), ok.tolist())]
+
+    def __iter__(self) -> Iterator[Item]:
+        for a in range(0, len(self), CHUNK):
+            yield from self.items(a, a + CHUNK)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} planned metric items>"
 
 
 def per_rank(n: int, world_size: int) -> int:
@@ -157,25 +254,61 @@ def video_items(episodes: Sequence[Episode], *, batch_size: int, max_batches: in
 
 def read_runs(index: EpisodeIndex, items: Sequence[Item]) -> list[Run]:
     """Group items into contiguous byte ranges, so a local reader does one seek and one read per run."""
-    runs: list[Run] = []
+    return list(iter_runs(index, items))
+
+
+def iter_runs(index: EpisodeIndex, items: Sequence[Item]) -> Iterator[Run]:
+    """`read_runs`, as the reader gets to them: a `CHUNK` of items located in the index at a time, vectorised
+    (their episodes found by one search of the ids, their byte ranges and crc32 by one `EpisodeIndex.frame_ranges`
+    of their rows), so the first run costs its chunk, not the plan. A run is not cut where a chunk ends."""
     cur: list[Item] = []
     starts: list[int] = []
+    crcs: list[int | None] = []
     shard = end = -1
-    for it in items:
-        s, a, b = index.episode(it.episode).frame_range(it.frame)
-        if cur and s == shard and a == end:
-            cur.append(it)
-            starts.append(a)
-            end = b
-            continue
-        if cur:
-            runs.append(Run(shard, starts[0], end, tuple(cur), (*starts, end)))
-        cur, starts, shard, end = [it], [a], s, b
+    for a in range(0, len(items), CHUNK):
+        for it, s, b0, b1, c in zip(*_located(index, items, a, min(a + CHUNK, len(items)))):
+            if cur and s == shard and b0 == end:
+                cur.append(it)
+                starts.append(b0)
+                crcs.append(c)
+                end = b1
+                continue
+            if cur:
+                yield Run(shard, starts[0], end, tuple(cur), (*starts, end), tuple(crcs))
+            cur, starts, crcs, shard, end = [it], [b0], [c], s, b1
     if cur:
-        runs.append(Run(shard, starts[0], end, tuple(cur), (*starts, end)))
-    return runs
+        yield Run(shard, starts[0], end, tuple(cur), (*starts, end), tuple(crcs))
+
+
+def _located(index: EpisodeIndex, items: Sequence[Item], a: int, b: int
+             ) -> tuple[list[Item], list[int], list[int], list[int], list[int | None]]:
+    """Items ``a .. b`` and their shard, start byte, end byte and crc32 (None without), as lists."""
+    if isinstance(items, RankItems):
+        part = items.items(a, b)
+        e, frames, _ = items.located(a, b)
+        numbers = items.numbers_of(e)
+        if numbers is None:
+            numbers = index.numbers([it.episode for it in part])
+    else:
+        part = list(items[a:b])
+        numbers = index.numbers([it.episode for it in part])
+        frames = np.fromiter((it.frame for it in part), np.int64, len(part))
+    t = index.tables
+    bad = numbers < 0
+    if not bad.any():
+        ep = t.episodes[numbers]
+        bad = (frames < 0) | (frames >= ep[:, LENGTH].astype(np.int64))
+    if bad.any():  # an unknown id or a frame past its episode: the episode's own error names it
+        it = part[int(np.argmax(bad))]
+        index.episode(it.episode).frame_range(it.frame)
+        raise IndexError(f"frame {it.frame} is outside episode {it.episode!r}")  # what frame_range raised
+    rows = ep[:, FIRST].astype(np.int64) + frames
+    shard, start, end = index.frame_ranges(rows, numbers)
+    crc = index.frame_crcs(rows)
+    return (part, shard.tolist(), start.tolist(), end.tolist(),
+            [None] * len(part) if crc is None else crc.tolist())
 
 
 def shards_of(index: EpisodeIndex, items: Sequence[Item]) -> list[int]:
     """The shards a pass over ``items`` touches (for ``verify``)."""
-    return sorted({r.shard for r in read_runs(index, items)})
+    return sorted({r.shard for r in iter_runs(index, items)})

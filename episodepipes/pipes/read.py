@@ -22,7 +22,7 @@ import functools
 import itertools
 import os
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -32,7 +32,7 @@ from episodepipes.index import EpisodeIndex
 from episodepipes.pipes._decode.mapped import ShardFrames, frame_members
 from episodepipes.pipes._saved import saved_position
 from episodepipes.pipes.order.window import Window, window_reads, window_samples
-from episodepipes.pipes.plan import Item, Run, read_runs
+from episodepipes.pipes.plan import Item, Run, iter_runs
 from episodepipes.pipes.sample import RawSample
 from episodepipes.pipes.stats import Stats
 from episodepipes.pipes.videoframes import attach_gop, checked, key_frame, packed_members, parse_packed, video_cameras
@@ -115,11 +115,11 @@ class ShardReader(BaseNode[RawSample]):
             raws.close()  # its read-ahead and files, when a pass ends early
 
     def _read_items(self, items: Sequence[Item]) -> Iterator[RawSample]:
-        calls = list(self._calls(items))
+        calls = _Planned(self._calls(items))  # planned as the reads get there: the first costs its chunk only
         ahead = None
         if self.index.remote:  # the plan is known: the next calls' GETs go out while this one's frames decode
             ahead = ReadAhead(lambda k: self.source.read_ranges(calls[k][0], _spans(calls[k][1])),
-                              lambda k: k + 1 if k + 1 < len(calls) else None, depth=self.READ_AHEAD)
+                              lambda k: k + 1 if calls.has(k + 1) else None, depth=self.READ_AHEAD)
         read = self._read_packed if self._packed else self._read_run
         mapped = self._local_members()
         try:
@@ -142,7 +142,7 @@ class ShardReader(BaseNode[RawSample]):
         A remote source fetches a call's ranges together (coalesced, in flight at once), so per-request
         latency is paid once per call rather than once per run; the bound keeps a long pass's memory bounded.
         """
-        runs = read_runs(self.index, items)
+        runs: Iterable[Run] = iter_runs(self.index, items)
         if self._packed:
             runs = from_keys(self.index, runs)
         for shard, group in itertools.groupby(runs, key=lambda r: r.shard):
@@ -214,12 +214,13 @@ class ShardReader(BaseNode[RawSample]):
                 view = piece[a - first:b - first]
                 got = frame_members(view, sample_key(item.episode, item.frame).encode() + b".")
                 if got is None or not got[0]:
-                    yield from self._read_run(Run(run.shard, a, b, (item,), (a, b)), frames, name, view)
+                    yield from self._read_run(Run(run.shard, a, b, (item,), (a, b), run.crcs[i:i + 1]), frames,
+                                              name, view)
                     continue
                 spans, size = got
                 self.stats.add("bytes_read", size)
                 self.stats.add("frames_read")
-                crc = self.index.episode(item.episode).frame_crc(item.frame)
+                crc = run.crcs[i] if run.crcs else self.index.episode(item.episode).frame_crc(item.frame)
                 members: dict[str, Any] = {f: view[s:e] for f, (s, e) in spans.items()}  # type: ignore[index]
                 yield RawSample(item, name, members, checks=() if crc is None else ((item.frame, view, crc),))
             k = j
@@ -240,7 +241,7 @@ class ShardReader(BaseNode[RawSample]):
         video = self._video
         for k, item in enumerate(run.items):  # each frame's byte range is known: split, no grouping by name
             a, b = run.bounds[k], run.bounds[k + 1]
-            want = self.index.episode(item.episode).frame_crc(item.frame)
+            want = run.crcs[k] if run.crcs else self.index.episode(item.episode).frame_crc(item.frame)
             damaged = None
             if want is not None and zlib.crc32(view[a - run.start:b - run.start]) != want:
                 damaged = "crc32 mismatch"
@@ -285,20 +286,63 @@ class ShardReader(BaseNode[RawSample]):
             yield RawSample(item, name, members, damaged)
 
 
-def from_keys(index: EpisodeIndex, runs: list[Run]) -> list[Run]:
+def from_keys(index: EpisodeIndex, runs: Iterable[Run]) -> Iterator[Run]:
     """Packed layout: each run started at its first frame's key frame (the record its decode starts at), and runs
     that then touch or overlap merged, so a metric frame reads from its GOP's key frame to itself, once."""
-    out: list[Run] = []
+    prev: Run | None = None
     for r in runs:
         first = r.items[0]
         key = key_frame(index, first.episode, first.frame)
         start = index.episode(first.episode).frame_range(key)[1] if key < first.frame else r.start
-        if out and out[-1].shard == r.shard and start <= out[-1].end and r.end >= out[-1].end:
-            prev = out.pop()
-            out.append(Run(r.shard, min(prev.start, start), r.end, prev.items + r.items))
-        else:
-            out.append(Run(r.shard, start, r.end, r.items))
-    return out
+        if prev is not None and prev.shard == r.shard and start <= prev.end and r.end >= prev.end:
+            prev = Run(r.shard, min(prev.start, start), r.end, prev.items + r.items)
+            continue
+        if prev is not None:
+            yield prev
+        prev = Run(r.shard, start, r.end, r.items)
+    if prev is not None:
+        yield prev
+
+
+class _Planned(Sequence[tuple[str, list[Run]]]):
+    """The reader's `read_ranges` calls, taken from their generator as they are asked for (by the pass, and by a
+    remote root's read-ahead, which asks in this thread whether a next one exists before its threads read it);
+    calls more than `KEEP` behind the last asked for are dropped, so a pass holds a few calls, not its plan."""
+
+    KEEP = 8
+
+    def __init__(self, calls: Iterator[tuple[str, list[Run]]]) -> None:
+        self._gen: Iterator[tuple[str, list[Run]]] | None = calls
+        self._got: dict[int, tuple[str, list[Run]]] = {}
+        self._n = 0  # calls taken from the generator
+
+    def has(self, k: int) -> bool:
+        """Whether call ``k`` exists (planned up to it)."""
+        while self._n <= k and self._gen is not None:
+            nxt = next(self._gen, None)
+            if nxt is None:
+                self._gen = None
+            else:
+                self._got[self._n] = nxt
+                self._n += 1
+        for old in [j for j in self._got if j < k - self.KEEP]:
+            del self._got[old]
+        return k < self._n
+
+    def __getitem__(self, k: int) -> tuple[str, list[Run]]:  # type: ignore[override]
+        if not self.has(k) or k not in self._got:
+            raise IndexError(f"call {k} is past the plan, or behind it by more than {self.KEEP}")
+        return self._got[k]
+
+    def __len__(self) -> int:  # the whole plan: asked by nothing on a pass's way
+        self.has(1 << 62)
+        return self._n
+
+    def __iter__(self) -> Iterator[tuple[str, list[Run]]]:
+        k = 0
+        while self.has(k):
+            yield self._got[k]
+            k += 1
 
 
 def _spans(runs: list[Run]) -> list[tuple[int, int]]:

@@ -135,3 +135,72 @@ def test_sorted_search_equals_numpy_on_strided_columns():
             for side in ("left", "right"):
                 got = Sorted(col).search(values, side=side)
                 assert got.tolist() == np.searchsorted(col, values.astype(np.uint64), side=side).tolist(), (n, side)
+
+
+def test_a_lookup_given_its_episodes_reads_their_rows_only(sizes):
+    """A train batch's lookup knows each frame's episode: it reads those episodes' rows of the tables, not a sample
+    of a whole column (whose first use touches a page of it per `STEP` rows, what grows with the episodes)."""
+    peaks = {}
+    for n in (1_000, 100_000):
+        index = EpisodeIndex.open(sizes[n])
+        numbers = np.random.default_rng(0).choice(n, size=256, replace=False)
+        rows = index.tables.episodes[numbers, 0].astype(np.int64) + 1  # each episode's second frame
+        tracemalloc.start()
+        try:
+            got = index.frame_ranges(rows, numbers)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert index.tables._search == {}  # no column was sampled or searched
+        assert all(np.array_equal(a, b) for a, b in zip(got, EpisodeIndex.open(sizes[n]).frame_ranges(rows)))
+        with pytest.raises(ValueError, match="not in the episode given"):
+            index.frame_ranges(rows, (numbers + 1) % n)
+    assert peaks[100_000] < 2 * peaks[1_000], peaks
+
+
+def _vm_flags(path):
+    """The VmFlags of this process's mapping of ``path`` (/proc/self/smaps)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for k, line in enumerate(lines):
+        if line.endswith(str(path)):
+            return next(x for x in lines[k + 1:] if x.startswith("VmFlags:")).split()[1:]
+    raise AssertionError(f"{path} is not mapped")
+
+
+def test_per_frame_columns_are_mapped_for_random_reads_and_scans_read_around(sizes):
+    """A fault on a mapped file reads around it (the device's read_ahead_kb, megabytes on some machines): a batch's
+    rows at random would each read that much of a cold per-frame column. They are advised random ("rr") once the
+    open's checks have read them; a scan of every segment (verify, upgrade) has read-around back while it runs."""
+    from episodepipes.index.columns import scanning
+
+    index = EpisodeIndex.open(sizes[10_000])
+    t = index.tables
+    for name in ("offset", "size", "crc32"):
+        assert "rr" in _vm_flags(sizes[10_000] / f"index.{name}.npy"), name
+    assert "rr" not in _vm_flags(sizes[10_000] / "index.episodes.npy")
+    with scanning([t.offset]):
+        assert "rr" not in _vm_flags(sizes[10_000] / "index.offset.npy")
+    assert "rr" in _vm_flags(sizes[10_000] / "index.offset.npy")
+
+
+def _resident_kb(path):
+    """This process's resident kB of its mapping of ``path`` (/proc/self/smaps): the pages it holds mapped."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for k, line in enumerate(lines):
+        if line.endswith(str(path)):
+            return int(next(x for x in lines[k + 1:] if x.startswith("Rss:")).split()[1])
+    return 0
+
+
+def test_opening_checks_every_table_row_but_keeps_none_of_their_pages_mapped(sizes):
+    """A mapped page this process alone maps counts as its private memory once touched: the open's checks read every
+    row of the episode tables and id columns (a block at a time) and unmap each block's pages after (the page cache
+    keeps them, shared). Before: all of them stayed, 100 MB at 10**6 episodes."""
+    path = sizes[100_000]
+    index = EpisodeIndex.open(path)
+    for name in ("episodes", "segments", "ids", "id_order", "attr"):
+        size = (path / f"index.{name}.npy").stat().st_size
+        assert _resident_kb(path / f"index.{name}.npy") * 1024 < max(size // 4, 64 * 1024), name  # fault-around
+    assert len(index.split_numbers("val")) == 10_000  # a scan of the table, released as it goes
+    assert _resident_kb(path / "index.episodes.npy") * 1024 < (path / "index.episodes.npy").stat().st_size // 4
+    assert index.episode("ep0099999").meta == {"robot": "widowx"}  # read again on use

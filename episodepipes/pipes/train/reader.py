@@ -259,7 +259,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         es = np.searchsorted(self._starts, flats, side="right") - 1
         ts_ = flats - self._starts[es]
         rows = self._row_starts[es] + ts_
-        shard, a, b = self.index.frame_ranges(rows)
+        shard, a, b = self.index.frame_ranges(rows, self.episodes.numbers_of(es))  # their episodes' rows only
         crcs = self.index.frame_crcs(rows)
         self._locs = dict(zip(flats.tolist(), zip(es.tolist(), ts_.tolist(), shard.tolist(), a.tolist(), b.tolist(),
                                                   [None] * len(flats) if crcs is None else crcs.tolist())))
