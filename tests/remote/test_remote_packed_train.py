@@ -1,15 +1,21 @@
-"""`train_pipe` on a packed (video-codec) index under an S3 root reads each frame's record once: the read-ahead fetches
-the records back to each camera step's key frame, and the sample uses them (counted at moto behind the proxy)."""
+"""A packed (video-codec) index under an S3 root: it opens without reading its per-frame columns (each segment's
+frames are checked on first use instead), and `train_pipe` reads each frame's record once: the read-ahead fetches the
+records back to each camera step's key frame, and the sample uses them (counted at moto behind the proxy)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import write_raw
 from remotecases import plain
 
-from episodepipes.index import EpisodeIndex
+from episodepipes.format import COLUMNS
+from episodepipes.index import EpisodeIndex, IndexFormatError
+from episodepipes.index.columns import PROBE
+from episodepipes.pipes import video_pipe
 from episodepipes.pipes.train import train_pipe
 from episodepipes.sharding.cli import main
 from episodepipes.sharding.formats.synthetic import SyntheticReader
@@ -53,3 +59,37 @@ def test_remote_packed_training_fetches_each_record_once(packed, proxy, options)
     # sample reads nothing again: the old reader fetched the frames ahead and then their key ranges once more
     assert used > 0 and fetched <= 1.1 * used
     assert gets < len(want) * kw["batch_size"]  # fewer GETs than samples: a batch's near records share one
+
+
+PER_FRAME = ("offset", "size", "crc32", "member", "key")
+
+
+def test_a_packed_index_opens_without_reading_its_per_frame_columns(packed, proxy):
+    proxy.reset()
+    index = EpisodeIndex.open(URL)
+    files = {COLUMNS[n][0]: n for n in PER_FRAME}
+    gets = sorted((files[p.rsplit("/", 1)[1]], r) for m, p, r in proxy.requests
+                  if m == "GET" and p.rsplit("/", 1)[1] in files)
+    assert gets == sorted((n, f"bytes=0-{PROBE - 1}") for n in PER_FRAME)  # a header each, no rows
+    opened = proxy.body_bytes
+    proxy.reset()
+    video = dict(episodes=[index.episodes[1].id], batch_size=4, max_batches=100)
+    assert plain(video_pipe(index, **video)) == plain(video_pipe(packed, **video))
+    assert proxy.body_bytes > 0 and opened < 5 * PROBE + 8 * 1024  # the JSON and the per-episode tables beside
+
+
+def test_a_packed_frame_whose_key_leaves_its_chunk_is_refused_on_first_use(moto, packed, proxy, tmp_path):
+    bad = shutil.copytree(packed, tmp_path / "bad")
+    key = np.load(bad / COLUMNS["key"][0])
+    index = EpisodeIndex.open(packed)
+    ep = index.episodes[2]
+    key[ep.rows.start + 1] = ep.rows.start + 2  # frame 1 decodes from frame 2: after itself
+    np.save(bad / COLUMNS["key"][0], key)
+    with pytest.raises(IndexFormatError, match="key"):  # locally every frame is checked at open
+        EpisodeIndex.open(bad)
+    moto.upload_dir(bad, BUCKET, "badkey")
+    remote = EpisodeIndex.open(f"s3://{BUCKET}/badkey")  # opens: no frame of it is read yet
+    assert plain(video_pipe(remote, episodes=[index.episodes[0].id], batch_size=4, max_batches=100)) == \
+        plain(video_pipe(packed, episodes=[index.episodes[0].id], batch_size=4, max_batches=100))
+    with pytest.raises(IndexFormatError, match=f"episode '{ep.id}' segment 0: frame 1 of the segment: its key"):
+        list(video_pipe(remote, episodes=[ep.id], batch_size=4, max_batches=100))
