@@ -30,7 +30,8 @@ the server's CPU per s3 pass, which on this 2-core machine is taken from the pip
 store's is not.
 ``open`` (a table of its own): what `EpisodeIndex.open` of a remote root fetches, counted at a proxy in this process
 in front of moto (child process, 20 ms per request), on synthetic indexes laid out as the writer lays them out
-(`remotecases.synthetic_index`: 10^4 frames a shard, no shards needed) from 10^6 to 10^8 frames: requests and bytes
+(`scale_index`: 50 KB frames, 512 MB shards, ids and attributes as columns; the shards are not uploaded: open reads
+none) from 10^6 to 10^8 frames: requests and bytes
 at open (per-frame columns are read by range on use; what open reads grows with episodes and shards only), the
 process's resident memory growth, and what the first frame lookup then fetches (its rows' block of every per-frame
 column).
@@ -193,9 +194,9 @@ def open_costs(workdir: Path, quick: bool) -> dict:
     import shutil
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from remotecases import synthetic_index
     from s3server import FaultProxy, ServerProcess, restore_env, s3_env, set_env
 
+    from benchmarks import scale_index
     from episodepipes.index import EpisodeIndex
 
     sizes = OPEN_SIZES[:2] if quick else OPEN_SIZES
@@ -205,8 +206,9 @@ def open_costs(workdir: Path, quick: bool) -> dict:
     rows, table = [], []
     try:
         for episodes, frames in sizes:
-            local = synthetic_index(Path(workdir) / f"open-{episodes}-{frames}", episodes=episodes, frames=frames,
-                                    shards=frames // 10**4)
+            local = scale_index.make(Path(workdir) / f"open-{episodes}-{frames}", episodes, length=frames // episodes)
+            for shard in local.glob("*.tar"):  # sparse files (5 TB on paper at 10^8 frames): open reads none of them
+                shard.unlink()
             columns = sum(p.stat().st_size for p in local.glob("index.*.npy"))
             meta = (local / "index.json").stat().st_size
             servers.upload_dir(local, "bench", f"open-{episodes}-{frames}")
@@ -233,7 +235,7 @@ def open_costs(workdir: Path, quick: bool) -> dict:
         servers.close()
         restore_env(old)
     return {"rows": rows, "table": {
-        "title": "remote open: what EpisodeIndex.open fetches (moto in a child, 20 ms a request; 10^4 frames a shard)",
+        "title": "remote open: what EpisodeIndex.open fetches (moto in a child, 20 ms a request; 512 MB shards)",
         "columns": ["episodes", "frames", "index.json + columns", "requests at open", "bytes at open", "open",
                     "RSS growth", "first lookup: requests", "first lookup: bytes"], "rows": table}}
 
