@@ -93,3 +93,27 @@ def test_a_packed_frame_whose_key_leaves_its_chunk_is_refused_on_first_use(moto,
         plain(video_pipe(packed, episodes=[index.episodes[0].id], batch_size=4, max_batches=100))
     with pytest.raises(IndexFormatError, match=f"episode '{ep.id}' segment 0: frame 1 of the segment: its key"):
         list(video_pipe(remote, episodes=[ep.id], batch_size=4, max_batches=100))
+
+
+def test_a_reference_index_trains_from_s3_reading_each_record_once_in_either_order(moto, proxy, tmp_path):
+    from benchmarks.lerobot_data import make_lerobot
+
+    src, out = tmp_path / "lr", tmp_path / "ref"
+    make_lerobot(src, lengths=(20, 20, 20), num_episodes=3, episodes_per_file=2, gop=2, encoder="libx264",
+                 height=48, width=64, image_feature=False)
+    assert main(["write", str(src), str(out), "--format", "lerobot", "--codec", "reference"]) == 0
+    client = moto.client()
+    client.create_bucket(Bucket="lerobot")
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            client.put_object(Bucket="lerobot", Key=f"lr/{p.relative_to(src).as_posix()}", Body=p.read_bytes())
+    kw = dict(batch_size=4, seed=2, rank=0, world_size=1, num_workers=1)
+    for order in ({}, dict(shuffle="block", block_frames=8, window_blocks=2)):  # the block order read no reference
+        want = plain(train_pipe(EpisodeIndex.open(out, source_root=src), **kw, **order))
+        index = EpisodeIndex.open(out, source_root="s3://lerobot/lr")
+        assert plain(train_pipe(index, **kw, **order)) == want  # each file's size and end stamps checked first
+        proxy.reset()
+        pipe = train_pipe(index, **kw, **order)
+        assert plain(pipe) == want
+        if not order:  # every frame's packets fetched once for its batch, none again by its sample
+            assert proxy.body_bytes <= 1.1 * pipe.stats["bytes_read"]
