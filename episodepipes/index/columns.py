@@ -181,15 +181,14 @@ def scanning(arrays: Iterable[Any]) -> Iterator[None]:
 
 
 PROBE = 4096  # bytes of a column's first GET: its header (128 bytes as numpy writes it), and its size alongside
-WHOLE_AT_OPEN = ("packed",)  # layouts whose open checks every frame (`indexv2.check_packed`): columns read whole
 _PER_INDEX = ("episodes", "segments")  # tables of rows per episode or per segment: read whole, whatever their count
 
 
 def by_range(name: str, column: dict, data: dict) -> bool:
     """Whether a remote index's column is read by range on use (`episodepipes.remote.framecolumns`) rather than
-    whole at open: a column of one row per frame, unless the layout checks every frame at open."""
-    return (name not in _PER_INDEX and data.get("layout") not in WHOLE_AT_OPEN and data["frames"] > 0
-            and column["shape"][:1] == [data["frames"]])
+    whole at open: a column of one row per frame (the packed layout's too: `indexv2.check_packed` checks them per
+    segment on first use there)."""
+    return name not in _PER_INDEX and data["frames"] > 0 and column["shape"][:1] == [data["frames"]]
 
 
 def read_columns(source: ByteSource, data: dict, file: str) -> dict[str, Any]:

@@ -228,6 +228,8 @@ class _SegmentChecks:
             if least is None:
                 least = self.step_bytes[code] = indexv2.step_bytes(self.meta["schemas"][code])
             why = indexv2.frame_problem(t.columns, int(j), self.meta["shards"][shard]["bytes"], least)
+            if not why and self.meta.get("layout") == "packed":  # a remote index's, read by range: not at open
+                why = indexv2.packed_problem(t.columns, int(j), self.meta["shards"][shard]["bytes"])
             if why:
                 raise IndexFormatError(f"{self.file} is damaged: episode {idcols.id_text(t.ids, n)!r} segment "
                                        f"{int(j) - int(t.episodes[n, SEGMENT])}: {why}; re-shard with "

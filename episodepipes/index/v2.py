@@ -459,44 +459,85 @@ def check_tables(w: Where, data: dict, cols: dict[str, np.ndarray], sizes: list[
 def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray, ids: Sequence[str]) -> None:
     """The packed layout's per-frame columns, vectorised over every frame: each chunk's records lie back to back
     after its tar header and pack table, inside its shard, chunks go forward, and each frame's decode starts within
-    its chunk (`episodepipes.codec.chunk`)."""
-    seg, ep = cols["segments"], cols["episodes"]
-    off, size = cols["offset"].astype(np.int64), cols["size"].astype(np.int64)
-    member, key = cols["member"].astype(np.int64), cols["key"]
-    if not len(off):
+    its chunk (`episodepipes.codec.chunk`).
+
+    A remote index's per-frame columns are read by range (`episodepipes.remote.framecolumns`): reading them whole
+    here would cost every frame's rows at open, so each segment is checked on its first use instead
+    (`packed_problem`, beside `frame_problem`)."""
+    off = cols["offset"]
+    if not isinstance(off, np.ndarray) or not len(off):
         return
-    end = off + size
+    seg, ep = cols["segments"], cols["episodes"]
     seg_of = np.repeat(np.arange(len(seg)), seg[:, COUNT].astype(np.int64))
     new_seg = np.zeros(len(off), bool)
     new_seg[seg[:, ROW].astype(np.int64)] = True
+    sh = seg[seg_of, SHARD].astype(np.int64)
+    got = _packed_rows(off.astype(np.int64), cols["size"].astype(np.int64), cols["member"].astype(np.int64),
+                       cols["key"], new_seg, sh, shard_bytes[sh], 0, None)
+    if got is not None:
+        r, why = got
+        n = int(np.searchsorted(ep[:, FIRST], r, side="right")) - 1
+        raise w.fail(f"frame row {r} (episode {ids[n]!r}, frame {r - int(ep[n, FIRST])})", why)
+
+
+def packed_problem(cols: Mapping[str, Any], j: int, shard_bytes: int) -> str | None:
+    """`check_packed` of segment ``j`` alone, for an index whose per-frame columns are read by range (a remote one:
+    checked on the segment's first use, as `frame_problem` is); None where `check_packed` checked every frame at
+    open. The row before the segment is read too: a chunk goes forward from the previous record."""
+    if isinstance(cols["offset"], np.ndarray):
+        return None
+    seg = cols["segments"]
+    r0, count, shard = int(seg[j, ROW]), int(seg[j, COUNT]), int(seg[j, SHARD])
+    if count < 1:
+        return None  # the segments table's own check names it
+    a = max(r0 - 1, 0)
+    off, size = cols["offset"][a:r0 + count].astype(np.int64), cols["size"][a:r0 + count].astype(np.int64)
+    member, key = cols["member"][a:r0 + count].astype(np.int64), np.asarray(cols["key"][r0:r0 + count])
+    prev = None if a == r0 else (int(off[0] + size[0]), int(seg[j - 1, SHARD]))
+    new_seg = np.zeros(count, bool)
+    new_seg[0] = True
+    sh = np.full(count, shard, np.int64)
+    got = _packed_rows(off[r0 - a:], size[r0 - a:], member[r0 - a:], key, new_seg, sh, np.full(count, shard_bytes), r0,
+                        prev)
+    return None if got is None else f"frame {got[0] - r0} of the segment: {got[1]}"
+
+
+def _packed_rows(off: np.ndarray, size: np.ndarray, member: np.ndarray, key: np.ndarray, new_seg: np.ndarray,
+                 sh: np.ndarray, shard_bytes: np.ndarray, row0: int,
+                 prev: tuple[int, int] | None) -> tuple[int, str] | None:
+    """(first bad row, why) of rows ``row0 ..`` (whole segments: a chunk never crosses one) of a packed index, or
+    None. ``new_seg``: which rows start a segment; ``sh``: each row's shard and ``shard_bytes`` its size; ``prev``:
+    the (record end, shard) of row ``row0 - 1``, None at row 0."""
+    end = off + size
     starts = new_seg.copy()
     starts[1:] |= member[1:] != member[:-1]
-    sh = seg[seg_of, SHARD].astype(np.int64)
-    record = (size >= 1) & (off + size <= shard_bytes[sh])
+    record = (size >= 1) & (end <= shard_bytes)
     record[1:] &= starts[1:] | (off[1:] == end[:-1])  # back to back within a chunk
     chunk = (member >= 0) & (member + BLOCK <= off)
     # Shards are written one after another, so a chunk is in a later shard than the previous row's or after its
     # record in the same one, at an episode's start too (tar headers are 512-byte aligned: only this stops an
     # episode's member pointing back at the previous episode's last chunk).
     chunk[1:] &= ~starts[1:] | (sh[1:] > sh[:-1]) | ((sh[1:] == sh[:-1]) & (member[1:] >= end[:-1]))
+    if prev is not None:
+        chunk[0] &= bool(sh[0] > prev[1] or (sh[0] == prev[1] and member[0] >= prev[0]))
     first = np.flatnonzero(starts)
     count = np.diff(np.append(first, len(off)))
     table = off[first] - 8 - 4 * count - member[first]  # the chunk's tar header(s): whole blocks, at least one
     chunk[first[(table < BLOCK) | (table % BLOCK != 0)]] = False
     rows = np.arange(len(off))
-    chunk_first = first[np.searchsorted(first, rows, side="right") - 1]
+    chunk_first = row0 + first[np.searchsorted(first, rows, side="right") - 1]
+    rows += row0
     keyed = (key >= chunk_first.astype(np.uint64)) & (key <= rows.astype(np.uint64)) \
         & (rows - key.astype(np.int64) < MAX_BACK)
     bad = ~(record & chunk & keyed)
-    if bad.any():
-        r = int(np.argmax(bad))
-        n = int(np.searchsorted(ep[:, FIRST], r, side="right")) - 1
-        why = ("offset/size: its record is not inside its shard, back to back after the one before in its chunk"
-               if not record[r] else "member: its chunk's tar header is not before its record, after the previous "
-               "chunk's records in the same shard, with room for the pack table" if not chunk[r]
-               else "key: its key frame is not in its chunk at or before it")
-        raise w.fail(f"frame row {r} (episode {ids[n]!r}, frame {r - int(ep[n, FIRST])})",
-                     f"its {why}, as the packed layout puts them")
+    if not bad.any():
+        return None
+    r = int(np.argmax(bad))
+    why = ("offset/size: its record is not inside its shard, back to back after the one before in its chunk"
+           if not record[r] else "member: its chunk's tar header is not before its record, after the previous "
+           "chunk's records in the same shard, with room for the pack table" if not chunk[r]
+           else "key: its key frame is not in its chunk at or before it")
+    return row0 + r, f"its {why}, as the packed layout puts them"
 
 
 def step_bytes(schema: dict) -> int:

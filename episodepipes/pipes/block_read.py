@@ -65,9 +65,50 @@ def following(key: Key, orders: Callable[[int], BlockOrder], *, rank: int, world
     return epoch + 1, int(orders(epoch + 1).window_of(rank))
 
 
-def read_window(source: object, names: Sequence[str], table: FrameTable, episodes: Sequence[Episode],
-                windows: Mapping[str, Window], layout: BlockLayout,
-                flats: np.ndarray) -> dict[int, dict[int, memoryview]]:
+def frame_ranges(episodes: Chosen, need: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shard, start byte, end byte) of each (episode position, step) of ``need``, looked up together: on a remote
+    root one round of column-block GETs for all of them (`EpisodeIndex.frame_ranges`), not a round trip per frame."""
+    e = np.fromiter((k[0] for k in need), np.int64, len(need))
+    s = np.fromiter((k[1] for k in need), np.int64, len(need))
+    return episodes.index.frame_ranges(episodes.firsts[e] + s)
+
+
+def read_frames(source: object, names: Sequence[str], episodes: Chosen,
+                need: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+    """(episode position, step) -> the frame's bytes, for each of ``need`` (distinct): a shard's touching or
+    overlapping frames read as one range, every shard's in one ``read_many`` (which coalesces near ranges further).
+
+    Args:
+        source: the byte source (`read_many`).
+        names: shard file names, by shard number.
+        episodes: the reader's episodes.
+        need: the frames to read.
+    """
+    if not need:
+        return {}
+    shard, a, b = frame_ranges(episodes, need)
+    runs: dict[int, list[list]] = {}  # shard -> [start, end, frames (positions in need)] in offset order
+    for k in np.lexsort((a, shard)).tolist():
+        rs = runs.setdefault(int(shard[k]), [])
+        if rs and a[k] <= rs[-1][1]:
+            rs[-1][1] = max(rs[-1][1], int(b[k]))
+            rs[-1][2].append(k)
+        else:
+            rs.append([int(a[k]), int(b[k]), [k]])
+    datas = source.read_many([(names[s], [(lo, hi - lo) for lo, hi, _ in rs])  # type: ignore[attr-defined]
+                              for s, rs in runs.items()])
+    out: dict[tuple[int, int], bytes] = {}
+    for rs, ds in zip(runs.values(), datas):
+        for (lo, _, ks), data in zip(rs, ds):
+            for k in ks:
+                out[need[k]] = data[int(a[k]) - lo:int(b[k]) - lo]  # the whole body itself where it is one frame
+    return out
+
+
+def read_window(source: object, names: Sequence[str], table: FrameTable, episodes: Chosen,
+                windows: Mapping[str, Window], layout: BlockLayout, flats: np.ndarray, *,
+                steps_of: Callable[[list[int], list[int]], list[Sequence[int]]] | None = None,
+                ) -> dict[int, dict[int, memoryview]]:
     """flat -> step -> bytes of ``flats`` (one rank's frames of a window), read with the blocks they lie in.
 
     Args:
@@ -78,26 +119,35 @@ def read_window(source: object, names: Sequence[str], table: FrameTable, episode
         windows: the reader's history/horizon windows.
         layout: the blocks (`BlockLayout`).
         flats: the frames to return.
+        steps_of: ``steps_of(episode positions, steps)`` -> the steps each of those samples reads whole (a packed
+            reader's reach back to key frames); None: the step and its window steps.
     """
     need: dict[tuple[int, int], None] = {}  # (episode, step), in order
     blocks = np.unique(layout.block_of(flats))
     for a, z in zip(layout.block_start(blocks).tolist(), layout.block_end(blocks).tolist()):
         need.update((table.locate(f), None) for f in range(a, z))
+    located = [table.locate(f) for f in flats.tolist()]
+    es, ts = [e for e, _ in located], [t for _, t in located]
+    if steps_of is None:
+        stepss: list[Sequence[int]] = [(t, *fields_by_step(t, episodes[e].length, windows)) for e, t in located]
+    else:
+        stepss = steps_of(es, ts)
     mine = []
-    for flat in flats.tolist():
-        e, t = table.locate(flat)
-        steps = (t, *fields_by_step(t, episodes[e].length, windows))
+    for flat, e, steps in zip(flats.tolist(), es, stepss):
         need.update(((e, s), None) for s in steps)
         mine.append((flat, e, steps))
     by_shard: dict[int, list[tuple[tuple[int, int], int, int]]] = {}
-    for e, s in need:
-        shard, a, z = episodes[e].frame_range(s)
-        by_shard.setdefault(shard, []).append(((e, s), a, z))
-    o = source.options  # type: ignore[attr-defined]
-    runs = {shard: coalesce([(a, z - a) for _, a, z in frames], gap=o.gap, max_request=o.max_request, waste=o.waste)
+    keys = list(need)
+    shard, start, end = frame_ranges(episodes, keys)
+    for k, sh, a, z in zip(keys, shard.tolist(), start.tolist(), end.tolist()):
+        by_shard.setdefault(sh, []).append((k, a, z))
+    o = getattr(source, "options", None)  # a RemoteSource's; a reference index's source (its dataset's files) has
+    # none: its virtual shards' ranges are merged where they touch, and it reads each from its files as it can
+    gap, most, waste = (0, 1 << 62, 0.0) if o is None else (o.gap, o.max_request, o.waste)
+    runs = {shard: coalesce([(a, z - a) for _, a, z in frames], gap=gap, max_request=most, waste=waste)
             for shard, frames in by_shard.items()}
-    datas = source.read_many([(names[shard], [(r.start, r.end - r.start) for r in rs])  # type: ignore[attr-defined]
-                              for shard, rs in runs.items()], views=True)
+    calls = [(names[shard], [(r.start, r.end - r.start) for r in rs]) for shard, rs in runs.items()]
+    datas = source.read_many(calls) if o is None else source.read_many(calls, views=True)  # type: ignore[attr-defined]
     used = {k for _, e, steps in mine for k in ((e, s) for s in steps)}
     views: dict[tuple[int, int], memoryview] = {}
     for (shard, rs), ds in zip(runs.items(), datas):

@@ -35,6 +35,7 @@ from . import retry
 from .source import RemoteSource
 
 BLOCK_ROWS = 8192  # rows per fetched block: 64 KiB of an 8-byte column, a small GET whose latency dominates
+RECENT_ROWS = 1 << 16  # rows of recent many-row lookups kept (every column) for the single-row lookups that follow
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class FrameColumns:
         self._blocks: collections.OrderedDict[int, dict[str, np.ndarray]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._mapped: dict[str, np.ndarray] | None = None  # whole columns mapped from the node's cache
+        # row -> (every column's values of the `take` that read it, its position there): a reader looks a batch's
+        # rows up at once, then each sample's one by one; with more rows in flight than blocks in the cache (a full
+        # shuffle of a large index) those blocks are gone by then, and each would cost a round trip again
+        self._recent: collections.OrderedDict[int, tuple[dict[str, np.ndarray], int]] = collections.OrderedDict()
         self._tried_map = False
         _LIVE.add(self)
 
@@ -88,6 +93,11 @@ class FrameColumns:
             return mapped[name][a:b]
         if a >= b:
             return self._empty(name, 0)
+        hit = self._recent.get(a) if b == a + 1 else None
+        if hit is not None:
+            out = hit[0][name][hit[1]:hit[1] + 1]
+            out.flags.writeable = False
+            return out
         k0, k1 = a // BLOCK_ROWS, (b - 1) // BLOCK_ROWS
         blocks = self._get(range(k0, k1 + 1))
         parts = [blocks[k][name] for k in range(k0, k1 + 1)]
@@ -101,18 +111,34 @@ class FrameColumns:
         mapped = self._whole_mapped()
         if mapped is not None:
             return mapped[name][rows]
-        out = self._empty(name, len(rows))
         if not len(rows):
-            return out
+            return self._empty(name, 0)
+        keep = len(rows) <= RECENT_ROWS // 4  # a batch's rows, not a plan's: kept for its samples' lookups
+        hits = [self._recent.get(r) for r in rows.tolist()] if keep else []
+        if keep and all(h is not None for h in hits):  # another column of the same rows (size after offset)
+            out1 = self._empty(name, len(rows))
+            for i, (vals, j) in enumerate(hits):  # type: ignore[misc]
+                out1[i] = vals[name][j]
+            return out1
         ks = rows // BLOCK_ROWS
         order = np.argsort(ks, kind="stable")
         sk = ks[order]
         uniq, at = np.unique(sk, return_index=True)
         blocks = self._get(uniq.tolist())
+        out = {n: self._empty(n, len(rows)) for n in (self.specs if keep else (name,))}
         for k, i, j in zip(uniq.tolist(), at.tolist(), [*at[1:].tolist(), len(sk)]):
             pick = order[i:j]
-            out[pick] = blocks[k][name][rows[pick] - k * BLOCK_ROWS]
-        return out
+            for n, col in out.items():
+                col[pick] = blocks[k][n][rows[pick] - k * BLOCK_ROWS]
+        if keep:
+            with self._lock:
+                for i, r in enumerate(rows.tolist()):
+                    self._recent[r] = (out, i)
+                    self._recent.move_to_end(r)
+                while len(self._recent) > RECENT_ROWS:
+                    self._recent.popitem(last=False)
+            return out[name].copy()  # the kept values stay as read, whatever the caller does with its array
+        return out[name]
 
     def whole(self, name: str) -> np.ndarray:
         """The whole column (for a caller that needs every row, as verify does): mapped from the node's cache with

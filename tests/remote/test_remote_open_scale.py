@@ -237,3 +237,21 @@ def test_a_forked_worker_keeps_the_blocks_it_inherited(roots, proxy):
     finally:
         p.join(timeout=60)
     assert proxy.requests == []
+
+
+def test_a_batchs_rows_looked_up_together_serve_its_samples_lookups_after_their_blocks_are_gone(roots, proxy):
+    # one block of rows in the cache: a batch of far-apart frames (a full shuffle of a large index) evicts each
+    # block as the next comes; a sample's lookups that follow the batch's own must not fetch them again
+    options = RemoteOptions(backoff=0.001, max_backoff=0.01, timeout=10.0, column_cache_bytes=BLOCK_ROWS * ROW_BYTES)
+    index = EpisodeIndex.open(f"s3://{BUCKET}/f{10**6}", options=options)
+    eps = [index.episodes[k] for k in (1, 41, 81)]
+    for ep in eps:  # their segments checked first (every frame's offset and size: blocks of their own)
+        ep.frame_range(0)
+    rows = np.array([ep.rows.start + 7 for ep in eps])
+    proxy.reset()
+    shard, start, end = index.frame_ranges(rows)
+    assert 0 < len(_column_gets(proxy)) <= 3 * len(PER_FRAME)  # a block of each column per row (one is cached)
+    proxy.reset()
+    assert [ep.frame_range(7) for ep in eps] == list(zip(shard.tolist(), start.tolist(), end.tolist()))
+    assert [ep.frame_crc(7) for ep in eps] == index.frame_crcs(rows).tolist()
+    assert proxy.requests == []

@@ -49,16 +49,23 @@ def check_trainable(index: EpisodeIndex, where: str) -> None:
                          "train_pipe does not read; re-shard it with this version's write --codec")
 
 
-def needed_frames(index: EpisodeIndex, ep: Episode, t: int,
-                  steps: Mapping[int, set[str]]) -> tuple[list[int], set[int]]:
+def camera_steps(t: int, steps: Mapping[int, set[str]]) -> set[int]:
+    """The steps of sample ``t`` (window ``steps``, `fields_by_step`) that read a camera: ``t`` and camera-window
+    steps, each of which needs the records from its key frame to itself."""
+    return {t} | {s for s, want in steps.items() if any(not f.endswith(".npy") for f in want)}
+
+
+def needed_frames(index: EpisodeIndex, ep: Episode, t: int, steps: Mapping[int, set[str]],
+                  keys: Mapping[int, int] | None = None) -> tuple[list[int], set[int]]:
     """(every frame whose record the sample reads, in order; the steps read only for their arrays).
 
-    A step with a camera (``t`` and camera-window steps) needs the records from its key frame to itself.
+    A step with a camera (`camera_steps`) needs the records from its key frame to itself; ``keys`` gives each such
+    step's key frame where the caller looked them up already (None: `key_frame` looks each up here).
     """
-    cams = {t} | {s for s, want in steps.items() if any(not f.endswith(".npy") for f in want)}
+    cams = camera_steps(t, steps)
     frames = set(steps)
     for s in cams:
-        frames.update(range(key_frame(index, ep.id, s), s + 1))
+        frames.update(range(key_frame(index, ep.id, s) if keys is None else keys[s], s + 1))
     return sorted(frames), set(steps) - cams
 
 
@@ -86,13 +93,21 @@ class PackedTrainReader(TrainReader):
         super().__init__(*args, **kw)
         self.windows = video_fields(self.windows, video_cameras(self.index))
 
-    def sample(self, flat: int, *_: Any) -> RawSample:  # bytes a read-ahead fetched per frame: not the key range
+    def sample(self, flat: int, got: Mapping[int, bytes] | None = None) -> RawSample:
+        """The sample of flat frame ``flat``: its records from ``got`` (frame -> bytes, what a remote root's
+        read-ahead fetched, `_fetch_steps`), any other read here by runs of consecutive frames."""
         e, t = self.table.locate(flat)
         ep, ix = self.episodes[e], self.index
+        shard_name = ix.shards[ep.frame_range(t)[0]].name  # the episode's segments checked before its keys are used
         steps = fields_by_step(t, ep.length, self.windows)
         frames, arrays_only = needed_frames(ix, ep, t, steps)
+        got = got or {}
         records: dict[int, Record | None] = {}
-        for shard, start, end, fs in frame_runs(ep, frames):
+        for f in frames:
+            if f in got:
+                self.stats.add("bytes_read", len(got[f]))
+                records[f] = parse_packed(ix, ep.id, f, got[f])
+        for shard, start, end, fs in frame_runs(ep, [f for f in frames if f not in got]):
             [data] = self.source.read_ranges(self._names[shard], [(start, end - start)])
             self.stats.add("bytes_read", len(data))
             view = memoryview(data)
@@ -110,10 +125,26 @@ class PackedTrainReader(TrainReader):
             if why is not None:
                 break
         self.stats.add("frames_read", len(steps) + 1)
-        item, shard_name = Item(ep.id, t), ix.shards[ep.frame_range(t)[0]].name
+        item = Item(ep.id, t)
         if why is not None:
             return damaged_sample(item, shard_name, ep.length, self.windows, why)
         return window_sample(item, shard_name, ep.length, self.windows, read)
+
+    def _fetch_steps(self, es: list[int], ts: list[int]) -> list[Sequence[int]]:
+        """Every frame each sample's records come from (`needed_frames`), so the read-ahead fetches what `sample`
+        reads: the key frames of every camera step of the batch looked up together (one round of column-block
+        reads on a remote root, not one per frame)."""
+        stepss = [fields_by_step(t, self.episodes[e].length, self.windows) for e, t in zip(es, ts)]
+        cams = [(e, s) for e, t, steps in zip(es, ts, stepss) for s in sorted(camera_steps(t, steps))]
+        firsts = self.episodes.firsts[np.fromiter((e for e, _ in cams), np.int64, len(cams))]
+        rows = firsts + np.fromiter((s for _, s in cams), np.int64, len(cams))
+        self.index.frame_ranges(rows)  # their segments checked before their keys are used (a remote index: now)
+        keys = np.asarray(self.index.tables.columns["key"][rows], np.int64) - firsts
+        by_ep: dict[int, dict[int, int]] = {}
+        for (e, s), k in zip(cams, keys.tolist()):
+            by_ep.setdefault(e, {})[s] = k
+        return [needed_frames(self.index, self.episodes[e], t, steps, by_ep[e])[0]
+                for e, t, steps in zip(es, ts, stepss)]
 
 
 class RenamedTrainReader(TrainReader):

@@ -279,22 +279,27 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         """
         epoch, step = key
         at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size)
-        wants: list[tuple[int, int, int, int, int]] = []  # flat, step, shard, start, end
-        for flat in map(int, self._order(epoch)(at)):
-            e, t = self.table.locate(flat)
-            ep = self.episodes[e]
-            for s in (t, *fields_by_step(t, ep.length, self.windows)):
-                wants.append((flat, s, *ep.frame_range(s)))
-        by_shard: dict[int, list[int]] = {}
-        for k, w in enumerate(wants):
-            by_shard.setdefault(w[2], []).append(k)
-        datas = self.source.read_many([(self._names[shard], [(wants[k][3], wants[k][4] - wants[k][3]) for k in ks])
-                                       for shard, ks in by_shard.items()])
-        out: dict[int, dict[int, bytes]] = {}
-        for ks, ds in zip(by_shard.values(), datas):
-            for k, data in zip(ks, ds):
-                out.setdefault(wants[k][0], {})[wants[k][1]] = data
-        return out
+        return self._fetch_flats(self._order(epoch)(at))
+
+    def _fetch_steps(self, es: list[int], ts: list[int]) -> list[Sequence[int]]:
+        """The steps whose whole frames the sample of step ``ts[i]`` of episode position ``es[i]`` reads, for each
+        ``i``: its own and its windows' (`PackedTrainReader`'s add the records back to each camera's key frame)."""
+        return [(t, *fields_by_step(t, self.episodes[e].length, self.windows)) for e, t in zip(es, ts)]
+
+    def _fetch_flats(self, flats: np.ndarray) -> dict[int, dict[int, bytes]]:
+        """flat -> step -> bytes of every frame the samples of ``flats`` read (`_fetch_steps`).
+
+        Their byte ranges are looked up together (`block_read.frame_ranges`: on a remote root one round of
+        column-block GETs, not a round trip per frame), a frame two samples share is read once, and a shard's
+        touching frames are one range (all shards' in one `read_many`, which coalesces near ones further).
+        """
+        flats = np.asarray(flats, np.int64).ravel()
+        es = np.searchsorted(self._starts, flats, side="right") - 1
+        ts_ = flats - self._starts[es]
+        steps = self._fetch_steps(es.tolist(), ts_.tolist())
+        need = list(dict.fromkeys((e, s) for e, ss in zip(es.tolist(), steps) for s in ss))
+        got = block_read.read_frames(self.source, self._names, self.episodes, need)
+        return {flat: {s: got[e, s] for s in ss} for flat, e, ss in zip(flats.tolist(), es.tolist(), steps)}
 
     def _following_window(self, key: tuple[int, int]) -> tuple[int, int] | None:
         """The (epoch, window) of the block order after ``key`` that holds a position of this rank, or None."""
@@ -308,7 +313,7 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         at = block_read.positions_in(order, key[1], rank=self.rank, world_size=self.world_size,
                                      used=self.per_epoch * self.world_size)
         return block_read.read_window(self.source, self._names, self.table, self.episodes, self.windows,
-                                      self.blocks, order(at))  # type: ignore[arg-type]
+                                      self.blocks, order(at), steps_of=self._fetch_steps)  # type: ignore[arg-type]
 
     def _fetch(self, ep: Episode, steps: list[int]) -> dict[int, bytes]:
         """The whole bytes of each step's frame through the index's byte source (a remote root).
