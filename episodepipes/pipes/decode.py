@@ -152,7 +152,7 @@ class Decoder(BaseNode[dict]):
             if not given:
                 self._sink = self._choose_sink(Slabs(size))
             self._batched, self._given = True, given
-            self._memo = BatchMemo(size) if self._share else None
+            self._memo = BatchMemo(size, self.fn.frames, self.options.resize) if self._share else None
             self._plan()
 
     def _choose_sink(self, slab: int | Slabs) -> FrameSink:
@@ -189,7 +189,7 @@ class Decoder(BaseNode[dict]):
             decoded.fields.update(entry.claim.rows)
         if self._memo is not None:
             spec = self._spec(entry.raw.item.episode)
-            self._memo.fill(entry.raw, decoded, list(spec.cameras))
+            self._memo.fill(entry.raw, decoded, spec.cameras)
         out = self._report(entry.raw, decoded)
         if self._done and not self._ex and self._corrupt:
             log.warning("%d corrupt frame(s) skipped this pass (their samples have valid=False); "
@@ -241,7 +241,7 @@ class Decoder(BaseNode[dict]):
                 self._ex = InOrder(self.options.method, self.options.num_workers, self.stats, chunk=self.chunk,
                                    lanes=self._gops is not None, ring=ring)
             claim = self._sink.claim(shapes)
-            sent = raw if self._memo is None else self._memo.plan(raw, list(spec.cameras))
+            sent = raw if self._memo is None else self._memo.plan(raw, spec.cameras)
             work = portable(sent) if self.options.method == "process" else sent
             fn = decode_shared if claim.shared else decode_into
             self._ex.put(_InFlight(before, sent, claim), fn, self.fn, work, spec, claim.ticket,
