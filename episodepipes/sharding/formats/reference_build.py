@@ -2,7 +2,8 @@
 source video files: the layout, CRC32s and sha256s the copy import would write, the pieces, the literal bytes, the
 statistics, then the index (last). The formats (`lerobot_ref`, `raw_ref`) say which packets make each episode.
 
-Each source file is demuxed once (timestamps, byte positions, keyframes; never decoded) and read once, for the
+Each source file's packets (timestamps, byte positions, keyframes) are read from its mp4 sample tables, or demuxed
+where the file is not a plain mp4 (never decoded), and its bytes are read once, for the
 records' CRC32s, the shards' sha256 and its stamp (size, CRC32 of its first and last 64 KiB).
 """
 
@@ -17,6 +18,8 @@ import numpy as np
 
 from episodepipes import safefile
 from episodepipes.codec import reference as ref
+from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
+from episodepipes.codec.reference_layout import CameraPackets, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
 from episodepipes.format import INDEX_NAME, TAR_END, npy_bytes, shard_name
 from episodepipes.index.referenced import LITERAL_NAME, PIECE_FILES
@@ -49,13 +52,41 @@ class Video:
 
 
 def _demux(path: Path, number: int, where: str) -> Video:
-    """Every packet of ``path``'s first video stream (never decoded), and its bytes."""
-    import av
-
+    """Every packet of ``path``'s first video stream (never decoded), and its bytes: read from an mp4's sample
+    tables (`codec.mp4tables`), demuxed packet by packet where the tables are not the plain kind."""
     fmt = DEMUXERS.get(path.suffix.lower())  # the suffix's demuxer, never the bytes'
     if fmt is None:
         raise EpisodeError(f"{where}: a {path.suffix or 'suffix-less'} file is not a video ({', '.join(DEMUXERS)})")
     data = memoryview(path.read_bytes())
+    tables = None
+    if fmt == "mov":
+        try:
+            tables = read_tables(data)
+        except Mp4Error as e:
+            raise EpisodeError(f"{where}: its mp4 boxes are damaged ({e}); re-download it") from None
+    if tables is None:
+        tables = _packets(path, fmt, data, where)
+    if tables.codec not in DECODERS:
+        raise EpisodeError(f"{where}: its video is {tables.codec}, which --codec reference does not take "
+                           f"({sorted(DECODERS)}); re-encode it")
+    t, k, p, z = tables.times, tables.keys, tables.pos, tables.size
+    if not len(t):
+        raise EpisodeError(f"{where}: its video stream has no packets")
+    if np.any(np.diff(t) <= 0):
+        raise EpisodeError(f"{where}: its video reorders frames (B-frames or open GOPs), which --codec reference does "
+                           "not take; re-encode it with --codec av1")
+    if (p + z > len(data)).any():
+        raise EpisodeError(f"{where}: a packet lies past the file's end; re-download it")
+    rate = tables.rate
+    half = 0.5 / rate if rate else (float(np.median(np.diff(t))) / 2 if len(t) > 1 else 0.5)
+    key_of = np.maximum.accumulate(np.where(k, np.arange(len(k)), -1))
+    return Video(number, t, p, z, key_of, tables.codec, tables.extradata, tables.height, tables.width, half, data)
+
+
+def _packets(path: Path, fmt: str, data: memoryview, where: str) -> Tables:
+    """The packets as FFmpeg's demuxer gives them, one by one (containers other than the plain mp4)."""
+    import av
+
     times, pos, size, keys = [], [], [], []
     try:
         with open(path, "rb") as f, av.open(f, format=fmt) as c:
@@ -63,12 +94,8 @@ def _demux(path: Path, number: int, where: str) -> Video:
                 raise EpisodeError(f"{where}: no video stream")
             s = c.streams.video[0]
             cc = s.codec_context
-            codec = cc.codec.canonical_name
-            if codec not in DECODERS:
-                raise EpisodeError(f"{where}: its video is {codec}, which --codec reference does not take "
-                                   f"({sorted(DECODERS)}); re-encode it")
             tb, rate = float(s.time_base), s.average_rate
-            extradata, h, w = bytes(cc.extradata or b""), cc.height, cc.width
+            setup = (cc.codec.canonical_name, bytes(cc.extradata or b""), cc.height, cc.width)
             for p in c.demux(s):
                 if p.size and p.pts is not None:
                     if p.pos is None or p.pos < 0:
@@ -81,18 +108,8 @@ def _demux(path: Path, number: int, where: str) -> Video:
                     keys.append(p.is_keyframe)
     except av.FFmpegError as e:
         raise EpisodeError(f"{where}: cannot read the video ({type(e).__name__}: {e}); re-download it") from e
-    t, k = np.asarray(times, np.float64), np.asarray(keys, bool)
-    p, z = np.asarray(pos, np.int64), np.asarray(size, np.int64)
-    if not len(t):
-        raise EpisodeError(f"{where}: its video stream has no packets")
-    if np.any(np.diff(t) <= 0):
-        raise EpisodeError(f"{where}: its video reorders frames (B-frames or open GOPs), which --codec reference does "
-                           "not take; re-encode it with --codec av1")
-    if (p + z > len(data)).any():
-        raise EpisodeError(f"{where}: a packet lies past the file's end; re-download it")
-    half = 0.5 / float(rate) if rate else (float(np.median(np.diff(t))) / 2 if len(t) > 1 else 0.5)
-    key_of = np.maximum.accumulate(np.where(k, np.arange(len(k)), -1))
-    return Video(number, t, p, z, key_of, codec, extradata, h, w, half, data)
+    return Tables(np.asarray(times, np.float64), np.asarray(pos, np.int64), np.asarray(size, np.int64),
+                  np.asarray(keys, bool), *setup, float(rate) if rate else 0.0)
 
 
 class Camera(NamedTuple):
@@ -152,17 +169,15 @@ class Builder:
         (n, ...) values)), laid out as the copy import lays it out."""
         cams = sorted(cameras, key=lambda c: c.name)
         backs = np.zeros((n, len(cams)), np.int64)
-        per_cam, cam_meta = [], {}
+        packets, cam_meta = [], {}
         for c, cam in enumerate(cams):
             v, k0, count, lead = cam.video, cam.first, cam.count, cam.lead
             if count - lead != n:
                 raise EpisodeError(f"episode {eid!r} camera {cam.source!r}: {count - lead} frames, {n} rows or steps; "
                                    "trim them to match")
-            refs = [ref.Ref(v.number, a, z, v.data[a:a + z])
-                    for a, z in zip(v.pos[k0:k0 + count].tolist(), v.size[k0:k0 + count].tolist())]
+            packets.append(CameraPackets(v.number, v.pos[k0:k0 + count], v.size[k0:k0 + count], v.data, lead))
             key_rel = v.key_of[k0:k0 + count] - k0
             backs[:, c] = np.arange(n) - np.maximum(key_rel[lead:] - lead, 0)
-            per_cam.append([refs[:lead + 1], *([r] for r in refs[lead + 1:])])
             idx = np.arange(lead, count)
             cam_meta[cam.name] = {"height": v.height, "width": v.width, "source": cam.source,
                                   "source_height": v.height, "source_width": v.width, "codec": v.codec,
@@ -174,27 +189,16 @@ class Builder:
                 raise EpisodeError(f"episode {eid!r}: array {arrays[k][0]!r} has {len(arrays[k][1])} steps, the "
                                    f"cameras {n} frames; trim them to match")
         flat = [np.ascontiguousarray(arrays[k][1]).reshape(n, -1).view(np.uint8) for k in names]
-        width = [f.shape[1] for f in flat]
-        cut = np.cumsum([0, *width]).tolist()
-        view = memoryview(np.hstack(flat).tobytes() if flat else b"")
-        row = cut[-1]
-        rows = [[view[t * row + a:t * row + b] for a, b in zip(cut[:-1], cut[1:])] for t in range(n)]
-        parts = ref.layout(eid.encode(), per_cam, backs, rows)
-        pos = start = self._pos
-        offsets = []
-        for s in parts.spans:
-            offsets.append(pos)
-            pos += s
-        for part in parts.parts:
-            self.pieces.add(self._pos, part)
-            if isinstance(part, ref.Ref):
-                self._sha.update(part.data)
-                self._pos += part.size
-            else:
-                self._sha.update(part)
-                self._pos += len(part)
-        if self._pos != pos:
-            raise AssertionError(f"episode {eid!r}: its parts hold {self._pos - start} bytes, its spans {pos - start}")
+        rows = np.hstack(flat) if flat else np.zeros((n, 0), np.uint8)
+        parts = layout(eid.encode(), packets, backs, rows, [f.shape[1] for f in flat])
+        start = self._pos
+        offsets = (start + np.cumsum(parts.spans) - np.asarray(parts.spans)).tolist()
+        self.pieces.extend(start, parts)
+        self._sha.update(parts.blob)
+        self._pos += len(parts.blob)
+        if self._pos != start + sum(parts.spans):
+            raise AssertionError(f"episode {eid!r}: its parts hold {self._pos - start} bytes, its spans "
+                                 f"{sum(parts.spans)}")
         self.entries.append({"id": eid, "split": split, "length": n, "fps": float(fps), "prompt": prompt,
                              "cameras": cam_meta,
                              "arrays": {k: {"dtype": arrays[k][1].dtype.str, "shape": list(arrays[k][1].shape[1:]),
