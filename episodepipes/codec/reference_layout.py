@@ -38,7 +38,7 @@ class CameraPackets:
 @dataclass
 class EpisodeLayout:
     """An episode's pieces (start from the episode's first byte, file, and at: in ``literal`` or the file), its
-    literal bytes, its whole bytes, and the writer's per-frame fields."""
+    literal bytes, its whole bytes, and the writer's per-frame fields (the CRC32s on request)."""
 
     start: np.ndarray
     file: np.ndarray
@@ -49,7 +49,12 @@ class EpisodeLayout:
     heads: list[int]
     sizes: list[int]
     keys: list[int]
-    crcs: list[int]
+    records: list[int]  # each record's first byte in ``blob`` (after its chunk's head)
+
+    def crcs(self) -> list[int]:
+        """Each record's CRC32 (a pass over the bytes: a writer may run it beside its next episode's layout)."""
+        bv = memoryview(self.blob)
+        return [zlib.crc32(bv[s:s + z]) for s, z in zip(self.records, self.sizes)]
 
 
 def _table(sizes: Sequence[int]) -> bytes:
@@ -138,11 +143,9 @@ def layout(eid: bytes, cams: Sequence[CameraPackets], backs: np.ndarray, rows: n
     lv = memoryview(literal)
     blob = b"".join([lv[a:a + z] if f == LITERAL else views[f][a:a + z]
                      for f, a, z in zip(file.tolist(), at.tolist(), size.tolist())])
-    bv = memoryview(blob)
-    rec_start = (np.cumsum(spans) - np.asarray(spans) + np.asarray(heads)).tolist()
-    crcs = [zlib.crc32(bv[s:s + z]) for s, z in zip(rec_start, sizes)]
+    records = (np.cumsum(spans) - np.asarray(spans) + np.asarray(heads)).tolist()
     keys = (np.arange(n) - backs.max(axis=1, initial=0)).tolist()
-    return EpisodeLayout(start, file, at, literal, blob, spans, heads, sizes, keys, crcs)
+    return EpisodeLayout(start, file, at, literal, blob, spans, heads, sizes, keys, records)
 
 
 __all__ = ["CameraPackets", "EpisodeLayout", "layout"]

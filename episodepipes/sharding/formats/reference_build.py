@@ -10,16 +10,18 @@ records' CRC32s, the shards' sha256 and its stamp (size, CRC32 of its first and 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from episodepipes import safefile
 from episodepipes.codec import reference as ref
 from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
-from episodepipes.codec.reference_layout import CameraPackets, layout
+from episodepipes.codec.reference_layout import CameraPackets, EpisodeLayout, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
 from episodepipes.format import INDEX_NAME, TAR_END, npy_bytes, shard_name
 from episodepipes.index.referenced import LITERAL_NAME, PIECE_FILES
@@ -29,6 +31,7 @@ from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats import lerobot_meta as meta
 from episodepipes.sharding.write.writer import write_index
 
+HASH_AHEAD = 4  # episodes laid out ahead of their hashing (their bytes held meanwhile)
 SHARD_SIZE = 1 << 30  # virtual bytes per shard: shards cost nothing on disk, and fewer keep index.json small
 
 
@@ -137,6 +140,9 @@ class Builder:
         self.shards: list[dict] = []
         self.entries: list[dict] = []
         self._sha, self._pos, self._samples = hashlib.sha256(), 0, 0
+        # the bytes' hashes (CRC32s, sha256; both release the GIL) run on one thread, in order, beside the layout
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="reference-hash")
+        self._hashing: deque[Future] = deque()
 
     @property
     def source_bytes(self) -> int:
@@ -194,7 +200,10 @@ class Builder:
         start = self._pos
         offsets = (start + np.cumsum(parts.spans) - np.asarray(parts.spans)).tolist()
         self.pieces.extend(start, parts)
-        self._sha.update(parts.blob)
+        crcs: list[int] = []
+        self._hashing.append(self._hasher.submit(_hash, parts, crcs, self._sha))
+        while len(self._hashing) > HASH_AHEAD:
+            self._hashing.popleft().result()
         self._pos += len(parts.blob)
         if self._pos != start + sum(parts.spans):
             raise AssertionError(f"episode {eid!r}: its parts hold {self._pos - start} bytes, its spans "
@@ -205,14 +214,23 @@ class Builder:
                                             "source": arrays[k][0]} for k in names},
                              **extra,
                              "segments": [{"shard": len(self.shards), "first": 0, "count": n, "offsets": offsets,
-                                           "end": self._pos, "crc32": parts.crcs, "heads": parts.heads,
+                                           "end": self._pos, "crc32": crcs, "heads": parts.heads,
                                            "sizes": parts.sizes, "keys": parts.keys}]})
         self.stats.add(split, *episode_part(eid, {k: arrays[k][1] for k in names}))
         self._samples += n
         if self._pos >= self.shard_size:
             self._end_shard()
 
+    def _drain(self) -> None:
+        while self._hashing:
+            self._hashing.popleft().result()
+
+    def close(self) -> None:
+        """Stop the hashing thread (after `finish`, or when indexing failed)."""
+        self._hasher.shutdown(wait=True, cancel_futures=True)
+
     def _end_shard(self) -> None:
+        self._drain()
         self.pieces.end_shard(self._pos)
         self._sha.update(TAR_END)
         self.shards.append({"name": shard_name(len(self.shards)), "bytes": self._pos + len(TAR_END),
@@ -224,6 +242,7 @@ class Builder:
         (shards, frames, bytes written)."""
         if self._samples:
             self._end_shard()
+        self._drain()
         if not self.entries:
             raise EpisodeError(f"{self.root}: no episodes to index")
         out = Path(out)
@@ -243,6 +262,12 @@ class Builder:
         written = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and (
             p.name.startswith(("index.", "reference.")) or p.name == INDEX_NAME))
         return len(self.shards), sum(e["length"] for e in self.entries), written
+
+
+def _hash(parts: EpisodeLayout, crcs: list[int], sha: Any) -> None:
+    """An episode's record CRC32s into ``crcs`` (its index entry's list), and its bytes into its shard's sha256."""
+    crcs.extend(parts.crcs())
+    sha.update(parts.blob)
 
 
 def _depth(out: Path, real: Path) -> int | None:
