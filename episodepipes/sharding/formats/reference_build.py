@@ -20,11 +20,12 @@ import numpy as np
 
 from episodepipes import safefile
 from episodepipes.codec import reference as ref
+from episodepipes.codec import reference_pieces as pieces_file
 from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
 from episodepipes.codec.reference_layout import CameraPackets, EpisodeLayout, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
-from episodepipes.format import INDEX_NAME, TAR_END, npy_bytes, shard_name
-from episodepipes.index.referenced import LITERAL_NAME, PIECE_FILES
+from episodepipes.format import INDEX_NAME, TAR_END, shard_name
+from episodepipes.index.referenced import LITERAL_NAME, PIECES_NAME
 from episodepipes.normstats.fields import StatsFields, episode_part
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.sharding.episode import EpisodeError
@@ -248,7 +249,7 @@ class Builder:
         out = Path(out)
         if not out.exists():
             safefile.make_dir(out, parents=True)
-        blobs = {PIECE_FILES[k]: npy_bytes(v) for k, v in self.pieces.columns().items()}
+        blobs = {PIECES_NAME: pieces_file.encode(self.pieces.columns(), [s["bytes"] for s in self.shards])}
         blobs[LITERAL_NAME] = bytes(self.pieces.literal)
         safefile.write_files([(out / k, v) for k, v in sorted(blobs.items())])
         extra = dict(self.stats.write(out / STATS_NAME))
