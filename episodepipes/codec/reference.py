@@ -7,7 +7,7 @@ file, or one packet, kept where it is: a byte range of a source video file. So t
 frames and the shards' sha256 are exactly a copy import's, and every reader of the packed layout reads a virtual
 shard through `ReferenceSource` (a byte source) as it reads a tar.
 
-Here: the layout (`layout`: the parts of one episode, literal bytes and `Ref` packets, in shard order), the
+Here: the piece table a writer gathers (`Pieces`; an episode's pieces are laid out by `reference_layout`), the
 pieces' checks (`check_pieces`, input from strangers), the source files' names (`check_file`: relative, inside the
 source root) and `ReferenceSource`, which serves byte ranges of virtual shards. The byte sources of the source
 files, the literal file and the index folder are given to it (this package imports no byte source).
@@ -16,35 +16,20 @@ files, the literal file and the index folder are given to it (this package impor
 from __future__ import annotations
 
 import re
-import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from episodepipes.codec.chunk import EXT, cuts
-from episodepipes.codec.pack import MAGIC
-from episodepipes.format import TAR_END, tar_header
+from episodepipes.codec.reference_layout import LITERAL, EpisodeLayout
+from episodepipes.format import TAR_END
 
-LITERAL, PIECE_DTYPES = -1, {"start": "<u8", "file": "<i4", "at": "<u8"}
+PIECE_DTYPES = {"start": "<u8", "file": "<i4", "at": "<u8"}
 STAMP = 1 << 16  # bytes at each end of a source file whose crc32 the index keeps (the cheap content check)
 MAX_DEPTH = 16  # folders a source file's name may go down from the source root
 _PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-=]{0,254}")
-
-
-class Ref(NamedTuple):
-    """A packet left in its source file: file number, byte offset and size, and a view of its bytes (to hash)."""
-
-    file: int
-    at: int
-    size: int
-    data: memoryview
-
-
-Part = bytes | Ref
 
 
 def check_file(name: object) -> str:
@@ -57,70 +42,6 @@ def check_file(name: object) -> str:
     return name  # type: ignore[return-value]
 
 
-def _table(sizes: Sequence[int]) -> bytes:
-    """`pack`'s head for blobs of these sizes."""
-    ends, total = [], 0
-    for s in sizes:
-        total += s
-        ends.append(total)
-    return MAGIC + struct.pack(f"<I{len(ends)}I", len(ends), *ends)
-
-
-@dataclass
-class EpisodeParts:
-    """`layout`'s result: the writer's per-frame fields (as `codec.chunk.Spans` and the crc32 of each record),
-    and the episode's bytes as parts in order."""
-
-    parts: list[Part]
-    spans: list[int]
-    heads: list[int]
-    sizes: list[int]
-    keys: list[int]
-    crcs: list[int]
-
-
-def layout(eid: bytes, cameras: Sequence[Sequence[Sequence[Ref]]], backs: np.ndarray,
-           rows: Sequence[Sequence[bytes]]) -> EpisodeParts:
-    """The packed bytes of one episode exactly as `codec.chunk.layout` lays out `codec.chunk.record` s, with the
-    packets as `Ref` parts: ``cameras[c][t]`` are camera c's packets in frame t's record (frame 0's leading ones
-    included), ``backs[t, c]`` how many frames before t its decode starts, ``rows[t]`` frame t's arrays' raw rows
-    (sorted keys). Returns the parts with the fields the writer indexes (spans, heads, sizes, keys, crc32)."""
-    n, ncam = len(backs), len(cameras)
-    recs: list[list[Part]] = []
-    sizes: list[int] = []
-    crcs: list[int] = []
-    for t in range(n):
-        head = b"".join(struct.pack("<HH", int(backs[t, c]), len(cameras[c][t])) for c in range(ncam))
-        pk = [p for c in range(ncam) for p in cameras[c][t]]
-        blob_sizes = [len(head), *(p.size for p in pk), *(len(r) for r in rows[t])]
-        lead = _table(blob_sizes) + head
-        tail = b"".join(rows[t])
-        crc = zlib.crc32(lead)
-        for p in pk:
-            crc = zlib.crc32(p.data, crc)
-        crcs.append(zlib.crc32(tail, crc))
-        recs.append([lead, *pk, tail])
-        sizes.append(len(lead) + sum(p.size for p in pk) + len(tail))
-    parts: list[Part] = []
-    spans: list[int] = []
-    heads: list[int] = []
-    for a, b in cuts(backs, sizes):
-        member = 8 + 4 * (b - a) + sum(sizes[a:b])
-        header = tar_header(b"%s/%06d.%s" % (eid, a, EXT.encode()), member)
-        parts.append(header + _table(sizes[a:b]))
-        for r in recs[a:b]:
-            parts += r
-        pad = -member % 512
-        parts.append(bytes(pad))
-        share = list(sizes[a:b])
-        share[0] += len(header) + 8 + 4 * (b - a)
-        share[-1] += pad
-        spans += share
-        heads += [len(header) + 8 + 4 * (b - a)] + [0] * (b - a - 1)
-    keys = (np.arange(n) - backs.max(axis=1, initial=0)).tolist() if n else []
-    return EpisodeParts(parts, spans, heads, sizes, keys, crcs)
-
-
 class Pieces:
     """The piece table of a writer: literal bytes gathered, each piece's (start in its shard, file, at)."""
 
@@ -130,13 +51,8 @@ class Pieces:
         self.at: list[int] = []
         self.literal = bytearray()
 
-    def add(self, pos: int, part: Part) -> None:
-        """Append ``part``, which starts at byte ``pos`` of its shard (literal parts merge with a literal before)."""
-        if isinstance(part, Ref):
-            self.start.append(pos)
-            self.file.append(part.file)
-            self.at.append(part.at)
-            return
+    def add(self, pos: int, part: bytes) -> None:
+        """Append literal bytes that start at byte ``pos`` of their shard (merged with a literal piece before)."""
         if not part:
             return
         if not self.file or self.file[-1] != LITERAL or pos == 0:
@@ -144,6 +60,17 @@ class Pieces:
             self.file.append(LITERAL)
             self.at.append(len(self.literal))
         self.literal += part
+
+    def extend(self, pos: int, lay: EpisodeLayout) -> None:
+        """Append an episode's pieces (`reference_layout.layout`), which start at byte ``pos`` of its shard; its
+        first literal run merges with a literal piece before it, as `add` merges."""
+        start, file, at = lay.start + pos, lay.file, np.where(lay.file == LITERAL, lay.at + len(self.literal), lay.at)
+        if len(file) and file[0] == LITERAL and pos and self.file and self.file[-1] == LITERAL:
+            start, file, at = start[1:], file[1:], at[1:]
+        self.start += start.tolist()
+        self.file += file.tolist()
+        self.at += at.tolist()
+        self.literal += lay.literal
 
     def end_shard(self, pos: int) -> None:
         """The shard's end of archive (its last bytes)."""

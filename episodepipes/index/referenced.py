@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from episodepipes.codec import reference as ref
+from episodepipes.codec import reference_pieces as pieces_file
 from episodepipes.index.check import IndexFormatError
 from episodepipes.shardio import ByteSource, LocalSource, ShardIOError, is_url, open_source
 
 LITERAL_NAME = "reference.literal.bin"
-PIECE_FILES = {k: f"reference.{k}.npy" for k in ref.PIECE_DTYPES}
+PIECES_NAME = "reference.pieces.bin"  # the piece table (`codec.reference_pieces`)
+PIECE_FILES = {k: f"reference.{k}.npy" for k in ref.PIECE_DTYPES}  # as indexes before it kept the table
 STALE = "re-index the dataset (episodepipes-shard write SRC OUT --format lerobot --codec reference --overwrite), " \
         "or restore the file"
 
@@ -50,9 +52,10 @@ def check_reference(field: Any, file: str) -> dict:
     if len({f.name for f in out}) != len(out):
         raise fail("files name a file twice")
     hashes = field.get("hashes")
-    if type(hashes) is not dict or set(hashes) != {LITERAL_NAME, *PIECE_FILES.values()} \
+    kinds = ({LITERAL_NAME, PIECES_NAME}, {LITERAL_NAME, *PIECE_FILES.values()})
+    if type(hashes) is not dict or set(hashes) not in kinds \
             or not all(type(h) is str and len(h) == 64 for h in hashes.values()):
-        raise fail(f"hashes should give the sha256 of {sorted([LITERAL_NAME, *PIECE_FILES.values()])}")
+        raise fail(f"hashes should give the sha256 of {sorted([LITERAL_NAME, PIECES_NAME])}")
     for key in ("literal", "pieces"):
         if type(field.get(key)) is not int or not 0 <= field[key] < 2**48:
             raise fail(f"{key} should be a count of bytes or pieces")
@@ -60,6 +63,34 @@ def check_reference(field: Any, file: str) -> dict:
     if up is not None and (type(up) is not int or not 1 <= up <= ref.MAX_DEPTH):
         raise fail(f"up={str(up)[:20]!r} should be 1..{ref.MAX_DEPTH} folders")
     return {**field, "files": out}
+
+
+def _read(folder: ByteSource, name: str, limit: int, digest: str, file: str) -> bytes:
+    raw = folder.read_file(name, limit=limit)
+    if hashlib.sha256(raw).hexdigest() != digest:
+        raise IndexFormatError(f"{file}: {name} does not match its sha256 in the index; re-index the dataset")
+    return raw
+
+
+def _pieces(field: dict, folder: ByteSource, file: str, shard_bytes: list[int]) -> dict[str, np.ndarray]:
+    """The piece columns, from the one deflated file (or, in an older index, three .npy columns)."""
+    count = field["pieces"]
+    if PIECES_NAME in field["hashes"]:
+        raw = _read(folder, PIECES_NAME, 32 * count + 4096, field["hashes"][PIECES_NAME], file)
+        try:
+            return pieces_file.decode(raw, count, shard_bytes)
+        except ValueError as e:
+            raise IndexFormatError(f"{file}: {PIECES_NAME} is damaged ({e}); re-index the dataset") from None
+    cols = {}
+    for key, name in PIECE_FILES.items():
+        raw = _read(folder, name, 16 * count + 4096, field["hashes"][name], file)
+        try:
+            cols[key] = np.load(io.BytesIO(raw), allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise IndexFormatError(f"{file}: {name} is not a .npy column ({e}); re-index the dataset") from None
+        if cols[key].shape != (count,):
+            raise IndexFormatError(f"{file}: {name} holds {cols[key].shape}, not {count} pieces")
+    return cols
 
 
 def default_root(root: Path | str, up: int | None) -> str | None:
@@ -82,17 +113,8 @@ def open_reference(meta: dict, root: Path | str, folder: ByteSource, file: str, 
         raise ValueError(f"{file} indexes a dataset's files in place, and lies outside it: pass its root, "
                          "EpisodeIndex.open(OUT, source_root=SRC) (a folder or an s3://, gs://, https:// root), or "
                          "open that index and pass it to the pipe")
-    cols = {}
-    for key, name in PIECE_FILES.items():
-        raw = folder.read_file(name, limit=16 * field["pieces"] + 4096)
-        if hashlib.sha256(raw).hexdigest() != field["hashes"][name]:
-            raise IndexFormatError(f"{file}: {name} does not match its sha256 in the index; re-index the dataset")
-        try:
-            cols[key] = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise IndexFormatError(f"{file}: {name} is not a .npy column ({e}); re-index the dataset") from None
-        if cols[key].shape != (field["pieces"],):
-            raise IndexFormatError(f"{file}: {name} holds {cols[key].shape}, not {field['pieces']} pieces")
+    meta_shards = [(s["name"], s["bytes"]) for s in meta["shards"]]
+    cols = _pieces(field, folder, file, [b for _, b in meta_shards])
     remote = is_url(where)
     base = where.rstrip("/") if remote else os.path.realpath(where)
     folders: dict[str, ByteSource] = {}
@@ -109,7 +131,6 @@ def open_reference(meta: dict, root: Path | str, folder: ByteSource, file: str, 
             src = folders[folder_name] = open_source(at, options=options) if remote else LocalSource(at)
         return src, base_name
 
-    meta_shards = [(s["name"], s["bytes"]) for s in meta["shards"]]
     try:
         return ref.ReferenceSource(str(root), folder, meta_shards, cols, field["files"],
                                    (LITERAL_NAME, field["literal"]), open_file, lambda n: f"{where}/{n}",

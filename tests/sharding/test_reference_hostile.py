@@ -7,12 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 
 import av
-import numpy as np
 import pytest
 
 from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
+from episodepipes.codec import reference_pieces as pieces_file
 from episodepipes.errors import ShardIOError
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.pipes import video_pipe
@@ -92,10 +93,11 @@ def test_hostile_reference_fields_are_refused(dataset, field, value):
 
 def test_damaged_piece_columns_are_refused(dataset):
     src, out = dataset
-    starts = np.load(out / "reference.start.npy")
-    starts[3] = starts[5]  # pieces going back: the sha256 catches it first
-    np.save(out / "reference.start.npy", starts)
-    with pytest.raises(IndexFormatError, match=r"reference\.start\.npy does not match its sha256"):
+    path = out / "reference.pieces.bin"
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0xFF  # the sha256 catches it first
+    path.write_bytes(bytes(raw))
+    with pytest.raises(IndexFormatError, match=r"reference\.pieces\.bin does not match its sha256"):
         _read(out, src)
 
 
@@ -109,14 +111,41 @@ def test_a_link_inside_the_root_that_points_out_of_it_is_refused(dataset, tmp_pa
         _read(out, src)
 
 
-@pytest.mark.parametrize(("column", "change"), [("start", lambda a: a[::-1].copy()), ("file", lambda a: a + 5),
-                                                ("at", lambda a: a + 2**40)])
+def _pieces(out):
+    data = json.loads((out / "index.json").read_text())
+    shards = [s["bytes"] for s in data["shards"]]
+    return data, shards, pieces_file.decode((out / "reference.pieces.bin").read_bytes(), data["reference"]["pieces"],
+                                            shards)
+
+
+def _store(out, data, raw):
+    (out / "reference.pieces.bin").write_bytes(raw)
+    data["reference"]["hashes"]["reference.pieces.bin"] = hashlib.sha256(raw).hexdigest()
+    (out / "index.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(("column", "change"), [("file", lambda a: a + 5), ("at", lambda a: a + 2**40)])
 def test_pieces_that_lie_are_refused_even_with_their_sha256(dataset, column, change):
     src, out = dataset
-    path = out / f"reference.{column}.npy"
-    np.save(path, change(np.load(path)))
-    data = json.loads((out / "index.json").read_text())
-    data["reference"]["hashes"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    (out / "index.json").write_text(json.dumps(data))
+    data, shards, cols = _pieces(out)
+    cols[column] = change(cols[column])
+    _store(out, data, pieces_file.encode(cols, shards))
     with pytest.raises(IndexFormatError, match="reference pieces are damaged"):
+        _read(out, src)
+
+
+@pytest.mark.parametrize("lie", ["count", "bomb", "tiling"])
+def test_a_piece_file_that_does_not_hold_its_count_is_refused(dataset, lie):
+    src, out = dataset
+    data, shards, cols = _pieces(out)
+    if lie == "count":
+        data["reference"]["pieces"] -= 1
+        raw = (out / "reference.pieces.bin").read_bytes()
+    elif lie == "bomb":  # inflates to far more than the count allows: stopped at the count
+        raw = pieces_file.MAGIC + zlib.compress(bytes(1 << 22))
+    else:  # a shard's size that the pieces do not add up to
+        shards[-1] += 1
+        raw = pieces_file.encode(cols, shards)
+    _store(out, data, raw)
+    with pytest.raises(IndexFormatError, match=r"reference\.pieces\.bin is damaged"):
         _read(out, src)

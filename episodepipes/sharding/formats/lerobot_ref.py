@@ -119,12 +119,33 @@ def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s
             last_use[rel] = i
         last_use[ep.data_file] = i
     build = Builder(root, shard_size)
-    table, table_of = None, None
+    try:
+        _index(reader, ids, splits, last_use, build)
+        shards, frames, written = build.finish(out, {
+            "format": "lerobot", "codec": "reference", "shard_size": shard_size, "tolerance_s": reader.tolerance_s,
+            **({"val_fraction": val_fraction} if val_fraction is not None else {}), "seed": seed})
+    finally:
+        build.close()
+    return ReferenceResult(out, len(ids), frames, shards, time.perf_counter() - t0, build.source_bytes, written)
+
+
+def _index(reader: lr.LeRobotReader, ids: list[str], splits: dict, last_use: dict[str, int], build: Builder) -> None:
+    """Add every episode to ``build``, in order: each data file read once, each mp4 read at its first use."""
+    root = reader.root
+    table, table_of, values = None, None, {}
     for eid, (i, ep) in zip(ids, sorted(reader.episodes.items())):
         where = f"episode {eid!r}"
         if table_of != ep.data_file:
-            table, table_of = _tables(reader, ep.data_file, f"{where}: {root / ep.data_file}"), ep.data_file
-        rows = _episode_rows(table, i, ep.length, f"{where}: {root / ep.data_file}")
+            fw = f"{where}: {root / ep.data_file}"
+            table, table_of = _tables(reader, ep.data_file, fw), ep.data_file
+            episode_of = _episode_index(table, fw)
+            values = {reader.names[k]: (k, lr.column(table.column(k), reader.shapes[k], f"{fw} feature {k!r}"))
+                      for k in reader.array_keys}
+        lo, hi = np.searchsorted(episode_of, [i, i + 1]).tolist()
+        if hi - lo != ep.length:
+            raise EpisodeError(f"{where}: {root / ep.data_file} holds {hi - lo} rows of episode {i}, meta/episodes "
+                               f"says {ep.length}; the dataset is inconsistent, re-download or re-convert it")
+        rows = table.slice(lo, hi - lo)
         times = lr.timestamps(rows.column("timestamp"), f"{where}: {root / ep.data_file}")
         lr.check_frame_index(rows.column("frame_index"), f"{where}: {root / ep.data_file}")
         n = len(times)
@@ -138,34 +159,23 @@ def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s
             v = build.video(rel, cw)
             cams.append(Camera(reader.names[key], key, v, *_match(v, start, end, times, reader.fps,
                                                                   reader.tolerance_s, cw)))
-        values = {reader.names[k]: (k, lr.column(rows.column(k), reader.shapes[k], f"{where} feature {k!r}"))
-                  for k in reader.array_keys}
         tasks = ep.tasks or reader.tasks_of(rows, eid)
-        build.add(safe_episode_id(eid), n, cams, values, fps=reader.fps, prompt="; ".join(tasks),
-                  split=splits[eid] or "train", extra=reader.extra)
+        build.add(safe_episode_id(eid), n, cams, {k: (src, v[lo:hi]) for k, (src, v) in values.items()},
+                  fps=reader.fps, prompt="; ".join(tasks), split=splits[eid] or "train", extra=reader.extra)
         for rel, _, _ in ep.videos.values():
             if last_use[rel] <= i:
                 build.drop(rel)
-    shards, frames, written = build.finish(out, {
-        "format": "lerobot", "codec": "reference", "shard_size": shard_size, "tolerance_s": reader.tolerance_s,
-        **({"val_fraction": val_fraction} if val_fraction is not None else {}), "seed": seed})
-    return ReferenceResult(out, len(ids), frames, shards, time.perf_counter() - t0, build.source_bytes, written)
 
 
-def _episode_rows(table, index: int, length: int, where: str):  # noqa: ANN001, ANN202 (pyarrow.Table)
-    """Episode ``index``'s rows of its data file's sorted table."""
+def _episode_index(table, where: str) -> np.ndarray:  # noqa: ANN001 (pyarrow.Table)
+    """The sorted table's episode_index column, to find each episode's rows by bisection."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    try:
-        rows = table.filter(pc.equal(table.column("episode_index"), pa.scalar(index, pa.int64())))
-    except (pa.ArrowException, TypeError, ValueError) as e:
-        raise EpisodeError(f"{where}: cannot select the episode's rows ({type(e).__name__}: {e}); re-convert it") \
-            from None
-    if rows.num_rows != length:
-        raise EpisodeError(f"{where} holds {rows.num_rows} rows of episode {index}, meta/episodes says {length}; the "
-                           "dataset is inconsistent, re-download or re-convert it")
-    return rows
+    col = table.column("episode_index")
+    if not pa.types.is_integer(col.type) or col.null_count:
+        raise EpisodeError(f"{where}: episode_index is {col.type} with {col.null_count} nulls; it must hold "
+                           "integers, re-convert the dataset")
+    return col.to_numpy()
 
 
 def summary(res: ReferenceResult) -> str:

@@ -31,34 +31,37 @@ def index_raw(src: str | os.PathLike, out: str | os.PathLike, *, shard_size: int
     ids = reader.episode_ids()
     splits = assign_splits(ids, val_fraction=val_fraction, val_episodes=val_episodes, seed=seed)
     build = Builder(root, shard_size)
-    real = root.resolve()
-    for eid in ids:
-        ep = reader.read(eid)
-        where = f"episode {eid!r}"
-        if any(not isinstance(f, VideoFrames) for f in ep.cameras.values()):
-            folders = sorted(c for c, f in ep.cameras.items() if not isinstance(f, VideoFrames))
-            raise EpisodeError(f"{where}: cameras {folders} are image folders, with no packets to point at; use "
-                               "--codec copy")
-        arrays = {safe_field(k): (ep.sources.get(k, k), np.asarray(v)) for k, v in ep.arrays.items()}
-        cams, rels = [], []
-        for cam, frames in sorted(ep.cameras.items()):
-            rel = Path(frames.path).resolve().relative_to(real).as_posix()
-            cw = f"{where} camera {cam!r} ({frames.path})"
-            v = build.video(rel, cw)
-            rels.append(rel)
-            if v.key_of[0] != 0:
-                raise EpisodeError(f"{cw}: the file does not start at a keyframe; re-encode it with --codec av1")
-            gop = int((np.arange(len(v.key_of)) - v.key_of).max()) + 1
-            if gop > MAX_GOP:
-                raise EpisodeError(f"{cw}: its keyframes are up to {gop} frames apart, more than {MAX_GOP}; "
-                                   "re-encode it with --codec av1 (short GOPs)")
-            cams.append(Camera(safe_field(cam), ep.sources.get(cam, cam), v, 0, len(v.times), 0))
-        n = len(cams[0].video.times)
-        build.add(safe_episode_id(ep.id), n, cams, arrays, fps=float(ep.fps), prompt=ep.prompt,
-                  split=splits[eid] or ep.split or "train", extra=dict(ep.extra))
-        for rel in rels:
-            build.drop(rel)
-    shards, frames, written = build.finish(out, {
-        "format": "raw", "codec": "reference", "shard_size": shard_size,
-        **({"val_fraction": val_fraction} if val_fraction is not None else {}), "seed": seed})
+    try:
+        real = root.resolve()
+        for eid in ids:
+            ep = reader.read(eid)
+            where = f"episode {eid!r}"
+            if any(not isinstance(f, VideoFrames) for f in ep.cameras.values()):
+                folders = sorted(c for c, f in ep.cameras.items() if not isinstance(f, VideoFrames))
+                raise EpisodeError(f"{where}: cameras {folders} are image folders, with no packets to point at; use "
+                                   "--codec copy")
+            arrays = {safe_field(k): (ep.sources.get(k, k), np.asarray(v)) for k, v in ep.arrays.items()}
+            cams, rels = [], []
+            for cam, frames in sorted(ep.cameras.items()):
+                rel = Path(frames.path).resolve().relative_to(real).as_posix()
+                cw = f"{where} camera {cam!r} ({frames.path})"
+                v = build.video(rel, cw)
+                rels.append(rel)
+                if v.key_of[0] != 0:
+                    raise EpisodeError(f"{cw}: the file does not start at a keyframe; re-encode it with --codec av1")
+                gop = int((np.arange(len(v.key_of)) - v.key_of).max()) + 1
+                if gop > MAX_GOP:
+                    raise EpisodeError(f"{cw}: its keyframes are up to {gop} frames apart, more than {MAX_GOP}; "
+                                       "re-encode it with --codec av1 (short GOPs)")
+                cams.append(Camera(safe_field(cam), ep.sources.get(cam, cam), v, 0, len(v.times), 0))
+            n = len(cams[0].video.times)
+            build.add(safe_episode_id(ep.id), n, cams, arrays, fps=float(ep.fps), prompt=ep.prompt,
+                      split=splits[eid] or ep.split or "train", extra=dict(ep.extra))
+            for rel in rels:
+                build.drop(rel)
+        shards, frames, written = build.finish(out, {
+            "format": "raw", "codec": "reference", "shard_size": shard_size,
+            **({"val_fraction": val_fraction} if val_fraction is not None else {}), "seed": seed})
+    finally:
+        build.close()
     return ReferenceResult(out, len(ids), frames, shards, time.perf_counter() - t0, build.source_bytes, written)

@@ -2,30 +2,37 @@
 source video files: the layout, CRC32s and sha256s the copy import would write, the pieces, the literal bytes, the
 statistics, then the index (last). The formats (`lerobot_ref`, `raw_ref`) say which packets make each episode.
 
-Each source file is demuxed once (timestamps, byte positions, keyframes; never decoded) and read once, for the
+Each source file's packets (timestamps, byte positions, keyframes) are read from its mp4 sample tables, or demuxed
+where the file is not a plain mp4 (never decoded), and its bytes are read once, for the
 records' CRC32s, the shards' sha256 and its stamp (size, CRC32 of its first and last 64 KiB).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from episodepipes import safefile
 from episodepipes.codec import reference as ref
+from episodepipes.codec import reference_pieces as pieces_file
+from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
+from episodepipes.codec.reference_layout import CameraPackets, EpisodeLayout, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
-from episodepipes.format import INDEX_NAME, TAR_END, npy_bytes, shard_name
-from episodepipes.index.referenced import LITERAL_NAME, PIECE_FILES
+from episodepipes.format import INDEX_NAME, TAR_END, shard_name
+from episodepipes.index.referenced import LITERAL_NAME, PIECES_NAME
 from episodepipes.normstats.fields import StatsFields, episode_part
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats import lerobot_meta as meta
 from episodepipes.sharding.write.writer import write_index
 
+HASH_AHEAD = 4  # episodes laid out ahead of their hashing (their bytes held meanwhile)
 SHARD_SIZE = 1 << 30  # virtual bytes per shard: shards cost nothing on disk, and fewer keep index.json small
 
 
@@ -49,13 +56,41 @@ class Video:
 
 
 def _demux(path: Path, number: int, where: str) -> Video:
-    """Every packet of ``path``'s first video stream (never decoded), and its bytes."""
-    import av
-
+    """Every packet of ``path``'s first video stream (never decoded), and its bytes: read from an mp4's sample
+    tables (`codec.mp4tables`), demuxed packet by packet where the tables are not the plain kind."""
     fmt = DEMUXERS.get(path.suffix.lower())  # the suffix's demuxer, never the bytes'
     if fmt is None:
         raise EpisodeError(f"{where}: a {path.suffix or 'suffix-less'} file is not a video ({', '.join(DEMUXERS)})")
     data = memoryview(path.read_bytes())
+    tables = None
+    if fmt == "mov":
+        try:
+            tables = read_tables(data)
+        except Mp4Error as e:
+            raise EpisodeError(f"{where}: its mp4 boxes are damaged ({e}); re-download it") from None
+    if tables is None:
+        tables = _packets(path, fmt, data, where)
+    if tables.codec not in DECODERS:
+        raise EpisodeError(f"{where}: its video is {tables.codec}, which --codec reference does not take "
+                           f"({sorted(DECODERS)}); re-encode it")
+    t, k, p, z = tables.times, tables.keys, tables.pos, tables.size
+    if not len(t):
+        raise EpisodeError(f"{where}: its video stream has no packets")
+    if np.any(np.diff(t) <= 0):
+        raise EpisodeError(f"{where}: its video reorders frames (B-frames or open GOPs), which --codec reference does "
+                           "not take; re-encode it with --codec av1")
+    if (p + z > len(data)).any():
+        raise EpisodeError(f"{where}: a packet lies past the file's end; re-download it")
+    rate = tables.rate
+    half = 0.5 / rate if rate else (float(np.median(np.diff(t))) / 2 if len(t) > 1 else 0.5)
+    key_of = np.maximum.accumulate(np.where(k, np.arange(len(k)), -1))
+    return Video(number, t, p, z, key_of, tables.codec, tables.extradata, tables.height, tables.width, half, data)
+
+
+def _packets(path: Path, fmt: str, data: memoryview, where: str) -> Tables:
+    """The packets as FFmpeg's demuxer gives them, one by one (containers other than the plain mp4)."""
+    import av
+
     times, pos, size, keys = [], [], [], []
     try:
         with open(path, "rb") as f, av.open(f, format=fmt) as c:
@@ -63,12 +98,8 @@ def _demux(path: Path, number: int, where: str) -> Video:
                 raise EpisodeError(f"{where}: no video stream")
             s = c.streams.video[0]
             cc = s.codec_context
-            codec = cc.codec.canonical_name
-            if codec not in DECODERS:
-                raise EpisodeError(f"{where}: its video is {codec}, which --codec reference does not take "
-                                   f"({sorted(DECODERS)}); re-encode it")
             tb, rate = float(s.time_base), s.average_rate
-            extradata, h, w = bytes(cc.extradata or b""), cc.height, cc.width
+            setup = (cc.codec.canonical_name, bytes(cc.extradata or b""), cc.height, cc.width)
             for p in c.demux(s):
                 if p.size and p.pts is not None:
                     if p.pos is None or p.pos < 0:
@@ -81,18 +112,8 @@ def _demux(path: Path, number: int, where: str) -> Video:
                     keys.append(p.is_keyframe)
     except av.FFmpegError as e:
         raise EpisodeError(f"{where}: cannot read the video ({type(e).__name__}: {e}); re-download it") from e
-    t, k = np.asarray(times, np.float64), np.asarray(keys, bool)
-    p, z = np.asarray(pos, np.int64), np.asarray(size, np.int64)
-    if not len(t):
-        raise EpisodeError(f"{where}: its video stream has no packets")
-    if np.any(np.diff(t) <= 0):
-        raise EpisodeError(f"{where}: its video reorders frames (B-frames or open GOPs), which --codec reference does "
-                           "not take; re-encode it with --codec av1")
-    if (p + z > len(data)).any():
-        raise EpisodeError(f"{where}: a packet lies past the file's end; re-download it")
-    half = 0.5 / float(rate) if rate else (float(np.median(np.diff(t))) / 2 if len(t) > 1 else 0.5)
-    key_of = np.maximum.accumulate(np.where(k, np.arange(len(k)), -1))
-    return Video(number, t, p, z, key_of, codec, extradata, h, w, half, data)
+    return Tables(np.asarray(times, np.float64), np.asarray(pos, np.int64), np.asarray(size, np.int64),
+                  np.asarray(keys, bool), *setup, float(rate) if rate else 0.0)
 
 
 class Camera(NamedTuple):
@@ -120,6 +141,9 @@ class Builder:
         self.shards: list[dict] = []
         self.entries: list[dict] = []
         self._sha, self._pos, self._samples = hashlib.sha256(), 0, 0
+        # the bytes' hashes (CRC32s, sha256; both release the GIL) run on one thread, in order, beside the layout
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="reference-hash")
+        self._hashing: deque[Future] = deque()
 
     @property
     def source_bytes(self) -> int:
@@ -152,17 +176,15 @@ class Builder:
         (n, ...) values)), laid out as the copy import lays it out."""
         cams = sorted(cameras, key=lambda c: c.name)
         backs = np.zeros((n, len(cams)), np.int64)
-        per_cam, cam_meta = [], {}
+        packets, cam_meta = [], {}
         for c, cam in enumerate(cams):
             v, k0, count, lead = cam.video, cam.first, cam.count, cam.lead
             if count - lead != n:
                 raise EpisodeError(f"episode {eid!r} camera {cam.source!r}: {count - lead} frames, {n} rows or steps; "
                                    "trim them to match")
-            refs = [ref.Ref(v.number, a, z, v.data[a:a + z])
-                    for a, z in zip(v.pos[k0:k0 + count].tolist(), v.size[k0:k0 + count].tolist())]
+            packets.append(CameraPackets(v.number, v.pos[k0:k0 + count], v.size[k0:k0 + count], v.data, lead))
             key_rel = v.key_of[k0:k0 + count] - k0
             backs[:, c] = np.arange(n) - np.maximum(key_rel[lead:] - lead, 0)
-            per_cam.append([refs[:lead + 1], *([r] for r in refs[lead + 1:])])
             idx = np.arange(lead, count)
             cam_meta[cam.name] = {"height": v.height, "width": v.width, "source": cam.source,
                                   "source_height": v.height, "source_width": v.width, "codec": v.codec,
@@ -174,41 +196,42 @@ class Builder:
                 raise EpisodeError(f"episode {eid!r}: array {arrays[k][0]!r} has {len(arrays[k][1])} steps, the "
                                    f"cameras {n} frames; trim them to match")
         flat = [np.ascontiguousarray(arrays[k][1]).reshape(n, -1).view(np.uint8) for k in names]
-        width = [f.shape[1] for f in flat]
-        cut = np.cumsum([0, *width]).tolist()
-        view = memoryview(np.hstack(flat).tobytes() if flat else b"")
-        row = cut[-1]
-        rows = [[view[t * row + a:t * row + b] for a, b in zip(cut[:-1], cut[1:])] for t in range(n)]
-        parts = ref.layout(eid.encode(), per_cam, backs, rows)
-        pos = start = self._pos
-        offsets = []
-        for s in parts.spans:
-            offsets.append(pos)
-            pos += s
-        for part in parts.parts:
-            self.pieces.add(self._pos, part)
-            if isinstance(part, ref.Ref):
-                self._sha.update(part.data)
-                self._pos += part.size
-            else:
-                self._sha.update(part)
-                self._pos += len(part)
-        if self._pos != pos:
-            raise AssertionError(f"episode {eid!r}: its parts hold {self._pos - start} bytes, its spans {pos - start}")
+        rows = np.hstack(flat) if flat else np.zeros((n, 0), np.uint8)
+        parts = layout(eid.encode(), packets, backs, rows, [f.shape[1] for f in flat])
+        start = self._pos
+        offsets = (start + np.cumsum(parts.spans) - np.asarray(parts.spans)).tolist()
+        self.pieces.extend(start, parts)
+        crcs: list[int] = []
+        self._hashing.append(self._hasher.submit(_hash, parts, crcs, self._sha))
+        while len(self._hashing) > HASH_AHEAD:
+            self._hashing.popleft().result()
+        self._pos += len(parts.blob)
+        if self._pos != start + sum(parts.spans):
+            raise AssertionError(f"episode {eid!r}: its parts hold {self._pos - start} bytes, its spans "
+                                 f"{sum(parts.spans)}")
         self.entries.append({"id": eid, "split": split, "length": n, "fps": float(fps), "prompt": prompt,
                              "cameras": cam_meta,
                              "arrays": {k: {"dtype": arrays[k][1].dtype.str, "shape": list(arrays[k][1].shape[1:]),
                                             "source": arrays[k][0]} for k in names},
                              **extra,
                              "segments": [{"shard": len(self.shards), "first": 0, "count": n, "offsets": offsets,
-                                           "end": self._pos, "crc32": parts.crcs, "heads": parts.heads,
+                                           "end": self._pos, "crc32": crcs, "heads": parts.heads,
                                            "sizes": parts.sizes, "keys": parts.keys}]})
         self.stats.add(split, *episode_part(eid, {k: arrays[k][1] for k in names}))
         self._samples += n
         if self._pos >= self.shard_size:
             self._end_shard()
 
+    def _drain(self) -> None:
+        while self._hashing:
+            self._hashing.popleft().result()
+
+    def close(self) -> None:
+        """Stop the hashing thread (after `finish`, or when indexing failed)."""
+        self._hasher.shutdown(wait=True, cancel_futures=True)
+
     def _end_shard(self) -> None:
+        self._drain()
         self.pieces.end_shard(self._pos)
         self._sha.update(TAR_END)
         self.shards.append({"name": shard_name(len(self.shards)), "bytes": self._pos + len(TAR_END),
@@ -220,12 +243,13 @@ class Builder:
         (shards, frames, bytes written)."""
         if self._samples:
             self._end_shard()
+        self._drain()
         if not self.entries:
             raise EpisodeError(f"{self.root}: no episodes to index")
         out = Path(out)
         if not out.exists():
             safefile.make_dir(out, parents=True)
-        blobs = {PIECE_FILES[k]: npy_bytes(v) for k, v in self.pieces.columns().items()}
+        blobs = {PIECES_NAME: pieces_file.encode(self.pieces.columns(), [s["bytes"] for s in self.shards])}
         blobs[LITERAL_NAME] = bytes(self.pieces.literal)
         safefile.write_files([(out / k, v) for k, v in sorted(blobs.items())])
         extra = dict(self.stats.write(out / STATS_NAME))
@@ -239,6 +263,12 @@ class Builder:
         written = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and (
             p.name.startswith(("index.", "reference.")) or p.name == INDEX_NAME))
         return len(self.shards), sum(e["length"] for e in self.entries), written
+
+
+def _hash(parts: EpisodeLayout, crcs: list[int], sha: Any) -> None:
+    """An episode's record CRC32s into ``crcs`` (its index entry's list), and its bytes into its shard's sha256."""
+    crcs.extend(parts.crcs())
+    sha.update(parts.blob)
 
 
 def _depth(out: Path, real: Path) -> int | None:
