@@ -31,9 +31,10 @@ Layouts (``layout`` in the JSON; a reader refuses one it does not know by name, 
 
 Validation: the JSON, the column headers (dtype, shape, file size) and the per-episode and per-segment
 tables are checked at open, vectorised, and in the packed layout every frame's ``member`` and ``key`` and its
-record's place in its chunk too (`check_packed`). Per-frame values (offsets going forward within a segment, inside
-the shard, non-zero sizes) are checked per episode on its first frame lookup, and for every frame by
-`verify`, which also checks each column's sha256 against the JSON (and with ``members``, walks every chunk).
+record's place in its chunk too (`check_packed`; a remote index's per segment on first use). Per-frame values
+(offsets going forward within a segment, inside the shard, non-zero sizes) are checked per episode on its first
+frame lookup, and for every frame by `verify`, which also checks each column's sha256 against the JSON (and with
+``members``, walks every chunk).
 """
 
 from __future__ import annotations
