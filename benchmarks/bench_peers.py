@@ -6,8 +6,9 @@ pool, ``ReadOptions(num_threads=2)``, and with ``mp_prefetch`` over 2 processes)
 (``MDSWriter`` + ``StreamingDataset``/``StreamingDataLoader``), LitData
 (``optimize`` + ``StreamingDataset``/``StreamingDataLoader``), WebDataset (``ShardWriter``, then
 ``WebDataset(shardshuffle).shuffle(1000)`` + cv2 decode + ``DataLoader``) and LeRobotDataset v3 (its
-own writer, ``LeRobotDataset.create`` + ``add_frame`` + ``save_episode``, read with its PyAV backend). DALI's CPU
-pipeline (nvidia-dali-cuda120 2.4 installs from PyPI and imports here without a GPU) has no peer script yet.
+own writer, ``LeRobotDataset.create`` + ``add_frame`` + ``save_episode``, read with its PyAV backend) and DALI 2.4's
+CPU pipeline (the same JPEG bytes in one flat file, ``fn.external_source`` batches into ``fn.decoders.image(device=
+"cpu")`` on 2 threads, ``device_id=None``: no GPU; it decodes with its own libjpeg-turbo path, not cv2).
 Every JPEG peer stores the same JPEG q90 bytes as ours (cv2-encoded from the same RGB frames; the
 digest column checks it) and decodes them with ``cv2.imdecode`` (ours: libjpeg-turbo directly, simplejpeg, which
 gives OpenCV's pixels); LeRobot stores AV1 video (libsvtav1,
@@ -50,7 +51,8 @@ PEERS_DIR = Path(__file__).resolve().parent / "peers"
 PEERS = {"episodepipes": ("peer_ours.py", None), "episodepipes, method='process'": ("peer_ours.py", None),
          "Grain, thread pool": ("peer_grain.py", "grain"), "Grain, processes": ("peer_grain.py", "grain"),
          "MosaicML Streaming": ("peer_mosaic.py", "stream"), "LitData": ("peer_litdata.py", "stream"),
-         "WebDataset": ("peer_wds.py", None), "LeRobotDataset v3": ("peer_lerobot.py", "lerobot")}
+         "WebDataset": ("peer_wds.py", None), "LeRobotDataset v3": ("peer_lerobot.py", "lerobot"),
+         "DALI, CPU pipeline": ("peer_dali.py", "dali")}
 CONVERT_ONCE = {"LeRobotDataset v3"}  # its video encoding takes minutes at full size: one conversion, not three
 VARIANTS = {"episodepipes, method='process'": ("episodepipes", ["--method", "process"]),  # train-only reruns
             "Grain, processes": ("Grain, thread pool", ["--method", "process"])}
@@ -165,7 +167,8 @@ def run(workdir: Path, quick: bool) -> dict:
         else:
             res[peer]["resume"] = {"peer_wds.py": "no: a tar stream with a shuffle buffer has no state to save",
                                    "peer_lerobot.py": "no: a torch DataLoader + RandomSampler keep no position",
-                                   "peer_grain.py": "not measured here (Grain iterators have get_state/set_state)"}[
+                                   "peer_grain.py": "not measured here (Grain iterators have get_state/set_state)",
+                                   "peer_dali.py": "no: the sample order is fed by external_source; DALI keeps none"}[
                                        PEERS[peer][0]]
     print(f"    peers: done ({', '.join(live)})", flush=True)
     return _report(res, meta, n=n, eps=eps, length=length, reps=reps, pinned_ep=pinned_ep)

@@ -3,7 +3,8 @@
 MosaicML Streaming caps numpy below 2.2 and, like LitData, requires torchvision; PyPI's torchvision
 does not import beside the CPU torch 2.13 build this project pins, so those peers get a venv with a
 torch/torchvision pair that works together. LeRobot 0.4 caps torch below 2.11 and torchvision below
-0.26, so it gets its own. Grain gets one of its own (it needs no torch). Each venv is made once, under
+0.26, so it gets its own. Grain gets one of its own (it needs no torch), and so does DALI (its CPU
+pipeline; the CUDA 12 wheel brings ~1 GB of CUDA image libraries). Each venv is made once, under
 ``EPBENCH_VENVS`` (default ``~/.cache/episodepipes-bench``), and re-made when its requirement list changes.
 """
 
@@ -25,6 +26,8 @@ SPECS: dict[str, list[list[str]]] = {
                 ["lerobot==0.4.4"]],
     # Grain brings no torch: it reads the same JPEG bytes from ArrayRecord files of its own and decodes them itself
     "grain": [["grain==0.2.18", "opencv-python-headless", "simplejpeg"]],
+    # DALI's wheel is built for CUDA 12 but its CPU pipelines run without a GPU; no torch either
+    "dali": [["nvidia-dali-cuda120==2.4.0", "opencv-python-headless"]],
 }
 
 
