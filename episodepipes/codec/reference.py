@@ -190,7 +190,11 @@ class ReferenceSource:
     def read(self, name: str, offset: int, size: int) -> bytes:
         return self.read_ranges(name, [(offset, size)])[0]
 
-    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[list[bytes]]:
+    options = None  # no coalescing options of its own: a virtual shard's ranges are merged where they touch
+
+    def read_many(self, calls: Sequence[tuple[str, Sequence[tuple[int, int]]]], *, views: bool = False,
+                  ) -> list[list[bytes]]:
+        """Every call's ranges, as bytes (``views`` is a `RemoteSource`'s flag: bytes serve either way)."""
         return [self.read_ranges(name, ranges) for name, ranges in calls]
 
     def read_file(self, name: str, *, limit: int | None = None) -> bytes:

@@ -112,7 +112,7 @@ def read_window(source: object, names: Sequence[str], table: FrameTable, episode
     """flat -> step -> bytes of ``flats`` (one rank's frames of a window), read with the blocks they lie in.
 
     Args:
-        source: the remote byte source (`read_many`, ``options``).
+        source: the byte source of a remote root or a reference index (`read_many`, ``options``).
         names: shard file names, by shard number.
         table: the flat frame numbering of ``episodes``.
         episodes: the reader's episodes.
@@ -141,13 +141,13 @@ def read_window(source: object, names: Sequence[str], table: FrameTable, episode
     shard, start, end = frame_ranges(episodes, keys)
     for k, sh, a, z in zip(keys, shard.tolist(), start.tolist(), end.tolist()):
         by_shard.setdefault(sh, []).append((k, a, z))
-    o = getattr(source, "options", None)  # a RemoteSource's; a reference index's source (its dataset's files) has
-    # none: its virtual shards' ranges are merged where they touch, and it reads each from its files as it can
+    o = source.options  # type: ignore[attr-defined]  # a RemoteSource's; a reference index's source (its
+    # dataset's files) has none: its virtual shards' ranges are merged where they touch
     gap, most, waste = (0, 1 << 62, 0.0) if o is None else (o.gap, o.max_request, o.waste)
     runs = {shard: coalesce([(a, z - a) for _, a, z in frames], gap=gap, max_request=most, waste=waste)
             for shard, frames in by_shard.items()}
     calls = [(names[shard], [(r.start, r.end - r.start) for r in rs]) for shard, rs in runs.items()]
-    datas = source.read_many(calls) if o is None else source.read_many(calls, views=True)  # type: ignore[attr-defined]
+    datas = source.read_many(calls, views=True)  # type: ignore[attr-defined]
     used = {k for _, e, steps in mine for k in ((e, s) for s in steps)}
     views: dict[tuple[int, int], memoryview] = {}
     for (shard, rs), ds in zip(runs.items(), datas):
