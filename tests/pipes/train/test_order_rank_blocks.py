@@ -157,3 +157,17 @@ def test_another_global_batch_resumes_a_rank_block_state_at_the_next_epoch_only(
     skip.load_state_dict(state)
     fresh = [_items(b) for b in train_pipe(shards, rank=0, world_size=1, batch_size=4, **kw)]
     assert [_items(b) for b in skip] == fresh[len(fresh) // 2:]
+
+
+def test_an_object_store_root_resumes_elastically_as_its_local_folder_does(shards, proxy):
+    kw = dict(seed=6, num_workers=1, epochs=1, **RANK)
+    runs = []
+    for root in (shards, URL):
+        pipe = train_pipe(root, rank=1, world_size=2, batch_size=4, **kw)
+        it = iter(pipe)
+        for _ in range(len(pipe) - 4):  # saved near the epoch's end: its last 4 global batches are carried
+            next(it)
+        one = train_pipe(root, rank=0, world_size=1, batch_size=8, **kw)
+        one.load_state_dict(pipe.state_dict())
+        runs.append([_items(b) for b in one])  # the carried epoch read without the window read-ahead, then its own
+    assert runs[0] == runs[1] and len(runs[0]) == 4
