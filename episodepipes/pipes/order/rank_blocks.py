@@ -11,8 +11,9 @@ uses ``n // (W*B)`` batches of each (drop-last), so ranks stay even (the DDP inv
 
 It is a global stream like the others, so the cursor, drop-last and state carry over: position ``p = s*G + i*W + r``
 (``G = W*B``) is rank ``r``'s local position ``q = s*B + i``, the ``q``-th frame of its shuffled share. The stream
-depends on ``W`` and ``B``, not only on ``G``: a state resumes exactly at the same world size and batch size, and a
-state of another size is refused by name (`train_state.SHUFFLE`). Nothing per frame or block is stored: O(runs)
+depends on ``W`` and ``B``, not only on ``G``: a state resumes exactly at the same world size and batch size; at
+another size the reader finishes the saved epoch on the saved order (`TrainReader.reset`,
+`train_state.carried_sizes`). Nothing per frame or block is stored: O(runs)
 per epoch, like the block order.
 """
 

@@ -27,6 +27,7 @@ from episodepipes.pipes._decode.mapped import ShardFrames, ShardSlice, frame_mem
 from episodepipes.pipes.chosen import Chosen
 from episodepipes.pipes.order.block_order import BlockOrder
 from episodepipes.pipes.order.permute import MISMATCH, IndexShuffle, rank_positions, steps_per_epoch
+from episodepipes.pipes.order.rank_blocks import RankBlockLayout
 from episodepipes.pipes.order.shuffle import FrameTable
 from episodepipes.pipes.order.window import Window, damaged_sample, fields_by_step, window_sample
 from episodepipes.pipes.plan import Item
@@ -98,6 +99,8 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         if self.blocks is not None:
             self._setup[ts.SHUFFLE] = self.blocks.describe()
         self._orders: dict[int, BlockOrder] = {}  # the last epochs' block orders (O(blocks) each), never saved
+        # (epoch, its order): a rank-sharded order saved at other sizes, finished on them (`reset`)
+        self._carry: tuple[int, BlockOrder] | None = None
         self._batch_windows: np.ndarray | None = None  # the block order's window of each entry of self._batch
         self._step_windows: np.ndarray | None = None  # that of the step `_frames_of` gave last
         self._epoch = self._pos = 0
@@ -129,6 +132,8 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
         """Epoch ``epoch``'s order of the frames (pure of the cursor: the read-ahead threads call it too)."""
         if self.blocks is None:
             return IndexShuffle.of(len(self.table), seed=self.seed, epoch=epoch)
+        if self._carry is not None and self._carry[0] == epoch:
+            return self._carry[1]
         got = self._orders.get(epoch)
         if got is None:
             got = self.blocks.order(seed=self.seed, epoch=epoch)
@@ -139,13 +144,38 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
     def _size(self) -> int:
         return len(self.table)
 
+    def reset(self, initial_state: dict | None = None) -> None:
+        """`EpochCursor.reset`; a rank-sharded block order saved mid-epoch at other sizes finishes that epoch on
+        the saved order (the global stream's positions are its frames, read through this reader's ranks: exact,
+        less local), and the next epoch deals this reader's shares."""
+        super().reset(initial_state)
+        saved = None if initial_state is None else initial_state.get(ts.SHUFFLE)
+        sizes = ts.carried_sizes(saved, self._setup.get(ts.SHUFFLE))
+        if sizes is not None and self._pos > 0 and self._epoch == initial_state[ts.EPOCH]:  # type: ignore[index]
+            layout = RankBlockLayout.ranked(self.blocks, world_size=sizes[0], batch_size=sizes[1])  # type: ignore[arg-type]
+            self._carry = (self._epoch, layout.order(seed=self.seed, epoch=self._epoch))
+            self._shuffle = self._batch = None
+        elif self._carry is not None and self._carry[0] != self._epoch:
+            self._carry = None
+
+    def state_at(self, cursor: tuple[int, int, int | None]) -> dict:
+        """`EpochCursor.state_at`; in a carried epoch (`reset`) the state names the order it is read on."""
+        state = super().state_at(cursor)
+        if self._carry is not None and cursor[0] == self._carry[0]:
+            state[ts.SHUFFLE] = self._carry[1].layout.describe()
+        return state
+
+    def _carried(self, epoch: int) -> bool:
+        return self._carry is not None and self._carry[0] == epoch
+
     def next(self) -> RawSample:
         if self._stop is not None and self._epoch >= self._stop:
             raise StopIteration
         step, i = divmod(self._pos, self.batch_size)
         flat = int(self._frames_of(self._epoch, step)[i])
         key = (self._epoch, step) if self._batch_windows is None else (self._epoch, int(self._step_windows[i]))
-        raw = self.sample(flat, None if self._ahead is None else self._ahead.get(key).get(flat))
+        ahead = None if self._carried(self._epoch) else self._ahead  # its windows are other ranks': read here
+        raw = self.sample(flat, None if ahead is None else ahead.get(key).get(flat))
         self._pos += 1
         if self._pos == self.per_epoch:
             self._epoch, self._pos = self._epoch + 1, 0
@@ -173,7 +203,8 @@ class TrainReader(ts.EpochCursor, BaseNode[RawSample]):
             at = rank_positions(step, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
                                 steps=steps).reshape(steps, self.batch_size)
             got = self._batch = (epoch, step, order(at))
-            self._batch_windows = order.window_of(at) if isinstance(order, BlockOrder) and self._ahead else None
+            self._batch_windows = order.window_of(at) if isinstance(order, BlockOrder) and self._ahead \
+                and not self._carried(epoch) else None
         if self._batch_windows is not None:
             self._step_windows = self._batch_windows[step - got[1]]
         return got[2][step - got[1]]

@@ -47,8 +47,7 @@ FIXES = {
     WEIGHTS: "Build the mixture with the checkpoint's weights (they fix which source each sample comes from).",
     STOP_RULE: "Build the mixture with the checkpoint's stop= rule.",
     SHUFFLE: "Build the pipe with the checkpoint's shuffle=, block_frames= and window_blocks=, on the shards it "
-             "was trained on (the block order follows the shard layout); shuffle='rank_block' also with its "
-             "world_size and batch_size (its shares follow them: no elastic resume).",
+             "was trained on (the block order follows the shard layout).",
 }
 FIXES[PLAN] = FIXES[FRAMES]
 _ELASTIC = (RANK, WORLD, BATCH)  # may differ: resume_at checks them against the global batch
@@ -76,6 +75,22 @@ def _equal(got: Any, want: Any) -> bool:
     if isinstance(want, list | tuple):
         return isinstance(got, list | tuple) and len(got) == len(want) and all(map(_equal, got, want))
     return type(got) is type(want) and bool(got == want)
+
+
+def carried_sizes(saved: Any, mine: Any) -> tuple[int, int] | None:
+    """``(world_size, batch_size)`` of a saved rank-sharded block order (``shuffle="rank_block"``) that differs
+    from this reader's in those sizes alone, else None. Its shares follow the sizes, so a reader of other sizes
+    finishes the saved epoch on the saved order (`TrainReader.reset`): the stream stays exact, only less local."""
+    if not (isinstance(saved, Mapping) and isinstance(mine, Mapping) and saved.get(SHUFFLE) == "rank_block"
+            and mine.get(SHUFFLE) == "rank_block" and set(saved) == set(mine)):
+        return None
+    sizes = (saved.get(WORLD), saved.get(BATCH))
+    if not all(count(v) and v for v in sizes) or sizes == (mine[WORLD], mine[BATCH]):
+        return None
+    rest = (WORLD, BATCH)
+    if any(not _equal(saved[k], v) for k, v in mine.items() if k not in rest):
+        return None
+    return int(sizes[0]), int(sizes[1])
 
 
 def state_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -173,6 +188,15 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
                          "pipe's own state_dict()")
     mine = {SEED: seed, **setup, SHUFFLE: setup.get(SHUFFLE, FULL)}
     state = {**state, SHUFFLE: state.get(SHUFFLE, FULL)}
+    carried = carried_sizes(state[SHUFFLE], mine[SHUFFLE])
+    if carried is not None:  # a rank-sharded order of other sizes: its epoch is finished on it (`TrainReader`)
+        if world * batch != world_size * batch_size and on_resize == "next_step":
+            raise ValueError(f"the saved train state's shuffle='rank_block' order was dealt to world_size="
+                             f"{carried[0]} x batch_size={carried[1]}, and on_resize='next_step' would continue its "
+                             f"epoch at another global batch ({world_size}x{batch_size}), past what its shares "
+                             "hold; build the pipe with on_resize='next_epoch', or with world_size*batch_size "
+                             f"equal to {world * batch}")
+        state = {**state, SHUFFLE: mine[SHUFFLE]}
     if on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
         del mine[GLOBAL]
     diffs = state_mismatch(state, mine)
@@ -192,6 +216,10 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     elastic = {"seed": seed, "epoch": int(epoch), "consumed": int(consumed), "global_batch": int(g), "n": n}
     epoch, step = resume_point(elastic, world_size=world_size, batch_size=batch_size, n=n, seed=seed,
                                on_mismatch=on_resize)
+    if carried is not None and step and g != world_size * batch_size:  # the saved shares hold no other stream
+        log.warning("resuming a shuffle='rank_block' state of global batch %d at %d (on_resize='next_epoch'): "
+                    "epoch %d's remaining frames are skipped", g, world_size * batch_size, epoch)
+        epoch, step = epoch + 1, 0
     return epoch, step * batch_size, start  # a skip to the next epoch reaches this pass's stop at most
 
 
