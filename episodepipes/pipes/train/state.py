@@ -190,6 +190,10 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     state = {**state, SHUFFLE: state.get(SHUFFLE, FULL)}
     carried = carried_sizes(state[SHUFFLE], mine[SHUFFLE])
     if carried is not None:  # a rank-sharded order of other sizes: its epoch is finished on it (`TrainReader`)
+        if carried[0] * carried[1] != g:  # only a pipe of that global batch deals (or carries) that order
+            raise ValueError(f"the saved train state's shuffle='rank_block' order has world_size={carried[0]} x "
+                             f"batch_size={carried[1]}, not its global_batch={g}; pass the pipe's own "
+                             "state_dict()")
         if world * batch != world_size * batch_size and on_resize == "next_step":
             raise ValueError(f"the saved train state's shuffle='rank_block' order was dealt to world_size="
                              f"{carried[0]} x batch_size={carried[1]}, and on_resize='next_step' would continue its "

@@ -171,3 +171,18 @@ def test_an_object_store_root_resumes_elastically_as_its_local_folder_does(shard
         one.load_state_dict(pipe.state_dict())
         runs.append([_items(b) for b in one])  # the carried epoch read without the window read-ahead, then its own
     assert runs[0] == runs[1] and len(runs[0]) == 4
+
+
+@pytest.mark.parametrize("sizes", [(10**9, 1), (3, 5)])
+def test_a_state_whose_rank_block_sizes_disagree_with_its_global_batch_is_refused_by_name(shards, sizes):
+    kw = dict(seed=7, num_workers=1, epochs=1, **RANK)
+    pipe = train_pipe(shards, rank=0, world_size=2, batch_size=4, **kw)
+    it = iter(pipe)
+    next(it)
+    state = pipe.state_dict()
+    reader = state
+    while "seed" not in reader:  # the reader's state, some levels of "source" below the loader's root
+        reader = next(v for v in reader.values() if isinstance(v, dict))
+    reader["shuffle"] = {**reader["shuffle"], "world_size": sizes[0], "batch_size": sizes[1]}
+    with pytest.raises(ValueError, match=f"world_size={sizes[0]} x batch_size={sizes[1]}, not its global_batch=8"):
+        train_pipe(shards, rank=0, world_size=1, batch_size=8, **kw).load_state_dict(state)
