@@ -140,7 +140,9 @@ def _track(buf: memoryview, trak: dict, mdia: dict) -> Tables | None:
         return None
     _, n, at = _full(buf, _one(stbl, b"stsz", "stbl"), 8, 0, "stsz")
     common = struct.unpack_from(">I", buf, at - 8)[0]
-    if common:
+    if common:  # one size for every sample: the count has no table to bound it, the file does
+        if n * common > len(buf):
+            raise Mp4Error(f"box 'stsz' lists {n} samples of {common} bytes, more than the file's {len(buf)}")
         size = np.full(n, common, np.int64)
     else:
         _full(buf, _one(stbl, b"stsz", "stbl"), 8, 4, "stsz")

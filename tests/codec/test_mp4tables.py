@@ -70,6 +70,11 @@ def test_damaged_boxes_are_refused_saying_where(tmp_path):
     huge[at + 16:at + 20] = struct.pack(">I", 1 << 30)  # a sample count far past the box's entries
     with pytest.raises(Mp4Error, match="stsz"):
         read_tables(memoryview(bytes(huge)))
+    common = bytearray(good)
+    at = _box(good, b"stsz")
+    common[at + 12:at + 20] = struct.pack(">II", 1 << 20, (1 << 32) - 1)  # one size for 2^32 samples: no table
+    with pytest.raises(Mp4Error, match="stsz.*more than the file"):  # refused before any array of that count
+        read_tables(memoryview(bytes(common)))
     past = bytearray(good)
     at = _box(good, b"moov")
     past[at:at + 4] = struct.pack(">I", len(good))  # a box that claims more than the file holds
