@@ -97,13 +97,17 @@ def encode_frames(frames: Iterable[np.ndarray], options: CodecOptions = CodecOpt
         return _encode(frames, options, channel_order == "bgr")
 
 
+# x264's MB-tree off: its per-macroblock qp offsets are computed from lookahead values that valgrind shows come from
+# uninitialised stack memory, so the same frames gave other packets now and then within one process (a resumed or
+# merged write differed from a single one; a `show` page differed from the same page). Every x264 encoder here sets it.
+X264_REPRODUCIBLE = "mbtree=0"
+
+
 def _reproducible(options: CodecOptions) -> dict[str, str]:
-    """The encoder options with x264's MB-tree off: its per-macroblock qp offsets are computed from lookahead
-    values that valgrind shows come from uninitialised stack memory, so the same frames gave other packets now
-    and then within one process, and a resumed or merged write differed from a single one."""
+    """The encoder options, made reproducible (`X264_REPRODUCIBLE`)."""
     opts = options.encoder_options()
     if options.codec == "h264":
-        opts["x264-params"] += ":mbtree=0"
+        opts["x264-params"] += ":" + X264_REPRODUCIBLE
     return opts
 
 

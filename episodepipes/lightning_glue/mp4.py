@@ -26,6 +26,7 @@ from types import TracebackType
 import cv2
 import numpy as np
 
+from episodepipes.codec import X264_REPRODUCIBLE
 from episodepipes.lightning_glue import partials
 from episodepipes.lightning_glue.fps import check_fps
 from episodepipes.safefile import UnsafePathError, create
@@ -74,7 +75,7 @@ class _PyAV:
         self.stream.height, self.stream.width = size
         self.stream.pix_fmt = "yuv420p"
         if encoder == "libx264":  # fast: rank 0 encodes while the other ranks wait
-            self.stream.options = {"preset": "veryfast", "crf": "23"}
+            self.stream.options = {"preset": "veryfast", "crf": "23", "x264-params": X264_REPRODUCIBLE}
         try:
             self.container.start_encoding()  # create the file now: the encoder holds back its first frames
         except BaseException:

@@ -18,6 +18,8 @@ import av
 import cv2
 import numpy as np
 
+from episodepipes.codec import X264_REPRODUCIBLE
+
 CRF = 23  # x264's default quality: a preview, not an archive
 KEYS_PER_SECOND = 1  # a key frame a second: a seek decodes at most a second of frames
 
@@ -43,7 +45,7 @@ class Mp4:
         self._stream.height, self._stream.width = height + self._pad[0], width + self._pad[1]
         self._stream.pix_fmt = "yuv420p"
         self._stream.codec_context.gop_size = max(1, round(float(r) * KEYS_PER_SECOND))
-        self._stream.options = {"crf": str(CRF), "preset": "veryfast", "x264-params": "bframes=0"}
+        self._stream.options = {"crf": str(CRF), "preset": "veryfast", "x264-params": "bframes=0:" + X264_REPRODUCIBLE}
         self.frames = 0
 
     def add(self, rgb: np.ndarray | None) -> None:
