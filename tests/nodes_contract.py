@@ -40,6 +40,10 @@
 # OR TORT (INCLUDING NEGLIGENCE OR OTHERWISE) ARISING IN ANY WAY OUT OF THE USE
 # OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
 
+import dataclasses
+
+import numpy as np
+import torch
 from torchdata.nodes.base_node import BaseNode
 from torchdata.nodes.loader import Loader
 
@@ -106,3 +110,27 @@ def run_test_save_load_state(test, node: BaseNode, midpoint: int):
     x.load_state_dict(state_dict_0_end)
     results_after_dict_0 = list(x)
     test.assertEqual(results_after_dict_0, results_1)
+
+
+# Ours (not torchdata's): the `test` argument our tests pass it.
+
+def _plain(x: object) -> object:
+    """A value ``==`` compares exactly: tensors and arrays as (dtype, shape, bytes), containers element-wise."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", str(x.dtype), tuple(x.shape), x.numpy().tobytes())
+    if isinstance(x, np.ndarray):
+        return ("array", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return (type(x).__name__, [_plain(v) for v in x])
+    if dataclasses.is_dataclass(x):
+        return (type(x).__name__, {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)})
+    return x
+
+
+class Exact:
+    """The ``test`` argument torchdata passes (its TestCase): ``assertEqual`` on batches of tensors and arrays."""
+
+    def assertEqual(self, first: object, second: object) -> None:  # noqa: N802 (TestCase's name)
+        assert _plain(first) == _plain(second)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 import pytest
-import torch
 from helpers import make_shards
-from nodes_contract import run_test_save_load_state
+from nodes_contract import Exact, run_test_save_load_state
 
 from episodepipes.pipes import BatchStacker, Decoder, EpisodeIndex, Gate, ShardReader, train_pipe
 from episodepipes.pipes.plan import Item
@@ -21,28 +17,6 @@ def index(tmp_path_factory):
     out = make_shards(tmp_path_factory.mktemp("contract") / "s", num_episodes=3, length=7, height=16, width=24,
                       shard_size=20_000)
     return EpisodeIndex.open(out)
-
-
-def _plain(x: object) -> object:
-    """A value ``==`` compares exactly: tensors and arrays as (dtype, shape, bytes), containers element-wise."""
-    if isinstance(x, torch.Tensor):
-        return ("tensor", str(x.dtype), tuple(x.shape), x.numpy().tobytes())
-    if isinstance(x, np.ndarray):
-        return ("array", x.dtype.str, x.shape, x.tobytes())
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return (type(x).__name__, [_plain(v) for v in x])
-    if dataclasses.is_dataclass(x):
-        return (type(x).__name__, {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)})
-    return x
-
-
-class Exact:
-    """The ``test`` argument torchdata passes (its TestCase): ``assertEqual`` on batches of tensors and arrays."""
-
-    def assertEqual(self, first: object, second: object) -> None:  # noqa: N802 (TestCase's name)
-        assert _plain(first) == _plain(second)
 
 
 def _decoder(index, method):

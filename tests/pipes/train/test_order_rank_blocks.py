@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from nodes_contract import run_test_save_load_state
-from test_nodes_contract import Exact
+from nodes_contract import Exact, run_test_save_load_state
 
 from episodepipes.pipes import EpisodeIndex
 from episodepipes.pipes.order.block_order import BlockLayout, run_bounds

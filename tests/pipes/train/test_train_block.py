@@ -11,8 +11,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 from helpers import make_shards, spawn_two_ranks
-from nodes_contract import run_test_save_load_state
-from test_nodes_contract import Exact
+from nodes_contract import Exact, run_test_save_load_state
 
 from episodepipes.pipes import EpisodeIndex, Source
 from episodepipes.pipes.train import train_pipe
