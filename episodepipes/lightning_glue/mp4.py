@@ -26,6 +26,7 @@ from types import TracebackType
 import cv2
 import numpy as np
 
+from episodepipes.codec import X264_REPRODUCIBLE
 from episodepipes.lightning_glue import partials
 from episodepipes.lightning_glue.fps import check_fps
 from episodepipes.safefile import UnsafePathError, create
@@ -56,8 +57,6 @@ def h264_encoder() -> str | None:
     """The name of PyAV's H.264 encoder (``libx264`` preferred), or None without PyAV or without one."""
     try:
         import av
-
-        from episodepipes.codec import X264_REPRODUCIBLE  # with av: the encoder is loaded only when a video is written
     except ImportError:
         return None
     return next((name for name in ("libx264", "h264") if name in av.codecs_available), None)
