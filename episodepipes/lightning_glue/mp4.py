@@ -26,7 +26,6 @@ from types import TracebackType
 import cv2
 import numpy as np
 
-from episodepipes.codec import X264_REPRODUCIBLE
 from episodepipes.lightning_glue import partials
 from episodepipes.lightning_glue.fps import check_fps
 from episodepipes.safefile import UnsafePathError, create
@@ -67,6 +66,8 @@ class _PyAV:
 
     def __init__(self, target: str, fps: float, size: tuple[int, int], encoder: str) -> None:
         import av
+
+        from episodepipes.codec import X264_REPRODUCIBLE  # beside av: the glue imports no codec until it writes
 
         # moov atom first ("faststart"): a browser starts playing before the whole file has arrived. The muxer
         # re-opens ``target`` to move it, so PyAV gets a name, not a file object: our descriptor's /proc name.
