@@ -5,8 +5,8 @@ mp4). Rows: indexing frames/s (the whole call, index written) against the copy i
 frames/s on the in-place index against the copy-imported shards (same options: batch 32, 2 decode threads, one
 epoch, shuffled), alternating which goes first, median of rounds; and the bytes written (index, columns, statistics,
 pieces and literal bytes, each's bytes a frame) against the dataset's bytes, at the section's size and at LeRobot's
-usual 480x640. No row against LeRobotDataset's own loader here: the peers' lerobot venv (`benchmarks.peers.venvs`,
-torch 2.9 from PyPI) is the peers section's, and this section does not build it.
+usual 480x640. Against LeRobotDataset's own loader on the same files and windows (`benchmarks.lerobot_windows`, in
+the peers' lerobot venv): frames/s, the first batch's time, and the window images compared sample by sample.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks import lerobot_windows
 from benchmarks.lerobot_data import available_encoders, make_lerobot
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.train import train_pipe
@@ -98,6 +99,7 @@ def run(workdir: Path, quick: bool) -> dict:
                  "ceiling": None, "unit": "frames/s",
                  "note": f"batch {BATCH}, 2 decode threads, one shuffled epoch; ratio {statistics.median(tr):.2f}x "
                          f"({min(tr):.2f}-{max(tr):.2f}); goal >= 0.9x"})
+    rows += lerobot_windows.rows(workdir, src, workdir / "idx-ref", quick)
     sizes = [(f"{h}x{w}", src, workdir / "idx-ref")]
     if not quick:
         big = workdir / "lerobot-480"
