@@ -6,7 +6,8 @@ frames/s on the in-place index against the copy-imported shards (same options: b
 epoch, shuffled), alternating which goes first, median of rounds; and the bytes written (index, columns, statistics,
 pieces and literal bytes, each's bytes a frame) against the dataset's bytes, at the section's size and at LeRobot's
 usual 480x640. Against LeRobotDataset's own loader on the same files and windows (`benchmarks.lerobot_windows`, in
-the peers' lerobot venv): frames/s, the first batch's time, and the window images compared sample by sample.
+the peers' lerobot venv): frames/s, the first batch's time, and the window images compared sample by sample. From an
+object store (`benchmarks.lerobot_s3`): the bytes fetched against the packets the batches decode.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks import lerobot_windows
+from benchmarks import lerobot_s3, lerobot_windows
 from benchmarks.lerobot_data import available_encoders, make_lerobot
 from episodepipes.index import EpisodeIndex
 from episodepipes.pipes.train import train_pipe
@@ -100,6 +101,7 @@ def run(workdir: Path, quick: bool) -> dict:
                  "note": f"batch {BATCH}, 2 decode threads, one shuffled epoch; ratio {statistics.median(tr):.2f}x "
                          f"({min(tr):.2f}-{max(tr):.2f}); goal >= 0.9x"})
     rows += lerobot_windows.rows(workdir, src, workdir / "idx-ref", quick)
+    rows += lerobot_s3.rows(workdir, quick)
     sizes = [(f"{h}x{w}", src, workdir / "idx-ref")]
     if not quick:
         big = workdir / "lerobot-480"
