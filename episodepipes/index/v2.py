@@ -218,14 +218,16 @@ def streamed_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
-def write(out: Path, data: dict, cols: Mapping[str, np.ndarray | Streamed]) -> bytes:
+def write(out: Path, data: dict, cols: Mapping[str, np.ndarray | Streamed], *,
+          beside: Sequence[tuple[Path, bytes]] = ()) -> bytes:
     """Write the columns, then ``index.json`` (atomically, last); returns the index bytes.
 
     ``data`` and ``cols`` are what `build` gives: its ``ids`` and ``episode_meta`` lists are written as the ``ids``,
     ``id_order`` and ``attr`` columns and the JSON's ``attrs`` (`episodepipes.index.idcols`), so opening the index
     parses nothing per episode. ``data`` may hold ``attrs`` with those columns in ``cols`` already (an in-place
     merge builds them from its jobs' columns), and a column may be `Streamed`: fsynced and named before the
-    others, which are written together with ``index.json``, renamed last."""
+    others, which are written together with ``index.json``, renamed last. ``beside``: more files the index names
+    (side files), written and fsynced in the same batch, so one flush makes them all durable before the rename."""
     if "ids" in data:
         attrs, idc = idcols.build(data["ids"], data["episode_meta"])
         data = dict({k: v for k, v in data.items() if k not in ("ids", "episode_meta")}, attrs=attrs)
@@ -246,7 +248,7 @@ def write(out: Path, data: dict, cols: Mapping[str, np.ndarray | Streamed]) -> b
         info[name] = {"dtype": dtype, "shape": list(value.shape), "sha256": hashlib.sha256(blob).hexdigest()}
         files.append((out / file, blob))
     raw = json.dumps(dict(data, columns=info), sort_keys=True, separators=(",", ":")).encode()
-    safefile.write_files([*files, (out / INDEX_NAME, raw)])  # index.json renamed last
+    safefile.write_files([*beside, *files, (out / INDEX_NAME, raw)])  # index.json renamed last
     for name in ("crc32", "member", "key"):
         if name not in cols:
             (out / COLUMNS[name][0]).unlink(missing_ok=True)  # a stale one from an earlier write

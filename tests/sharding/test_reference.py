@@ -7,6 +7,7 @@ import hashlib
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import decode_rgb, raw_mp4_source
@@ -149,3 +150,27 @@ def test_raw_camera_mp4_folders_are_indexed_in_place_as_copy_shards(tmp_path):
     assert got.keys() == want.keys()
     _same(got, want)
     assert r.problems(members=True) == []
+
+
+def test_the_statistics_are_the_copy_imports_byte_for_byte_a_bad_episode_named_alike(tmp_path):
+    """The in-place index folds a run of episodes' statistics in one pass; the copy import one episode at a time.
+    Equal side files, also where a middle episode has a NaN (its reason names that episode, as the copy's does)."""
+    src = tmp_path / "lr"
+    make_lerobot(src, lengths=(6, 5, 7, 4), num_episodes=4, episodes_per_file=2, gop=2, encoder="libx264",
+                 image_feature=False)
+    copy, ref = _write(src, tmp_path / "copy", "copy"), _write(src, tmp_path / "ref", "reference")
+    assert (copy / "index.stats.bin").read_bytes() == (ref / "index.stats.bin").read_bytes()
+    data = sorted((src / "data").rglob("*.parquet"))[1]  # episodes 2 and 3: the NaN in episode 3's second row
+    table = pq.read_table(data)
+    state = table.column("observation.state").to_pylist()
+    row = next(k for k, e in enumerate(table.column("episode_index").to_pylist()) if e == 3) + 1
+    state[row] = [float("nan")] * len(state[row])
+    pq.write_table(table.set_column(table.schema.get_field_index("observation.state"), "observation.state",
+                                    pa.array(state, table.schema.field("observation.state").type)), data)
+    copy = _write(src, tmp_path / "copy2", "copy")
+    ref = _write(src, tmp_path / "ref2", "reference")
+    assert (copy / "index.stats.bin").read_bytes() == (ref / "index.stats.bin").read_bytes()
+    index = EpisodeIndex.open(ref, source_root=src)
+    with pytest.raises(Exception, match="episode_000003"):
+        index.stats("observation_state")
+    assert index.stats("action")["count"] == 22

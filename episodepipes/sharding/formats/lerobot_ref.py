@@ -76,15 +76,36 @@ def _match(v: Video, start: float, end: float | None, times: np.ndarray, fps: fl
 
 
 def _tables(reader: lr.LeRobotReader, rel: str, where: str):  # noqa: ANN202 (pyarrow.Table)
-    """A data file's rows, sorted by episode and frame, read once."""
+    """A data file's rows, sorted by episode and frame, read once: one open for the schema and the columns, decoded
+    on this thread (a data file is small: a thread pool costs more than it saves), sorted only when they are not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = meta.regular_file(meta.inside(reader.root.resolve(), rel, where, EpisodeError), where, EpisodeError)
     cols = ["timestamp", "frame_index", "episode_index", "task_index", *reader.array_keys]
-    have = set(lr.parquet(path, where, EpisodeError, schema=True).names)
+    try:
+        with pa.OSFile(str(path)) as f:  # a local file opened by name: never taken for a URI
+            pf = pq.ParquetFile(f)
+            have = set(pf.schema_arrow.names)
+            t = pf.read(columns=[c for c in cols if c in have], use_threads=False)
+    except (pa.ArrowException, OSError, ValueError, TypeError) as e:
+        raise EpisodeError(f"{where}: cannot read the parquet file ({type(e).__name__}: {e}); re-download or "
+                           "re-convert the dataset") from None
     missing = [c for c in cols if c not in have and c != "task_index"]
     if missing:
         raise EpisodeError(f"{where} has no columns {missing}, which meta/info.json lists as features; re-convert it")
-    t = lr.parquet(path, where, EpisodeError, columns=[c for c in cols if c in have])
-    return t.sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
+    return t if _sorted(t) else t.sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
+
+
+def _sorted(t) -> bool:  # noqa: ANN001 (pyarrow.Table)
+    """Whether the rows are in (episode_index, frame_index) order already (integer columns without nulls)."""
+    import pyarrow as pa
+
+    e, f = t.column("episode_index"), t.column("frame_index")
+    if not (pa.types.is_integer(e.type) and pa.types.is_integer(f.type)) or e.null_count or f.null_count:
+        return False
+    e, f = e.to_numpy(), f.to_numpy()
+    return bool((e[1:] >= e[:-1]).all() and ((e[1:] > e[:-1]) | (f[1:] > f[:-1])).all())
 
 
 def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s: float = lr.DEFAULT_TOLERANCE_S,

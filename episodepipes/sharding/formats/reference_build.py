@@ -4,7 +4,9 @@ statistics, then the index (last). The formats (`lerobot_ref`, `raw_ref`) say wh
 
 Each source file's packets (timestamps, byte positions, keyframes) are read from its mp4 sample tables, or demuxed
 where the file is not a plain mp4 (never decoded), and its bytes are read once, for the
-records' CRC32s, the shards' sha256 and its stamp (size, CRC32 of its first and last 64 KiB).
+records' CRC32s, the shards' sha256 and its stamp (size, CRC32 of its first and last 64 KiB). The statistics are
+made once per run of same-split episodes (they merge exactly), and every file is written in one batch, fsynced
+together, ``index.json`` renamed last.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
 from episodepipes.codec.reference_layout import CameraPackets, EpisodeLayout, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
 from episodepipes.format import INDEX_NAME, TAR_END, shard_name
+from episodepipes.index import v2 as indexv2
 from episodepipes.index.referenced import LITERAL_NAME, PIECES_NAME
+from episodepipes.normstats import sidefile as statsfile
 from episodepipes.normstats.fields import StatsFields, episode_part
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats import lerobot_meta as meta
-from episodepipes.sharding.write.writer import write_index
 
 HASH_AHEAD = 4  # episodes laid out ahead of their hashing (their bytes held meanwhile)
+STATS_ROWS = 1 << 16  # steps of same-split episodes whose statistics are made in one pass
 SHARD_SIZE = 1 << 30  # virtual bytes per shard: shards cost nothing on disk, and fewer keep index.json small
 
 
@@ -144,6 +148,8 @@ class Builder:
         # the bytes' hashes (CRC32s, sha256; both release the GIL) run on one thread, in order, beside the layout
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="reference-hash")
         self._hashing: deque[Future] = deque()
+        self._run: list[tuple[str, str, dict[str, np.ndarray]]] = []  # (split, id, arrays) awaiting statistics
+        self._run_rows = 0
 
     @property
     def source_bytes(self) -> int:
@@ -217,10 +223,39 @@ class Builder:
                              "segments": [{"shard": len(self.shards), "first": 0, "count": n, "offsets": offsets,
                                            "end": self._pos, "crc32": crcs, "heads": parts.heads,
                                            "sizes": parts.sizes, "keys": parts.keys}]})
-        self.stats.add(split, *episode_part(eid, {k: arrays[k][1] for k in names}))
+        self._stats_add(split, eid, {k: arrays[k][1] for k in names})
         self._samples += n
         if self._pos >= self.shard_size:
             self._end_shard()
+
+    def _stats_add(self, split: str, eid: str, arrays: dict[str, np.ndarray]) -> None:
+        """Queue an episode's arrays for `_stats_flush`, which runs once per run of same-split, same-schema ones."""
+        sig = {k: (v.dtype, v.shape[1:]) for k, v in arrays.items()}
+        if self._run and (self._run[-1][0] != split or self._run_rows + len(next(iter(arrays.values()), ())) >
+                          STATS_ROWS or {k: (v.dtype, v.shape[1:]) for k, v in self._run[-1][2].items()} != sig):
+            self._stats_flush()
+        self._run.append((split, eid, arrays))
+        self._run_rows += len(next(iter(arrays.values()), ()))
+
+    def _stats_flush(self) -> None:
+        """Fold the queued episodes' statistics: one pass over their rows together (the statistics merge exactly,
+        so this is the per-episode fold, bit for bit); a key that fails on the run (NaN, non-numeric) is folded
+        episode by episode, so its reason names the first episode it fails on, as the copy import's does."""
+        run, self._run, self._run_rows = self._run, [], 0
+        if not run:
+            return
+        split = run[0][0]
+        if len(run) == 1:
+            self.stats.add(split, *episode_part(run[0][1], run[0][2]))
+            return
+        whole = {k: np.concatenate([a[k] for _, _, a in run]) for k in run[0][2]}
+        stats, failed = episode_part(run[0][1], whole)
+        self.stats.add(split, stats, {})
+        for _, eid, arrays in run:
+            keys = [k for k in failed if (split, k) not in self.stats.missing]
+            if not keys:
+                break
+            self.stats.add(split, *episode_part(eid, {k: arrays[k] for k in keys}))
 
     def _drain(self) -> None:
         while self._hashing:
@@ -244,6 +279,7 @@ class Builder:
         if self._samples:
             self._end_shard()
         self._drain()
+        self._stats_flush()
         if not self.entries:
             raise EpisodeError(f"{self.root}: no episodes to index")
         out = Path(out)
@@ -251,15 +287,18 @@ class Builder:
             safefile.make_dir(out, parents=True)
         blobs = {PIECES_NAME: pieces_file.encode(self.pieces.columns(), [s["bytes"] for s in self.shards])}
         blobs[LITERAL_NAME] = bytes(self.pieces.literal)
-        safefile.write_files([(out / k, v) for k, v in sorted(blobs.items())])
-        extra = dict(self.stats.write(out / STATS_NAME))
+        stats = self.stats.encode()
+        extra = statsfile.descriptor(stats)
         reference = {"files": [list(f) for f in self.files],
                      "hashes": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(blobs.items())},
                      "literal": len(self.pieces.literal), "pieces": len(self.pieces.start)}
         inside = _depth(out, self.real)
         if inside is not None:
             reference["up"] = inside
-        write_index(out, self.shards, self.entries, options, extra={**extra, "reference": reference}, layout="packed")
+        # one batch: the pieces, literal bytes and statistics are durable before index.json names them
+        indexv2.write(out, *indexv2.build(self.shards, self.entries, options, {**extra, "reference": reference},
+                                          layout="packed"),
+                      beside=[(out / STATS_NAME, stats), *((out / k, v) for k, v in sorted(blobs.items()))])
         written = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and (
             p.name.startswith(("index.", "reference.")) or p.name == INDEX_NAME))
         return len(self.shards), sum(e["length"] for e in self.entries), written
