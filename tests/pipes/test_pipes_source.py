@@ -64,10 +64,10 @@ def test_a_reader_closes_its_own_source_at_the_end_of_a_pass(tmp_path):
     reader = ShardReader(index, [Item("ep0000", f) for f in range(6)])
     reader.reset()
     first = next(reader)
-    assert 1 <= _fds(tmp_path) <= 2  # the source's descriptor, and the one its mapping of the shard holds
+    assert 1 <= _fds(tmp_path) <= 3  # the source's descriptor; the shard's leased mapping's own and its mmap's
     rest = list(reader)
     assert len(rest) == 5
-    del first, rest  # the samples' members are slices of the mapping: it (and its descriptor) lives while they do
+    del first, rest  # the samples' members are slices of the mapping: it (and its descriptors) live while they do
     assert _fds(tmp_path) == 0
 
 

@@ -1,10 +1,13 @@
-"""A local shard's frames for the readers: one ``pread`` per frame (or run of frames), its length checked.
+"""A local shard's frames for the readers: slices of a mapping of the shard held under a read lease, or where no
+lease is granted, one checked ``pread`` per frame (or run of frames).
 
-Why not a memory mapping (what this module made before): a shard cut short in place while a pass reads it (``cp`` over
-it, ``rsync --inplace``, a truncate) turns the next touch of a mapped page past the new end into SIGBUS, which kills
-the process from inside C code (the decoder, zlib) with no message, and Python cannot catch it. A read that comes back
-short is `ShardTruncatedError` naming the file instead; bytes rewritten in place fail the frame's CRC32
-(``valid=False``). The read is one ``pread`` (a frame is tens of KB, from the page cache) into the free end of an arena
+A bare mapping is unsafe: a shard cut short in place while a pass reads it (``cp`` over it, ``rsync --inplace``, a
+truncate) turns the next touch of a mapped page past the new end into SIGBUS, which kills the process from inside C
+code (the decoder, zlib) with no message, and Python cannot catch it. Under a read lease (`leases`) the writer waits
+until the mapping is out of its way (slices still held keep the bytes they showed), and the reads after it are preads.
+A read that comes back short is `ShardTruncatedError` naming the file; bytes rewritten in place fail the frame's CRC32
+(``valid=False``). Where there is no lease (another user's file, a filesystem without leases, ``lease=False``), a
+frame is one ``pread`` (tens of KB, from the page cache) into the free end of an arena
 (`ARENA` bytes, not zeroed; the samples hold slices of it until their decode ends, and an arena is reused once the
 last is gone, never overwritten while one is held), made through ``ctypes.PyDLL``, which keeps the GIL: ``os.pread``
 releases it, and the thread that reads samples (the one feeding the decode threads) then waited to get it back behind
@@ -22,12 +25,14 @@ import ctypes
 import os
 import struct
 import sys
+import weakref
 from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
 
 from episodepipes.format import BLOCK
+from episodepipes.pipes._decode.leases import Lease, lease, retire
 from episodepipes.pipes.plan import Item
 from episodepipes.pipes.sample import RawSample
 from episodepipes.shardio import LocalSource, ShardIOError, open_regular, pread_exact
@@ -40,6 +45,8 @@ _SIZES: dict[bytes, int] = {}
 KEPT = 32 << 20  # bytes of wanted members `ShardFrames.members` keeps (then it starts afresh)
 HEAD = 2048  # bytes of a frame read at a time where only some of its members are wanted (`ShardFrames.members`)
 SPARES = 16  # earlier arenas `ShardFrames` keeps for reuse (the frames of a few batches in flight)
+LEASED = 256  # shards `ShardFrames` maps under a lease at once (then it preads the others)
+_UNSEEN = object()
 ARENA = 1 << 20  # bytes of frames read into one buffer (`ShardFrames.frame`); a larger read gets its own
 try:  # libc's pread, called with the GIL held (PyDLL): a page-cache read of a frame is microseconds
     _PREAD = ctypes.PyDLL(None, use_errno=True).pread
@@ -59,11 +66,15 @@ class ShardSlice(NamedTuple):
 
 
 class ShardFrames:
-    """A `LocalSource`'s frames as memoryviews of arenas they were read into (one ``pread`` each, its length checked;
-    the module docstring says why the GIL is kept). Used by the one thread that reads a pass's samples."""
+    """A `LocalSource`'s frames as memoryviews: of a shard's leased mapping, else of arenas they were read into (one
+    ``pread`` each, its length checked; the module docstring says why the GIL is kept). Used by the one thread that
+    reads a pass's samples; ``lease=False`` reads every frame with preads."""
 
-    def __init__(self, source: LocalSource) -> None:
+    def __init__(self, source: LocalSource, *, lease: bool = True) -> None:
         self.source = source
+        self._leases: dict[str, Lease | None] = {}  # a shard's mapping under a read lease, or None: preads
+        self._leasing = lease
+        weakref.finalize(self, _retire, self._leases)
         self._view = memoryview(bytearray(0))
         self._arena: np.ndarray | None = None  # the arena `_view` shows
         self._kept: dict[tuple[str, int, bytes], tuple[dict[str, tuple[int, bytes]], int]] = {}  # `members`' answers
@@ -78,6 +89,13 @@ class ShardFrames:
 
     def frame(self, name: str, start: int, end: int) -> memoryview:
         """The bytes ``[start, end)`` of shard ``name`` (a frame, or a run of them)."""
+        held = self._leases.get(name, _UNSEEN)
+        if held is _UNSEEN:
+            held = self._lease(name)
+        if held is not None:
+            view = held.view  # None once the lease breaks (a writer is waiting): preads from then on
+            if view is not None and 0 <= start < end <= len(view):
+                return view[start:end]
         size = end - start
         if _PREAD is None or size <= 0 or start < 0:
             return memoryview(self.source.read(name, start, size))
@@ -92,6 +110,16 @@ class ShardFrames:
             self._again(name, start, got)
         self._free = a + size
         return got
+
+    def _lease(self, name: str) -> Lease | None:
+        """Shard ``name`` mapped under a read lease (`leases`), if this reader takes leases and one is granted
+        (at most `LEASED` shards: a file descriptor and a mapping each); None otherwise."""
+        fd = self.source.fileno(name)
+        held = None
+        if self._leasing and sum(v is not None for v in self._leases.values()) < LEASED:
+            held = lease(fd)
+        self._leases[name] = held
+        return held
 
     def _fresh(self) -> np.ndarray:
         """An arena to read into, not zeroed (a bytearray would be: every byte handed out is read first): a spare
@@ -167,6 +195,10 @@ class ShardFrames:
         """A read that came back short or failed, made again by `LocalSource.read`: its errors name the file
         (`ShardTruncatedError` where it is short), and a read interrupted by a signal succeeds there."""
         into[:] = self.source.read(name, start, len(into))
+
+
+def _retire(leases: dict[str, Lease | None]) -> None:
+    retire([v for v in leases.values() if v is not None])
 
 
 def _member(buf: memoryview, pos: int, prefix: bytes) -> tuple[str, int] | None:

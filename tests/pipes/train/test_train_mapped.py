@@ -106,7 +106,7 @@ def test_an_arena_is_reused_once_no_slice_of_it_is_held_and_never_while_one_is(t
 
     idx = EpisodeIndex.open(make_shards(tmp_path / "s", num_episodes=2, length=20, height=64, width=64))
     src = LocalSource(idx.root)
-    frames = ShardFrames(src)
+    frames = ShardFrames(src, lease=False)  # preads into arenas (what a reader does where a lease is refused)
     ranges = [(idx.shards[s].name, a, b) for ep in idx.episodes for s, a, b in map(ep.frame_range, range(ep.length))]
     kept = [(r, frames.frame(*r)) for r in ranges[:5]]  # held through everything below
     arenas = {id(kept[0][1].obj)}
