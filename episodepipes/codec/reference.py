@@ -131,7 +131,8 @@ class FileInfo(NamedTuple):
 def stamp(read: Callable[[int, int], bytes], size: int) -> tuple[int, int]:
     """(crc32 of the first, of the last `STAMP` bytes) of a file of ``size`` bytes, read with ``read(offset, n)``."""
     n = min(STAMP, size)
-    return zlib.crc32(read(0, n)), zlib.crc32(read(size - n, n))
+    head = zlib.crc32(read(0, n))
+    return head, head if n == size else zlib.crc32(read(size - n, n))  # a small file (an image): read once
 
 
 class ReferenceSource:
@@ -153,9 +154,12 @@ class ReferenceSource:
     def __init__(self, root: str, folder: Any, shards: Sequence[tuple[str, int]], pieces: dict[str, Any],
                  files: Sequence[FileInfo], literal: tuple[str, int], open_file: Callable[[str], tuple[Any, str]],
                  where: Callable[[str], str], error: type[Exception], stale: str) -> None:
-        self.root, self.folder, self.files = root, folder, list(files)
+        self.root, self.folder = root, folder
+        self.files = files if hasattr(files, "sizes") else list(files)  # a table of image files: kept as it is
+        sizes = getattr(files, "sizes", None)
         self._shards = {name: (i, size) for i, (name, size) in enumerate(shards)}
-        self._bounds, self._size = check_pieces(pieces, [s for _, s in shards], [f.bytes for f in files], literal[1])
+        self._bounds, self._size = check_pieces(pieces, [s for _, s in shards],
+                                                [f.bytes for f in files] if sizes is None else sizes, literal[1])
         self._start = np.asarray(pieces["start"]).astype(np.int64)
         self._file, self._at = np.asarray(pieces["file"]), np.asarray(pieces["at"]).astype(np.int64)
         self._literal = literal[0]

@@ -20,11 +20,13 @@ import numpy as np
 
 from episodepipes.codec import reference as ref
 from episodepipes.codec import reference_pieces as pieces_file
+from episodepipes.codec.image_pieces import Files, ImageFiles
 from episodepipes.index.check import IndexFormatError
 from episodepipes.shardio import ByteSource, LocalSource, ShardIOError, is_url, open_source
 
 LITERAL_NAME = "reference.literal.bin"
 PIECES_NAME = "reference.pieces.bin"  # the piece table (`codec.reference_pieces`)
+IMAGES_NAME = "reference.images.bin"  # the image files, one a frame (`codec.image_pieces.ImageFiles`)
 PIECE_FILES = {k: f"reference.{k}.npy" for k in ref.PIECE_DTYPES}  # as indexes before it kept the table
 STALE = "re-index the dataset (episodepipes-shard write SRC OUT --format lerobot --codec reference --overwrite), " \
         "or restore the file"
@@ -35,8 +37,8 @@ def check_reference(field: Any, file: str) -> dict:
     def fail(why: str) -> IndexFormatError:
         return IndexFormatError(f"{file}: reference {why}; re-index the dataset")
 
-    if type(field) is not dict or set(field) - {"files", "hashes", "literal", "pieces", "up"}:
-        raise fail("should be an object of files, hashes, literal, pieces and up")
+    if type(field) is not dict or set(field) - {"files", "hashes", "literal", "pieces", "up", "images"}:
+        raise fail("should be an object of files, hashes, literal, pieces, images and up")
     files = field.get("files")
     if type(files) is not list:
         raise fail("files should be a list")
@@ -53,6 +55,12 @@ def check_reference(field: Any, file: str) -> dict:
         raise fail("files name a file twice")
     hashes = field.get("hashes")
     kinds = ({LITERAL_NAME, PIECES_NAME}, {LITERAL_NAME, *PIECE_FILES.values()})
+    images = field.get("images")
+    if images is not None:
+        if type(images) is not dict or set(images) != {"count", "names"} \
+                or not all(type(v) is int and 0 < v < 2**40 for v in images.values()):
+            raise fail("images should give the image table's count of files and bytes of names")
+        kinds = ({LITERAL_NAME, PIECES_NAME, IMAGES_NAME},)
     if type(hashes) is not dict or set(hashes) not in kinds \
             or not all(type(h) is str and len(h) == 64 for h in hashes.values()):
         raise fail(f"hashes should give the sha256 of {sorted([LITERAL_NAME, PIECES_NAME])}")
@@ -93,6 +101,19 @@ def _pieces(field: dict, folder: ByteSource, file: str, shard_bytes: list[int]) 
     return cols
 
 
+def _files(field: dict, folder: ByteSource, file: str) -> list[ref.FileInfo] | Files:
+    """The source files: the JSON's list, then the image table's (checked: counts, sizes, names)."""
+    images = field.get("images")
+    if images is None:
+        return field["files"]
+    raw = _read(folder, IMAGES_NAME, 17 * images["count"] + images["names"] + 4096, field["hashes"][IMAGES_NAME],
+                file)
+    try:
+        return Files(field["files"], ImageFiles.decode(raw, images["count"], images["names"]))
+    except ValueError as e:
+        raise IndexFormatError(f"{file}: {IMAGES_NAME} is damaged ({e}); re-index the dataset") from None
+
+
 def default_root(root: Path | str, up: int | None) -> str | None:
     """The source root of an index written inside it: ``up`` folders above the index folder ``root``."""
     if up is None:
@@ -115,6 +136,7 @@ def open_reference(meta: dict, root: Path | str, folder: ByteSource, file: str, 
                          "open that index and pass it to the pipe")
     meta_shards = [(s["name"], s["bytes"]) for s in meta["shards"]]
     cols = _pieces(field, folder, file, [b for _, b in meta_shards])
+    files = _files(field, folder, file)
     remote = is_url(where)
     base = where.rstrip("/") if remote else os.path.realpath(where)
     folders: dict[str, ByteSource] = {}
@@ -132,7 +154,7 @@ def open_reference(meta: dict, root: Path | str, folder: ByteSource, file: str, 
         return src, base_name
 
     try:
-        return ref.ReferenceSource(str(root), folder, meta_shards, cols, field["files"],
+        return ref.ReferenceSource(str(root), folder, meta_shards, cols, files,
                                    (LITERAL_NAME, field["literal"]), open_file, lambda n: f"{where}/{n}",
                                    ShardIOError, STALE)
     except ValueError as e:

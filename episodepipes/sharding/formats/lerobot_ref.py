@@ -28,6 +28,7 @@ from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats import lerobot as lr
 from episodepipes.sharding.formats import lerobot_meta as meta
 from episodepipes.sharding.formats.reference_build import SHARD_SIZE, Builder, Camera, Video, check_out
+from episodepipes.sharding.formats.reference_images import ParquetImages
 from episodepipes.sharding.write.plan import assign_splits
 
 log = logging.getLogger(__name__)
@@ -126,11 +127,8 @@ def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s
     t0 = time.perf_counter()
     reader = lr.LeRobotReader(src, tolerance_s=tolerance_s)
     root, out = reader.root, Path(out)
-    if reader.image_keys:
-        raise EpisodeError(f"{root}: image features {reader.image_keys} are stored in the parquet files, not as files "
-                           "to point at; use --codec copy for this dataset")
-    if not reader.video_keys:
-        raise EpisodeError(f"{root}: no video features to reference; use --codec jpeg")
+    if not reader.video_keys and not reader.image_keys:
+        raise EpisodeError(f"{root}: no video or image features to reference; use --codec jpeg")
     check_out(out, overwrite)
     ids = reader.episode_ids()
     splits = assign_splits(ids, val_fraction=val_fraction, val_episodes=val_episodes, seed=seed)
@@ -160,6 +158,7 @@ def _index(reader: lr.LeRobotReader, ids: list[str], splits: dict, last_use: dic
             fw = f"{where}: {root / ep.data_file}"
             table, table_of = _tables(reader, ep.data_file, fw), ep.data_file
             episode_of = _episode_index(table, fw)
+            images = _parquet_images(reader, build, ep.data_file, fw)
             values = {reader.names[k]: (k, lr.column(table.column(k), reader.shapes[k], f"{fw} feature {k!r}"))
                       for k in reader.array_keys}
         lo, hi = np.searchsorted(episode_of, [i, i + 1]).tolist()
@@ -180,6 +179,7 @@ def _index(reader: lr.LeRobotReader, ids: list[str], splits: dict, last_use: dic
             v = build.video(rel, cw)
             cams.append(Camera(reader.names[key], key, v, *_match(v, start, end, times, reader.fps,
                                                                   reader.tolerance_s, cw)))
+        cams += _image_cameras(reader, build, images, lo, hi, where)
         tasks = ep.tasks or reader.tasks_of(rows, eid)
         build.add(safe_episode_id(eid), n, cams, {k: (src, v[lo:hi]) for k, (src, v) in values.items()},
                   fps=reader.fps, prompt="; ".join(tasks), split=splits[eid] or "train", extra=reader.extra)
@@ -197,6 +197,24 @@ def _episode_index(table, where: str) -> np.ndarray:  # noqa: ANN001 (pyarrow.Ta
         raise EpisodeError(f"{where}: episode_index is {col.type} with {col.null_count} nulls; it must hold "
                            "integers, re-convert the dataset")
     return col.to_numpy()
+
+
+def _parquet_images(reader: lr.LeRobotReader, build: Builder, rel: str, where: str) -> ParquetImages | None:
+    """The image features' cells of the data file ``rel`` (None without image features)."""
+    if not reader.image_keys:
+        return None
+    number, data = build.plain(rel, where)
+    return ParquetImages(number, data, reader.root / rel, reader.image_keys, where)
+
+
+def _image_cameras(reader: lr.LeRobotReader, build: Builder, images: ParquetImages | None, lo: int, hi: int,
+                   where: str) -> list[Camera]:
+    """An episode's image cameras: rows ``lo:hi`` of its data file."""
+    if images is None:
+        return []
+    return [Camera(reader.names[key], key, images.camera(key, lo, hi, build.images, build.real,
+                                                         f"{where} image feature {key!r}"), 0, hi - lo, 0)
+            for key in reader.image_keys]
 
 
 def summary(res: ReferenceResult) -> str:

@@ -1,6 +1,7 @@
-"""``write --format raw --codec reference``: raw episode folders whose cameras are ``<camera>.mp4`` files, indexed in
-place (`reference_build`), as ``--codec copy`` would shard them: every packet of each file, frame t being packet t
-(the file must start at a keyframe), the arrays from ``arrays.npz`` and the metadata from ``meta.json``."""
+"""``write --format raw --codec reference``: raw episode folders indexed in place (`reference_build`), as ``--codec
+copy`` would shard them: a ``<camera>.mp4`` camera by every packet of its file, frame t being packet t (the file must
+start at a keyframe), an image folder by its files, one a frame (`reference_images`); the arrays from ``arrays.npz``
+and the metadata from ``meta.json``."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from episodepipes.codec.copy import MAX_GOP
 from episodepipes.format import safe_episode_id, safe_field
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats.lerobot_ref import ReferenceResult
-from episodepipes.sharding.formats.raw import RawReader, VideoFrames
+from episodepipes.sharding.formats.raw import ImageFrames, RawReader, VideoFrames
 from episodepipes.sharding.formats.reference_build import SHARD_SIZE, Builder, Camera, check_out
+from episodepipes.sharding.formats.reference_images import raw_camera
 from episodepipes.sharding.write.plan import assign_splits
 
 
@@ -23,7 +25,7 @@ def index_raw(src: str | os.PathLike, out: str | os.PathLike, *, shard_size: int
               val_fraction: float | None = None, val_episodes: tuple[str, ...] | None = None, seed: int = 0,
               overwrite: bool = False) -> ReferenceResult:
     """Index the raw folder ``src`` in place into ``out`` (arguments as `lerobot_ref.index_lerobot`'s). A camera
-    that is an image folder has no packets to point at, and is refused with the fix (``--codec copy``)."""
+    that is an image folder points at its files (`reference_images.raw_camera`)."""
     t0 = time.perf_counter()
     reader = RawReader(Path(src))
     root, out = Path(src), Path(out)
@@ -36,13 +38,12 @@ def index_raw(src: str | os.PathLike, out: str | os.PathLike, *, shard_size: int
         for eid in ids:
             ep = reader.read(eid)
             where = f"episode {eid!r}"
-            if any(not isinstance(f, VideoFrames) for f in ep.cameras.values()):
-                folders = sorted(c for c, f in ep.cameras.items() if not isinstance(f, VideoFrames))
-                raise EpisodeError(f"{where}: cameras {folders} are image folders, with no packets to point at; use "
-                                   "--codec copy")
             arrays = {safe_field(k): (ep.sources.get(k, k), np.asarray(v)) for k, v in ep.arrays.items()}
             cams, rels = [], []
             for cam, frames in sorted(ep.cameras.items()):
+                if not isinstance(frames, VideoFrames):
+                    cams.append(_image_camera(build, cam, ep.sources.get(cam, cam), frames, f"{where} camera {cam!r}"))
+                    continue
                 rel = Path(frames.path).resolve().relative_to(real).as_posix()
                 cw = f"{where} camera {cam!r} ({frames.path})"
                 v = build.video(rel, cw)
@@ -54,7 +55,7 @@ def index_raw(src: str | os.PathLike, out: str | os.PathLike, *, shard_size: int
                     raise EpisodeError(f"{cw}: its keyframes are up to {gop} frames apart, more than {MAX_GOP}; "
                                        "re-encode it with --codec av1 (short GOPs)")
                 cams.append(Camera(safe_field(cam), ep.sources.get(cam, cam), v, 0, len(v.times), 0))
-            n = len(cams[0].video.times)
+            n = cams[0].count
             build.add(safe_episode_id(ep.id), n, cams, arrays, fps=float(ep.fps), prompt=ep.prompt,
                       split=splits[eid] or ep.split or "train", extra=dict(ep.extra))
             for rel in rels:
@@ -65,3 +66,11 @@ def index_raw(src: str | os.PathLike, out: str | os.PathLike, *, shard_size: int
     finally:
         build.close()
     return ReferenceResult(out, len(ids), frames, shards, time.perf_counter() - t0, build.source_bytes, written)
+
+
+def _image_camera(build: Builder, cam: str, source: str, frames: ImageFrames, where: str) -> Camera:
+    """An image folder's camera: each frame points at its file."""
+    if not isinstance(frames, ImageFrames):
+        raise EpisodeError(f"{where}: a camera of {type(frames).__name__}, neither a video nor an image folder")
+    images = raw_camera(build.images, build.real, frames.files, where)
+    return Camera(safe_field(cam), source, images, 0, len(images.offsets), 0)

@@ -23,12 +23,13 @@ import numpy as np
 from episodepipes import safefile
 from episodepipes.codec import reference as ref
 from episodepipes.codec import reference_pieces as pieces_file
+from episodepipes.codec.image_pieces import ImageFiles, ImageFrames, placeholder, remap, renumber
 from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
 from episodepipes.codec.reference_layout import CameraPackets, EpisodeLayout, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
 from episodepipes.format import INDEX_NAME, TAR_END, shard_name
 from episodepipes.index import v2 as indexv2
-from episodepipes.index.referenced import LITERAL_NAME, PIECES_NAME
+from episodepipes.index.referenced import IMAGES_NAME, LITERAL_NAME, PIECES_NAME
 from episodepipes.normstats import sidefile as statsfile
 from episodepipes.normstats.fields import StatsFields, episode_part
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
@@ -126,7 +127,7 @@ class Camera(NamedTuple):
 
     name: str
     source: str
-    video: Video
+    video: Video | ImageFrames  # an image camera: its frames' pieces (`reference_images`)
     first: int
     count: int
     lead: int
@@ -139,6 +140,7 @@ class Builder:
     def __init__(self, root: Path, shard_size: int = SHARD_SIZE) -> None:
         self.root, self.real, self.shard_size = Path(root), Path(root).resolve(), shard_size
         self.files: list[ref.FileInfo] = []
+        self.images = ImageFiles()  # one image file a frame: a binary table, not the index's JSON
         self._videos: dict[str, Video] = {}
         self._numbers: dict[str, int] = {}
         self.pieces, self.stats = ref.Pieces(), StatsFields()
@@ -153,7 +155,23 @@ class Builder:
 
     @property
     def source_bytes(self) -> int:
-        return sum(f.bytes for f in self.files)
+        return sum(f.bytes for f in self.files) + self.images.bytes
+
+    def plain(self, rel: str, where: str) -> tuple[int, memoryview]:
+        """(number, bytes) of the source file ``rel`` read as it is (a parquet file whose pages hold images)."""
+        path = meta.regular_file(meta.inside(self.real, rel, where, EpisodeError), where, EpisodeError)
+        try:
+            ref.check_file(rel)
+        except ValueError as e:
+            raise EpisodeError(f"{where}: {e}; rename it") from None
+        data = memoryview(path.read_bytes())
+        number = self._numbers.get(rel)
+        if number is None:
+            number = self._numbers[rel] = len(self.files)
+            self.files.append(ref.FileInfo(rel, len(data), *ref.stamp(lambda o, k: data[o:o + k], len(data))))
+        elif self.files[number].bytes != len(data):
+            raise EpisodeError(f"{where}: {rel} changed while it was indexed; index it again")
+        return number, data
 
     def video(self, rel: str, where: str) -> Video:
         """The demuxed file ``rel`` (relative to the root), demuxed at its first use and kept until `drop`."""
@@ -184,6 +202,13 @@ class Builder:
         backs = np.zeros((n, len(cams)), np.int64)
         packets, cam_meta = [], {}
         for c, cam in enumerate(cams):
+            if isinstance(cam.video, ImageFrames):
+                if len(cam.video.offsets) != n:
+                    raise EpisodeError(f"episode {eid!r} camera {cam.source!r}: {len(cam.video.offsets)} images, {n} "
+                                       "rows or steps; trim them to match")
+                packets.append(cam.video.packets(c))
+                cam_meta[cam.name] = cam.video.meta(cam.source)
+                continue
             v, k0, count, lead = cam.video, cam.first, cam.count, cam.lead
             if count - lead != n:
                 raise EpisodeError(f"episode {eid!r} camera {cam.source!r}: {count - lead} frames, {n} rows or steps; "
@@ -204,6 +229,8 @@ class Builder:
         flat = [np.ascontiguousarray(arrays[k][1]).reshape(n, -1).view(np.uint8) for k in names]
         rows = np.hstack(flat) if flat else np.zeros((n, 0), np.uint8)
         parts = layout(eid.encode(), packets, backs, rows, [f.shape[1] for f in flat])
+        parts = remap(parts, {placeholder(c): cam.video for c, cam in enumerate(cams)
+                              if isinstance(cam.video, ImageFrames)})
         start = self._pos
         offsets = (start + np.cumsum(parts.spans) - np.asarray(parts.spans)).tolist()
         self.pieces.extend(start, parts)
@@ -285,13 +312,19 @@ class Builder:
         out = Path(out)
         if not out.exists():
             safefile.make_dir(out, parents=True)
-        blobs = {PIECES_NAME: pieces_file.encode(self.pieces.columns(), [s["bytes"] for s in self.shards])}
+        cols = self.pieces.columns()
+        cols["file"] = renumber(cols["file"], len(self.files)).astype("<i4")  # image files after the listed ones
+        blobs = {PIECES_NAME: pieces_file.encode(cols, [s["bytes"] for s in self.shards])}
         blobs[LITERAL_NAME] = bytes(self.pieces.literal)
+        images = self.images.encode() if len(self.images) else None
+        if images is not None:
+            blobs[IMAGES_NAME] = images[0]
         stats = self.stats.encode()
         extra = statsfile.descriptor(stats)
         reference = {"files": [list(f) for f in self.files],
                      "hashes": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(blobs.items())},
-                     "literal": len(self.pieces.literal), "pieces": len(self.pieces.start)}
+                     "literal": len(self.pieces.literal), "pieces": len(self.pieces.start),
+                     **({"images": images[1]} if images is not None else {})}
         inside = _depth(out, self.real)
         if inside is not None:
             reference["up"] = inside

@@ -133,7 +133,7 @@ def encode_episode(ep: EpisodeData, opts: EncodeOptions, *, default_split: str =
     copied = {safe_field(c): (c, p) for c, p in sorted(ep.packets.items())}
     if not ep.cameras and not copied:
         raise EpisodeError(f"episode {ep.id!r}: no cameras; every episode needs at least one")
-    packed = opts.codec != "jpeg" or bool(copied)
+    packed = opts.codec in ("h264", "av1") or bool(copied)  # as the index decides (writer.is_packed)
     video = opts.codec in ("h264", "av1")  # frames of the other cameras are JPEG (jpeg, or copy)
     cams = {safe_field(c): (c, it) for c, it in sorted(ep.cameras.items())}
     if set(cams) & set(copied):
