@@ -180,7 +180,7 @@ def graph_builder(index: EpisodeIndex, items: Sequence[Item], stats: Stats, *, b
             verified.append(True)
         reader = ShardReader(index, items, stats=stats, windows=windows)
         dec = Decoder(reader, index, decode, stats=stats, slab=slabs, frames=frames, transform=transform,
-                      share_frames=bool(windows))
+                      share_frames=bool(windows), slices=reader.send_slices)
         return BatchStacker(dec, batch_size=batch_size, stats=stats, rows=dec)
 
     return build

@@ -29,7 +29,7 @@ from torchdata.nodes import BaseNode
 
 from episodepipes.format import sample_key
 from episodepipes.index import EpisodeIndex
-from episodepipes.pipes._decode.mapped import ShardFrames, frame_members
+from episodepipes.pipes._decode.mapped import ShardFrames, ShardSlice, frame_members
 from episodepipes.pipes._saved import saved_position
 from episodepipes.pipes.order.window import Window, window_reads, window_samples
 from episodepipes.pipes.plan import Item, Run, iter_runs
@@ -70,6 +70,7 @@ class ShardReader(BaseNode[RawSample]):
         self.source = source if source is not None else open_source(index.root)
         self._it: Iterator[RawSample] | None = None
         self._mapped: ShardFrames | None = None  # a local root's frame reads, for this pass (`_local_members`)
+        self._slices = False  # frames as ShardSlice references, for decode processes (`send_slices`)
         self._pos = 0
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -86,6 +87,13 @@ class ShardReader(BaseNode[RawSample]):
 
     def get_state(self) -> dict[str, Any]:
         return {self.POS_KEY: self._pos}
+
+    def send_slices(self) -> None:
+        """Hand frames of local shards out as `ShardSlice` references, which a decode process resolves against a
+        read of its own (`Decoder` asks this of its source for ``method="process"``, `links.SendSlices`): no frame
+        bytes are copied or pickled. Frames read otherwise (remote, packed, video cameras, windows, a frame the fast
+        path does not parse) still come as bytes."""
+        self._slices = True
 
     def shutdown(self) -> None:
         """Close open shard files; `reset` reopens them."""
@@ -203,6 +211,8 @@ class ShardReader(BaseNode[RawSample]):
         (`RawSample.checks`; for processes `decode.portable` checks it here and copies the members to bytes); a
         frame it does not parse goes through `_read_run`, whose checks name what is wrong."""
         bounds, n, k = run.bounds, len(run.items), 0
+        # window samples are checked here, before the batch's frames are shared out (`window_samples`): bytes then
+        slices, path = self._slices and not self.windows, os.path.join(str(self.source.root), name)
         while k < n:
             j = k + 1
             while j < n and bounds[j + 1] - bounds[k] <= self.PIECE:
@@ -221,8 +231,13 @@ class ShardReader(BaseNode[RawSample]):
                 self.stats.add("bytes_read", size)
                 self.stats.add("frames_read")
                 crc = run.crcs[i] if run.crcs else self.index.episode(item.episode).frame_crc(item.frame)
-                members: dict[str, Any] = {f: view[s:e] for f, (s, e) in spans.items()}  # type: ignore[index]
-                yield RawSample(item, name, members, checks=() if crc is None else ((item.frame, view, crc),))
+                whole: memoryview | ShardSlice = view
+                if slices:  # the worker reads them: members and the whole frame (its crc32) as references
+                    members: dict[str, Any] = {f: ShardSlice(path, a + s, e - s) for f, (s, e) in spans.items()}
+                    whole = ShardSlice(path, a, b - a)
+                else:
+                    members = {f: view[s:e] for f, (s, e) in spans.items()}  # type: ignore[index]
+                yield RawSample(item, name, members, checks=() if crc is None else ((item.frame, whole, crc),))
             k = j
 
     def _read_run(self, run: Run, source: ByteSource | ShardFrames, name: str,

@@ -17,7 +17,11 @@ import weakref
 
 import numpy as np
 
-_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+# MAP_POPULATE: the pages are faulted in by the kernel in one go when the memory is made, not one fault per 4 KB as
+# the decode workers first write each row (a ring is made once and reused, so this is paid once)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_PRIVATE = {"flags": mmap.MAP_PRIVATE | _POPULATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+_SHARED = {"flags": mmap.MAP_SHARED | _POPULATE} if hasattr(mmap, "MAP_SHARED") else {}
 
 
 class Lendable:
@@ -31,7 +35,7 @@ class Lendable:
         self.fd = _shared_fd(size) if shared else -1
         if shared:
             weakref.finalize(self, os.close, self.fd)
-        self.memory = mmap.mmap(self.fd, size) if shared else mmap.mmap(-1, size, **_PRIVATE)
+        self.memory = mmap.mmap(self.fd, size, **_SHARED) if shared else mmap.mmap(-1, size, **_PRIVATE)
         self._lease: weakref.ref[np.ndarray] | None = None
 
     def free(self) -> bool:
@@ -47,6 +51,12 @@ class Lendable:
         lease = self.view()
         self._lease = weakref.ref(lease)
         return lease
+
+
+def map_shared(fd: int, size: int) -> mmap.mmap:
+    """``size`` bytes of the shared memory behind ``fd``, mapped with their pages already in (a decode process's
+    view of a ring, `slabs.attach`)."""
+    return mmap.mmap(fd, size, **_SHARED)
 
 
 def _shared_fd(size: int) -> int:

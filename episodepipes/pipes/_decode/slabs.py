@@ -11,7 +11,6 @@ only once nothing the consumer holds points into it: the consumer gets leases of
 from __future__ import annotations
 
 import itertools
-import mmap
 import os
 import weakref
 from multiprocessing import reduction
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from episodepipes.pipes._decode.buffers import BufferPool, Lendable
+from episodepipes.pipes._decode.buffers import BufferPool, Lendable, map_shared
 
 Shapes = dict[str, tuple[int, ...]]  # camera -> its row's shape: [3, H, W], or [steps, 3, H, W] (a window)
 _RINGS: dict[int, list[dict[str, np.ndarray]]] = {}  # arrays over each ring: the parent's, or a worker's (`attach`)
@@ -50,7 +49,7 @@ def attach(ring: Ring) -> None:
         for c, (fd, shape) in slab.items():
             size = max(1, int(np.prod(shape)))
             try:
-                got[c] = np.ndarray(shape, np.uint8, buffer=mmap.mmap(fd, size))
+                got[c] = np.ndarray(shape, np.uint8, buffer=map_shared(fd, size))
             finally:
                 os.close(fd)
         arrays.append(got)
@@ -68,7 +67,7 @@ class Slabs:
 
     def __init__(self, size: int, buffers: BufferPool | None = None) -> None:
         self.size = size
-        self._pool = buffers if buffers is not None else BufferPool(keep=6)
+        self._pool = buffers if buffers is not None else BufferPool(keep=16)
         self._cur: dict[str, np.ndarray] = {}
         self._row = size
         self._ring: list[dict[str, Lendable]] | None = None
