@@ -8,7 +8,8 @@ index folder, returning a dict of numbers; add a row by appending a function):
   ``Anonymous`` (``/proc/self/smaps_rollup``) across it, alone and beside a process holding the same index open
   (``shared_private``: what each further rank or worker of a node pays, the columns' pages being shared);
 - ``lookup``: the cost of the first frame lookup of a segment (`EpisodeIndex.frame_ranges` of a new episode's
-  frames, 200 of them at random) and the bytes it allocates (tracemalloc peak);
+  frames, 200 of them at random), the bytes it allocates (tracemalloc peak) and the pages it read from disk (major
+  faults: a lookup reads a page of ``offset`` and of ``size``, from disk where the page cache does not hold them);
 - ``where``: building ``video_pipe(where=...)`` that keeps one robot's val episodes;
 - ``train_build``/``metric_build``: building ``train_pipe(shuffle="block")`` and ``metric_pipe`` for rank 0 of 8
   (skipped past ``--pipes-max`` episodes; a build over `TIMEOUT` seconds is reported as such);
@@ -100,10 +101,15 @@ def row_lookup(path: str) -> dict:
     picks = np.random.default_rng(0).choice(n, size=min(200, n), replace=False)
     rows = [np.arange(k * LENGTH, (k + 1) * LENGTH) for k in picks.tolist()]
     index.frame_ranges(rows[0])  # imports and first-use samples out of the timing
+    import resource
+
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     t0 = time.perf_counter()
     for r in rows[1:]:
         index.frame_ranges(r)
     per = (time.perf_counter() - t0) / max(len(rows) - 1, 1)
+    # pages read from disk per lookup: where the page cache does not hold the columns, what the time is made of
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults) / max(len(rows) - 1, 1)
     tracemalloc.start()
     peaks = []
     for k in np.random.default_rng(1).choice(n, size=min(20, n), replace=False).tolist():
@@ -112,7 +118,7 @@ def row_lookup(path: str) -> dict:
         index.frame_ranges(np.arange(k * LENGTH, (k + 1) * LENGTH))
         peaks.append(tracemalloc.get_traced_memory()[1] - base)
     tracemalloc.stop()
-    return {"lookup_ms": per * 1e3, "lookup_peak_kb": max(peaks) / 1024}
+    return {"lookup_ms": per * 1e3, "lookup_peak_kb": max(peaks) / 1024, "lookup_disk_reads": faults}
 
 
 def row_where(path: str) -> dict:
