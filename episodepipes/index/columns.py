@@ -167,13 +167,19 @@ def prefetch(arrays: Iterable[Any], starts: np.ndarray, ends: np.ndarray) -> int
     one-dimensional column among ``arrays`` (``madvise(MADV_WILLNEED)``), before a lookup touches them. Why: the
     per-frame columns are read at random (`advise`), so each cold page a lookup faults on is one read waited for in
     turn; a batch's few hundred rows over a 10**8-row column are as many pages, and asked for together they are
-    read concurrently. A hint: nothing read changes. Returns the ranges asked for (what a test counts)."""
+    read concurrently. A remote root's range columns (`episodepipes.remote.framecolumns`) fetch the blocks of those
+    rows in one round of GETs instead, where the checks that follow would fetch them one segment at a time. A hint:
+    nothing read changes. Returns the ranges asked for, or blocks fetched (what a test counts)."""
     code = getattr(mmap, "MADV_WILLNEED", None)
     starts, ends = np.asarray(starts, np.int64).ravel(), np.asarray(ends, np.int64).ravel()
     if code is None or not len(starts):
         return 0
     asked = 0
     for a in arrays:
+        ranged = getattr(a, "prefetch", None)  # a remote root's range column: its blocks fetched in one round
+        if callable(ranged):
+            asked += ranged(starts, ends)
+            continue
         mm = _mapping_of(a)
         if mm is None or a.ndim != 1 or not a.size or not hasattr(mm, "madvise"):
             continue
