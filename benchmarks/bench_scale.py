@@ -8,10 +8,15 @@ index folder, returning a dict of numbers; add a row by appending a function):
   ``Anonymous`` (``/proc/self/smaps_rollup``) across it, alone and beside a process holding the same index open
   (``shared_private``: what each further rank or worker of a node pays, the columns' pages being shared);
 - ``lookup``: the cost of the first frame lookup of a segment (`EpisodeIndex.frame_ranges` of a new episode's
-  frames, 200 of them at random) and the bytes it allocates (tracemalloc peak);
+  frames, 200 of them at random), the bytes it allocates (tracemalloc peak) and the pages it read from disk (major
+  faults: a lookup reads a page of ``offset`` and of ``size``, from disk where the page cache does not hold them);
 - ``where``: building ``video_pipe(where=...)`` that keeps one robot's val episodes;
 - ``train_build``/``metric_build``: building ``train_pipe(shuffle="block")`` and ``metric_pipe`` for rank 0 of 8
-  (skipped past ``--pipes-max`` episodes; a build over `TIMEOUT` seconds is reported as such).
+  (skipped past ``--pipes-max`` episodes; a build over `TIMEOUT` seconds is reported as such);
+- ``train_first``/``metric_first``: building ``train_pipe(shuffle="full")``, then the first batch of it and of
+  ``metric_pipe`` with the per-frame columns evicted from the page cache first (a node that has not read them:
+  ``posix_fadvise(DONTNEED)`` on those files), and the first batch of the same train pipe built again
+  (``train_next_s``: the same frames, cached and checked).
 
     python scripts/bench.py scale --out /tmp/scale        # 10^3 .. 10^6 episodes
     python benchmarks/bench_scale.py --max 100000 [--listed --code /path/to/other/checkout]
@@ -40,7 +45,8 @@ if "--child" not in sys.argv:  # a child imports episodepipes from the PYTHONPAT
 SIZES = [1_000, 10_000, 100_000, 1_000_000]
 LENGTH = 100
 TIMEOUT = 300.0
-GOALS = {"open_s": 0.3, "open_private_mb": 50, "where_s": 1.0, "train_build_s": 2.0, "metric_build_s": 2.0}
+GOALS = {"open_s": 0.3, "open_private_mb": 50, "where_s": 1.0, "train_build_s": 2.0, "metric_build_s": 2.0,
+         "train_full_build_s": 2.0, "train_first_s": 1.0}
 
 
 def _memory() -> dict[str, float]:
@@ -95,10 +101,15 @@ def row_lookup(path: str) -> dict:
     picks = np.random.default_rng(0).choice(n, size=min(200, n), replace=False)
     rows = [np.arange(k * LENGTH, (k + 1) * LENGTH) for k in picks.tolist()]
     index.frame_ranges(rows[0])  # imports and first-use samples out of the timing
+    import resource
+
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     t0 = time.perf_counter()
     for r in rows[1:]:
         index.frame_ranges(r)
     per = (time.perf_counter() - t0) / max(len(rows) - 1, 1)
+    # pages read from disk per lookup: where the page cache does not hold the columns, what the time is made of
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults) / max(len(rows) - 1, 1)
     tracemalloc.start()
     peaks = []
     for k in np.random.default_rng(1).choice(n, size=min(20, n), replace=False).tolist():
@@ -107,7 +118,7 @@ def row_lookup(path: str) -> dict:
         index.frame_ranges(np.arange(k * LENGTH, (k + 1) * LENGTH))
         peaks.append(tracemalloc.get_traced_memory()[1] - base)
     tracemalloc.stop()
-    return {"lookup_ms": per * 1e3, "lookup_peak_kb": max(peaks) / 1024}
+    return {"lookup_ms": per * 1e3, "lookup_peak_kb": max(peaks) / 1024, "lookup_disk_reads": faults}
 
 
 def row_where(path: str) -> dict:
@@ -141,10 +152,63 @@ def row_metric_build(path: str) -> dict:
     return {"metric_build_s": time.perf_counter() - t0, "metric_len": len(pipe)}
 
 
+def _drop_cached(path: str) -> None:
+    """Evict the per-frame columns of the index at ``path`` from the page cache (those pages only, and only where
+    no process maps them in): a first batch on a node that has not read them yet."""
+    for name in ("offset", "size", "crc32"):
+        file = Path(path) / f"index.{name}.npy"
+        if file.exists():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _first_batch(pipe: object, path: str) -> float:
+    """Seconds to the first batch of ``pipe`` with the per-frame columns out of the page cache."""
+    import logging
+
+    logging.disable(logging.WARNING)  # the sparse shards' frames are zeros: every one is counted corrupt
+    _drop_cached(path)
+    t0 = time.perf_counter()
+    next(iter(pipe))  # type: ignore[call-overload]
+    return time.perf_counter() - t0
+
+
+def row_train_first(path: str) -> dict:
+    """``train_pipe(shuffle="full")`` for rank 0 of 8: its build, its first batch on a cold page cache, and the
+    first batch of the same pipe built again (the same frames: their pages cached, their segments checked)."""
+    from episodepipes.index import EpisodeIndex
+    from episodepipes.pipes import train_pipe
+
+    index = EpisodeIndex.open(path)
+    t0 = time.perf_counter()
+    pipe = train_pipe(index, batch_size=32, seed=0, rank=0, world_size=8, shuffle="full")
+    build = time.perf_counter() - t0
+    cold = _first_batch(pipe, path)
+    again = train_pipe(index, batch_size=32, seed=0, rank=0, world_size=8, shuffle="full")
+    t0 = time.perf_counter()
+    next(iter(again))
+    return {"train_full_build_s": build, "train_first_s": cold, "train_next_s": time.perf_counter() - t0}
+
+
+def row_metric_first(path: str) -> dict:
+    """``metric_pipe`` (every episode, 4 frames each) for rank 0 of 8: its first batch on a cold page cache."""
+    from episodepipes.index import EpisodeIndex
+    from episodepipes.pipes import metric_pipe
+
+    index = EpisodeIndex.open(path)
+    pipe = metric_pipe(index, split="train", frames_per_episode=4, batch_size=32, rank=0, world_size=8)
+    return {"metric_first_s": _first_batch(pipe, path)}
+
+
 # (name, function, whether it builds pipes): a row is skipped past --pipes-max episodes when it does
 ROWS: list[tuple[str, Callable[[str], dict], bool]] = [
     ("open", row_open, False), ("open_shared", row_open_shared, False), ("lookup", row_lookup, False),
     ("where", row_where, False), ("train_build", row_train_build, True), ("metric_build", row_metric_build, True),
+    ("train_first", row_train_first, True), ("metric_first", row_metric_first, True),
 ]
 
 
@@ -189,7 +253,9 @@ def run(workdir: Path, quick: bool, *, sizes: list[int] | None = None, listed: b
     for n, fig in zip(series["episodes"], series["figures"]):
         for key, unit, scale in (("open_s", "ms", 1e3), ("open_private_mb", "MB", 1), ("shared_private_mb", "MB", 1),
                                  ("lookup_ms", "ms", 1), ("where_s", "ms", 1e3), ("train_build_s", "ms", 1e3),
-                                 ("metric_build_s", "ms", 1e3)):
+                                 ("metric_build_s", "ms", 1e3), ("train_full_build_s", "ms", 1e3),
+                                 ("train_first_s", "ms", 1e3), ("train_next_s", "ms", 1e3),
+                                 ("metric_first_s", "ms", 1e3)):
             if key in fig:
                 goal = GOALS.get(key)
                 rows.append({"metric": f"{key} at {n:,} episodes ({n * LENGTH:,} frames)", "ours": fig[key] * scale,
@@ -209,7 +275,9 @@ def plot(result: dict, path: Path) -> None:
     s = result["series"]
     xs = s["episodes"]
     panels = [("seconds", [("open_s", "open"), ("where_s", "video_pipe(where=)"), ("train_build_s", "train_pipe build"),
-                           ("metric_build_s", "metric_pipe build"), ("lookup_ms", "lookup (ms)")]),
+                           ("metric_build_s", "metric_pipe build"), ("train_full_build_s", "train_pipe build, full"),
+                           ("train_first_s", "first train batch, cold"), ("metric_first_s", "first metric batch, cold"),
+                           ("lookup_ms", "lookup (ms)")]),
               ("MB", [("open_private_mb", "private, alone"), ("shared_private_mb", "private, beside a rank"),
                       ("open_anon_mb", "anon")])]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -82,9 +82,15 @@ def synthetic_index(out: Path, *, episodes: int, frames: int, frame_bytes: int =
         for s in shards:
             with open(out / s["name"], "wb") as f:
                 f.truncate(s["bytes"])
+    # the ids as the writer keeps them: mapped columns (`episodepipes.index.idcols`), ep<k:07d> sorting as k does
+    ids = np.char.add(b"ep", np.char.zfill(np.arange(episodes).astype("S7"), 7))
+    cols["ids"] = _write_column(out / COLUMNS["ids"][0], ids.dtype.str, ids.shape, lambda a, b: ids[a:b])
+    cols["id_order"] = _write_column(out / COLUMNS["id_order"][0], "<i8", (episodes,),
+                                     lambda a, b: np.arange(a, b, dtype=np.int64))
+    cols["attr"] = _write_column(out / COLUMNS["attr"][0], "<u4", (episodes,), lambda a, b: 0)
     data = {"format": "episodepipes-shards", "version": 2, "layout": "members", "crc32": True, "options": {},
             "shards": shards, "schemas": [SCHEMA], "splits": [split], "prompts": ["scale"], "fps": [10.0],
-            "ids": [f"ep{i:07d}" for i in range(episodes)], "frames": frames, "episode_meta": [], "columns": cols}
+            "attrs": [{}], "frames": frames, "columns": cols}
     (out / INDEX_NAME).write_bytes(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
     return out
 
@@ -95,7 +101,7 @@ ROOT = Path("/tmp/episodepipes-scale-order")
 
 def data_for(episodes: int, frames: int, split: str) -> Path:
     """The synthetic index of these sizes under `ROOT`, written once."""
-    out = ROOT / f"{split}-{episodes}-{frames}"
+    out = ROOT / f"{split}-{episodes}-{frames}-idcols"
     if not (out / INDEX_NAME).exists():
         synthetic_index(out, episodes=episodes, frames=frames, split=split, shard_files=True)
     return out

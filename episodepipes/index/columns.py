@@ -159,6 +159,52 @@ def release(*arrays: Any) -> None:
                 pass
 
 
+PREFETCH_GAP = 4  # pages between two wanted ones below which `prefetch` asks for them in one range
+
+
+def prefetch(arrays: Iterable[Any], starts: np.ndarray, ends: np.ndarray) -> int:
+    """Ask the kernel to read, all at once, the pages holding rows ``starts[i] .. ends[i]`` of each mapped
+    one-dimensional column among ``arrays`` (``madvise(MADV_WILLNEED)``), before a lookup touches them. Why: the
+    per-frame columns are read at random (`advise`), so each cold page a lookup faults on is one read waited for in
+    turn; a batch's few hundred rows over a 10**8-row column are as many pages, and asked for together they are
+    read concurrently. A remote root's range columns (`episodepipes.remote.framecolumns`) fetch the blocks of those
+    rows in one round of GETs instead, where the checks that follow would fetch them one segment at a time. A hint:
+    nothing read changes. Returns the ranges asked for, or blocks fetched (what a test counts)."""
+    code = getattr(mmap, "MADV_WILLNEED", None)
+    starts, ends = np.asarray(starts, np.int64).ravel(), np.asarray(ends, np.int64).ravel()
+    if code is None or not len(starts):
+        return 0
+    asked = 0
+    for a in arrays:
+        ranged = getattr(a, "prefetch", None)  # a remote root's range column: its blocks fetched in one round
+        if callable(ranged):
+            asked += ranged(starts, ends)
+            continue
+        mm = _mapping_of(a)
+        if mm is None or a.ndim != 1 or not a.size or not hasattr(mm, "madvise"):
+            continue
+        base = np.frombuffer(mm, np.uint8, 1).ctypes.data
+        lo, page = byte_bounds(a)[0] - base, mmap.PAGESIZE
+        s = np.clip(starts, 0, len(a) - 1)
+        e = np.clip(np.maximum(ends, s + 1), 1, len(a))
+        order = np.argsort(s, kind="stable")
+        first = (lo + s[order] * a.itemsize) // page
+        last = np.maximum.accumulate((lo + e[order] * a.itemsize - 1) // page)
+        new = np.ones(len(first), bool)  # a range starts where its first page is past the ones before (and a gap)
+        new[1:] = first[1:] > last[:-1] + PREFETCH_GAP
+        at = np.flatnonzero(new)
+        ends_at = np.append(at[1:], len(first)) - 1
+        for p0, p1 in zip(first[at].tolist(), last[ends_at].tolist()):
+            start, end = p0 * page, min((p1 + 1) * page, len(mm))
+            if 0 <= start < end:
+                try:
+                    mm.madvise(code, start, end - start)
+                    asked += 1
+                except (OSError, ValueError):  # a closed mapping
+                    pass
+    return asked
+
+
 def scanned(table: np.ndarray, rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, block) of ``table``, ``rows`` rows at a time, each block's mapped pages released (`release`)
     once the caller is done with it (when the next is asked for, and after the last)."""

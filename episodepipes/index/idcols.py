@@ -156,6 +156,11 @@ class IdList(Sequence[str]):
     def __len__(self) -> int:
         return len(self._ids)
 
+    def raw(self, numbers: np.ndarray | slice) -> np.ndarray:
+        """The ids of episodes ``numbers`` as the column holds them (``|S<width>``, NUL-padded, checked ASCII at
+        open): what code handling many ids at once reads instead of a `str` each."""
+        return self._ids[numbers]
+
     def __getitem__(self, n: int | slice) -> Any:
         if isinstance(n, slice):
             return [id_text(self._ids, k) for k in range(*n.indices(len(self._ids)))]

@@ -20,13 +20,15 @@ import numpy as np
 from episodepipes.index import idcols
 from episodepipes.index import v2 as indexv2
 from episodepipes.index.check import IndexFormatError
-from episodepipes.index.columns import PER_FRAME, scanning
+from episodepipes.index.columns import PER_FRAME, prefetch, scanning
 from episodepipes.index.idcols import EpisodeAttrs
 from episodepipes.index.records import ArraySpec, Camera, dtype_str, read_camera
 from episodepipes.index.search import Sorted
-from episodepipes.index.v2 import FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD
+from episodepipes.index.v2 import COUNT, FIRST, LENGTH, ROW, SCHEMA, SEGMENT, SHARD
 
 SCAN = 1024  # segments checked at once above which their columns are read as a scan (`columns.scanning`)
+PREFETCH = 8  # segments checked at once from which their rows' pages are asked for together (`columns.prefetch`)
+PREFETCH_PART = 128  # segments whose rows are asked for at once
 Schema = tuple[dict[str, Camera], dict[str, ArraySpec]]
 
 
@@ -217,8 +219,15 @@ class _SegmentChecks:
             if not ((j >= t.episodes[n, SEGMENT].astype(np.int64)) & (j < end)).all():
                 raise ValueError("a segment is given an episode it does not belong to")
         per_frame = [t.columns[c] for c in PER_FRAME if c in t.columns]
+        mine = [js[k] for k in todo]
+        if PREFETCH <= len(todo) <= SCAN:  # a batch's segments at random: their rows read together, a part at a time
+            for a in range(0, len(mine), PREFETCH_PART):  # (a part's blocks stay in a remote root's block cache)
+                seg = t.segments[np.asarray(mine[a:a + PREFETCH_PART], np.int64)]
+                prefetch(per_frame, seg[:, ROW].astype(np.int64), (seg[:, ROW] + seg[:, COUNT]).astype(np.int64))
+                self._check(t, mine[a:a + PREFETCH_PART], found[a:a + PREFETCH_PART])
+            return
         with scanning(per_frame) if len(todo) > SCAN else contextlib.nullcontext():
-            self._check(t, [js[k] for k in todo], found)
+            self._check(t, mine, found)
 
     def _check(self, t: Tables, todo: list[int], found: list[int]) -> None:
         for j, n in zip(todo, found):

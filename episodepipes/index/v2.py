@@ -464,6 +464,10 @@ def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray,
     after its tar header and pack table, inside its shard, chunks go forward, and each frame's decode starts within
     its chunk (`episodepipes.codec.chunk`).
 
+    Checked a run of whole segments (about `_PACKED_ROWS` frames) at a time, each run's pages released after (the
+    row before a run carried into the next, as `packed_problem` does): what this holds does not grow with the
+    frames (whole, it was ~60 bytes a frame: gigabytes at 10**8 frames).
+
     A remote index's per-frame columns are read by range (`episodepipes.remote.framecolumns`): reading them whole
     here would cost every frame's rows at open, so each segment is checked on its first use instead
     (`packed_problem`, beside `frame_problem`)."""
@@ -471,16 +475,28 @@ def check_packed(w: Where, cols: dict[str, np.ndarray], shard_bytes: np.ndarray,
     if not isinstance(off, np.ndarray) or not len(off):
         return
     seg, ep = cols["segments"], cols["episodes"]
-    seg_of = np.repeat(np.arange(len(seg)), seg[:, COUNT].astype(np.int64))
-    new_seg = np.zeros(len(off), bool)
-    new_seg[seg[:, ROW].astype(np.int64)] = True
-    sh = seg[seg_of, SHARD].astype(np.int64)
-    got = _packed_rows(off.astype(np.int64), cols["size"].astype(np.int64), cols["member"].astype(np.int64),
-                       cols["key"], new_seg, sh, shard_bytes[sh], 0, None)
-    if got is not None:
-        r, why = got
-        n = int(np.searchsorted(ep[:, FIRST], r, side="right")) - 1
-        raise w.fail(f"frame row {r} (episode {ids[n]!r}, frame {r - int(ep[n, FIRST])})", why)
+    seg_row = seg[:, ROW].astype(np.int64)  # one int per segment: strictly increasing from 0 (check_tables)
+    j, prev = 0, None
+    while j < len(seg):
+        k = max(j + 1, int(np.searchsorted(seg_row, seg_row[j] + _PACKED_ROWS, side="left")))
+        r0, r1 = int(seg_row[j]), int(seg_row[k]) if k < len(seg) else len(off)
+        count = seg[j:k, COUNT].astype(np.int64)
+        new_seg = np.zeros(r1 - r0, bool)
+        new_seg[seg_row[j:k] - r0] = True
+        sh = np.repeat(seg[j:k, SHARD].astype(np.int64), count)
+        o, size = off[r0:r1].astype(np.int64), cols["size"][r0:r1].astype(np.int64)
+        got = _packed_rows(o, size, cols["member"][r0:r1].astype(np.int64), cols["key"][r0:r1], new_seg, sh,
+                           shard_bytes[sh], r0, prev)
+        if got is not None:
+            r, why = got
+            n = int(np.searchsorted(ep[:, FIRST], r, side="right")) - 1
+            raise w.fail(f"frame row {r} (episode {ids[n]!r}, frame {r - int(ep[n, FIRST])})", why)
+        prev = (int(o[-1] + size[-1]), int(sh[-1]))
+        release(*(cols[name][r0:r1] for name in ("offset", "size", "member", "key")))
+        j = k
+
+
+_PACKED_ROWS = 1 << 20  # frames of whole segments `check_packed` checks at a time
 
 
 def packed_problem(cols: Mapping[str, Any], j: int, shard_bytes: int) -> str | None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from episodepipes.index import Episode, EpisodeIndex
 from episodepipes.index.columns import release
+from episodepipes.index.idcols import IdList
 from episodepipes.index.v2 import COUNT, FIRST, LENGTH, SCHEMA, SEGMENT, SHARD
 from episodepipes.pipes.select import Where, select
 
@@ -48,6 +49,16 @@ class _Ids(Sequence[str]):
     def numbers_of(self, positions: np.ndarray) -> np.ndarray:
         """The index's episode numbers of the ids at ``positions``, vectorised."""
         return self._chosen.numbers_of(positions)
+
+    def raw(self, a: int, b: int) -> np.ndarray | None:
+        """Ids ``a .. b`` as the index's id column holds them (``|S<width>``, `IdList.raw`), or None where the
+        index's ids are not such a column."""
+        if not isinstance(self._ids, IdList):
+            return None
+        span = self._chosen.span
+        if span is not None:
+            return self._ids.raw(slice(span[0] + a, span[0] + min(b, len(self))))
+        return self._ids.raw(self._chosen.numbers[a:b])
 
 
 class Chosen(Sequence[Episode]):

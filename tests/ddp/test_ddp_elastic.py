@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import make_shards, run_script_ranks
 
+from episodepipes.index import EpisodeIndex
 from episodepipes.lightning_glue.launch import check_ranks
 from episodepipes.pipes.train import train_pipe
 
@@ -50,3 +51,20 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_at_the_same_global_batch(tmp_
     before, after = _stream([r["seen"] for r in first]), _stream([rest["seen"]])
     assert before + after == want
     assert len(set(want[:36])) == len(set(want[36:])) == 36  # two epochs, each sample once
+
+
+def test_a_two_rank_rank_block_checkpoint_resumes_on_one_rank_at_another_global_batch(tmp_path):
+    """shuffle="rank_block" deals the epoch's blocks to the ranks by world size and batch size; a checkpoint of 2
+    ranks x 3 resumed on 1 rank x 3 (on_resize="next_step": 3 divides the 12 frames consumed) reads the rest of
+    the saved epoch on the saved shares, the undealt tails included: every train frame of that epoch once."""
+    root = make_shards(tmp_path / "s", shard_size=20_000, **SHAPE)
+    first = _ranks(root, tmp_path / "w2", 2, "--batch", "3", "--stop", str(STOP), "--shuffle", "rank_block")
+    (ckpt,) = (tmp_path / "w2" / "ckpt").glob("*.ckpt")
+    (rest,) = _ranks(root, tmp_path / "w1", 1, "--batch", "3", "--ckpt", str(ckpt), "--shuffle", "rank_block",
+                     "--on-resize", "next_step")
+    before = _stream([r["seen"] for r in first])
+    assert len(before) == STOP * 6 and len(set(before[:36])) == 36  # epoch 0 (36 of 39 frames), then 2 steps of 1
+    epoch1 = before[36:] + [tuple(x) for b in rest["seen"] for x in b]
+    assert len(rest["seen"]) == 39 // 3 - 12 // 3  # the new size's steps of epoch 1 after the 12 frames consumed
+    assert len(epoch1) == len(set(epoch1)) == 39  # every train frame once: no repeat, none left out
+    assert set(epoch1) == {(e.id, f) for e in EpisodeIndex.open(root).split("train") for f in range(e.length)}

@@ -200,3 +200,17 @@ def test_episodes_that_start_a_new_shard_restart_their_members_and_open(tmp_path
     starts = [ix.tables.columns["member"][ix.episode(e).rows.start] for e in ("ep0001", "ep0002")]
     assert len(ix.shards) >= 3 and 0 in starts  # an episode began a shard: its member is below the one before's end
     assert ix.problems(members=True) == []
+
+
+@pytest.mark.parametrize("case", [*sorted(COLUMN_CASES), "points back"])
+def test_the_packed_checks_a_segment_at_a_time_refuse_what_the_whole_check_does(copy, case, monkeypatch):
+    """The open checks runs of whole segments (bounded memory at 10**8 frames), the row before a run carried into
+    it: a run of one segment each refuses every crafted column the one-run check refuses, and opens the intact."""
+    from episodepipes.index import v2
+
+    monkeypatch.setattr(v2, "_PACKED_ROWS", 1)
+    assert len(EpisodeIndex.open(copy).tables.segments) > 1
+    if case == "points back":
+        test_an_episode_whose_chunk_points_back_at_the_previous_episodes_is_refused_at_open(copy)
+    else:
+        test_crafted_packed_columns_are_refused_at_open(copy, case)

@@ -204,3 +204,46 @@ def test_opening_checks_every_table_row_but_keeps_none_of_their_pages_mapped(siz
     assert len(index.split_numbers("val")) == 10_000  # a scan of the table, released as it goes
     assert _resident_kb(path / "index.episodes.npy") * 1024 < (path / "index.episodes.npy").stat().st_size // 4
     assert index.episode("ep0099999").meta == {"robot": "widowx"}  # read again on use
+
+
+def test_a_batch_of_new_segments_asks_for_their_pages_together(sizes, monkeypatch):
+    """The per-frame columns are read at random (one page per fault), so a batch's cold pages would be read one
+    after another: a lookup touching many new segments asks for all their rows' pages first (MADV_WILLNEED), in
+    one range per run of near pages, and a lookup of segments already checked asks for none."""
+    from episodepipes.index import columns, tables
+
+    asked = []
+
+    def counting(arrays, starts, ends):
+        asked.append((len(starts), columns.prefetch(arrays, starts, ends)))
+        return asked[-1][1]
+
+    monkeypatch.setattr(tables, "prefetch", counting)
+    index = EpisodeIndex.open(sizes[100_000])
+    picks = np.random.default_rng(0).choice(100_000, size=64, replace=False)
+    rows = np.sort(picks) * 2  # two frames an episode: each pick's first frame, a segment each
+    index.frame_ranges(rows, np.sort(picks))
+    want = 0  # runs of the pages the 64 segments' rows are on, in each of offset, size and crc32
+    for name, width in (("offset", 8), ("size", 4), ("crc32", 4)):
+        path = sizes[100_000] / f"index.{name}.npy"
+        head = path.stat().st_size - 200_000 * width  # the .npy header before the rows
+        pages = sorted({(head + r * width + d) // 4096 for r in rows.tolist() for d in (0, 2 * width - 1)})
+        want += 1 + sum(b - a > columns.PREFETCH_GAP for a, b in zip(pages, pages[1:]))
+    assert asked == [(64, want)] and want > 3
+    index.frame_ranges(rows, np.sort(picks))
+    index.frame_ranges(np.setdiff1d(np.arange(20), picks)[:3] * 2)  # a few new segments: no prefetch call
+    assert asked == [(64, want)]
+
+
+def test_prefetch_asks_for_one_range_per_run_of_near_pages(sizes):
+    """Rows on pages at most `PREFETCH_GAP` apart are asked for in one range; a row range spanning pages is
+    asked for whole; unmapped arrays are skipped."""
+    from episodepipes.index.columns import PREFETCH_GAP, prefetch
+
+    index = EpisodeIndex.open(sizes[100_000])
+    off = index.tables.offset  # <u8: 512 rows per page
+    assert prefetch([off], np.array([0]), np.array([1])) == 1
+    near, far = 512 * PREFETCH_GAP, 512 * (PREFETCH_GAP + 2)
+    assert prefetch([off], np.array([0, near, near + far]), np.array([1, near + 1, near + far + 1])) == 2
+    assert prefetch([off], np.array([far, 0]), np.array([far + 1, 2 * far])) == 1  # the second spans the first
+    assert prefetch([np.zeros(10, np.uint64)], np.array([0]), np.array([1])) == 0

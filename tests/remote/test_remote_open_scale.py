@@ -255,3 +255,22 @@ def test_a_batchs_rows_looked_up_together_serve_its_samples_lookups_after_their_
     assert [ep.frame_range(7) for ep in eps] == list(zip(shard.tolist(), start.tolist(), end.tolist()))
     assert [ep.frame_crc(7) for ep in eps] == index.frame_crcs(rows).tolist()
     assert proxy.requests == []
+
+
+def test_a_batchs_new_segments_fetch_their_column_blocks_in_one_round(roots, proxy, monkeypatch):
+    """A batch of a full shuffle touches a new segment per frame, and each segment's frames are checked on first use
+    (one span of its rows each): the blocks of all of them are fetched first in one `read_many` (every GET in flight
+    at once), not a round trip per segment, and the lookup after finds them cached."""
+    index = EpisodeIndex.open(f"s3://{BUCKET}/f{10**6}", options=FAST)
+    local = EpisodeIndex.open(roots[10**6])
+    rounds = []
+    read_many = index.source.read_many
+    monkeypatch.setattr(index.source, "read_many", lambda calls: rounds.append(len(calls)) or read_many(calls))
+    rows = np.array([index.episodes[k].rows.start + 5 for k in range(0, 96, 6)])  # 16 episodes' segments
+    proxy.reset()
+    got = index.frame_ranges(rows)
+    assert all(np.array_equal(a, b) for a, b in zip(got, local.frame_ranges(rows)))
+    assert rounds == [len(PER_FRAME)]  # one round: a call per column file, each its blocks' ranges
+    assert {n for n, _ in _column_gets(proxy)} == set(PER_FRAME)
+    index.frame_ranges(rows)
+    assert rounds == [len(PER_FRAME)]  # checked and cached: no round more

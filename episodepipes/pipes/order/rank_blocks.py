@@ -10,11 +10,14 @@ themselves (keyed by ``(seed, epoch, rank, window)``). Every rank gets at least 
 uses ``n // (W*B)`` batches of each (drop-last), so ranks stay even (the DDP invariant).
 
 It is a global stream like the others, so the cursor, drop-last and state carry over: position ``p = s*G + i*W + r``
-(``G = W*B``) is rank ``r``'s local position ``q = s*B + i``, the ``q``-th frame of its shuffled share. The stream
-depends on ``W`` and ``B``, not only on ``G``: a state resumes exactly at the same world size and batch size; at
-another size the reader finishes the saved epoch on the saved order (`TrainReader.reset`,
-`train_state.carried_sizes`). Nothing per frame or block is stored: O(runs)
-per epoch, like the block order.
+(``G = W*B``) is rank ``r``'s local position ``q = s*B + i``, the ``q``-th frame of its shuffled share. The positions
+past the ``D = (n // G) * G`` an epoch deals (what drop-last leaves of each share: its last ``hi - lo - D // W``
+frames) are the shares' tails, rank after rank, so positions ``0 .. n`` are every frame once, as in the block order.
+The stream depends on ``W`` and ``B``, not only on ``G``: a state resumes exactly at the same world size and batch
+size; at other sizes the reader finishes the saved epoch on the saved order (`TrainReader.reset`,
+`train_state.carried_sizes`), its positions read at the new global batch as the block order's are (exact where that
+divides the consumed positions, else a step or the epoch skipped, `permute.resume_point`; never a frame twice).
+Nothing per frame or block is stored: O(runs) per epoch, like the block order.
 """
 
 from __future__ import annotations
@@ -64,12 +67,36 @@ class RankBlockOrder(BlockOrder):
         return rank * n // w, (rank + 1) * n // w
 
     def local(self, positions: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
-        """(rank, local position) of each global stream position."""
+        """(rank, local position) of each global stream position; those past the dealt steps are the shares'
+        tails, rank after rank."""
         p = np.asarray(positions, np.int64)
-        if p.size and (p.min() < 0 or p.max() >= self.layout.n):
-            raise IndexError(f"positions should be in [0, {self.layout.n})")
-        g = self.world_size * self.batch_size
-        return p % self.world_size, (p // g) * self.batch_size + (p % g) // self.world_size
+        n, w, b = self.layout.n, self.world_size, self.batch_size
+        if p.size and (p.min() < 0 or p.max() >= n):
+            raise IndexError(f"positions should be in [0, {n})")
+        g = w * b
+        dealt = (n // g) * b  # each rank's dealt frames: its share's first ones
+        rank, q = p % w, (p // g) * b + (p % g) // w
+        tail = p >= dealt * w
+        if tail.any():
+            rank, q = rank.copy(), q.copy()
+            rank[tail], q[tail] = self._tail(p[tail] - dealt * w, dealt)
+        return rank, q
+
+    def _tail(self, k: np.ndarray, dealt: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rank, local position) of the ``k``-th frame past the dealt ones: ranks' tails in rank order, rank
+        ``r``'s starting at ``T(r) = r*n//W - r*dealt`` (non-decreasing: ``dealt <= n // W``), found by a binary
+        search of ``r`` for every ``k`` at once."""
+        n, w = self.layout.n, self.world_size
+
+        def before(r: np.ndarray) -> np.ndarray:  # T(r), as r*(n//w) + r*(n%w)//w: no product past r*w
+            return r * (n // w - dealt) + (r * (n % w)) // w
+
+        lo, hi = np.zeros_like(k), np.full_like(k, w - 1)
+        while (lo < hi).any():  # the last rank whose tail starts at or before k
+            mid = (lo + hi + 1) // 2
+            ok = before(mid) <= k
+            lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid - 1)
+        return lo, dealt + k - before(lo)
 
     def global_positions(self, rank: int, local: np.ndarray) -> np.ndarray:
         """The global stream positions of rank ``rank``'s local positions ``local``."""

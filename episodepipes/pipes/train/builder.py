@@ -154,8 +154,8 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
             blocks are cut into one contiguous share per rank, each shuffled in windows of ``window_blocks``
             blocks, so on an object store each rank fetches about the bytes it uses, in one request per block, at
             any world size; ranks stay even (drop-last); a state resumes exactly at the same sizes, and at
-            others with the same global batch finishes its epoch on the saved shares before dealing new ones); a
-            mixture takes ``"full"`` only.
+            others finishes its epoch on the saved shares before dealing new ones: exactly at the same global
+            batch, and at another as ``on_resize`` says, as the block order does); a mixture takes ``"full"`` only.
         block_frames: with ``shuffle="block"`` or ``"rank_block"``, the frames per block, an int >= 1 (None: 64;
             a block also ends at a shard's end). Larger blocks mean fewer, bigger GETs and less mix.
         window_blocks: with ``shuffle="block"`` or ``"rank_block"``, the blocks whose frames are shuffled

@@ -80,7 +80,9 @@ def _equal(got: Any, want: Any) -> bool:
 def carried_sizes(saved: Any, mine: Any) -> tuple[int, int] | None:
     """``(world_size, batch_size)`` of a saved rank-sharded block order (``shuffle="rank_block"``) that differs
     from this reader's in those sizes alone, else None. Its shares follow the sizes, so a reader of other sizes
-    finishes the saved epoch on the saved order (`TrainReader.reset`): the stream stays exact, only less local."""
+    finishes the saved epoch on the saved order (`TrainReader.reset`), whose positions are every frame once (its
+    shares' undealt tails last): at the same global batch the stream stays exact, only less local; at another, its
+    positions are read at the new global batch as the block order's are (`permute.resume_point`)."""
     if not (isinstance(saved, Mapping) and isinstance(mine, Mapping) and saved.get(SHUFFLE) == "rank_block"
             and mine.get(SHUFFLE) == "rank_block" and set(saved) == set(mine)):
         return None
@@ -190,16 +192,10 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     state = {**state, SHUFFLE: state.get(SHUFFLE, FULL)}
     carried = carried_sizes(state[SHUFFLE], mine[SHUFFLE])
     if carried is not None:  # a rank-sharded order of other sizes: its epoch is finished on it (`TrainReader`)
-        if carried[0] * carried[1] != g:  # only a pipe of that global batch deals (or carries) that order
+        if carried[0] * carried[1] > n or carried[0] > 1 << 31:  # a pipe that deals no full step is never built
             raise ValueError(f"the saved train state's shuffle='rank_block' order has world_size={carried[0]} x "
-                             f"batch_size={carried[1]}, not its global_batch={g}; pass the pipe's own "
-                             "state_dict()")
-        if world * batch != world_size * batch_size and on_resize == "next_step":
-            raise ValueError(f"the saved train state's shuffle='rank_block' order was dealt to world_size="
-                             f"{carried[0]} x batch_size={carried[1]}, and on_resize='next_step' would continue its "
-                             f"epoch at another global batch ({world_size}x{batch_size}), past what its shares "
-                             "hold; build the pipe with on_resize='next_epoch', or with world_size*batch_size "
-                             f"equal to {world * batch}")
+                             f"batch_size={carried[1]}, more than the epoch's {n} frames: no pipe deals it; pass "
+                             "the pipe's own state_dict()")
         state = {**state, SHUFFLE: mine[SHUFFLE]}
     if on_resize != "refuse":  # another global batch is allowed: resume_point skips ahead, logged
         del mine[GLOBAL]
@@ -220,10 +216,6 @@ def resume_at(state: Mapping[str, Any], *, seed: int, setup: Mapping[str, Any], 
     elastic = {"seed": seed, "epoch": int(epoch), "consumed": int(consumed), "global_batch": int(g), "n": n}
     epoch, step = resume_point(elastic, world_size=world_size, batch_size=batch_size, n=n, seed=seed,
                                on_mismatch=on_resize)
-    if carried is not None and step and g != world_size * batch_size:  # the saved shares hold no other stream
-        log.warning("resuming a shuffle='rank_block' state of global batch %d at %d (on_resize='next_epoch'): "
-                    "epoch %d's remaining frames are skipped", g, world_size * batch_size, epoch)
-        epoch, step = epoch + 1, 0
     return epoch, step * batch_size, start  # a skip to the next epoch reaches this pass's stop at most
 
 

@@ -76,6 +76,45 @@ def test_the_frame_tables_fingerprint_is_that_of_its_json_chunk_by_chunk(ids, da
     assert got == hashlib.sha256(json.dumps([ids, lengths]).encode()).hexdigest()[:16]
 
 
+class _Column(list):
+    """Ids with the id column's ``raw`` (what `chosen`'s ids give): the fingerprint reads them from it at once."""
+
+    def raw(self, a, b):
+        return np.array([i.encode() for i in self[a:b]], f"S{max([len(i) for i in self] + [1])}")
+
+
+@given(ids=st.lists(st.text(st.characters(max_codepoint=127, exclude_characters="\0"), max_size=4), max_size=9),
+       data=st.data())
+def test_the_fingerprint_read_from_an_id_column_is_that_of_its_json(ids, data):
+    """Quotes, backslashes and control characters (json escapes them) included: those chunks go through json."""
+    lengths = data.draw(st.lists(st.integers(0, 10**6), min_size=len(ids), max_size=len(ids)))
+    old, frame_table._CHUNK = frame_table._CHUNK, 3
+    try:
+        got = FrameTable(_Column(ids), lengths).fingerprint()
+    finally:
+        frame_table._CHUNK = old
+    assert got == hashlib.sha256(json.dumps([ids, lengths]).encode()).hexdigest()[:16]
+
+
+def test_a_chosen_episodes_fingerprint_makes_no_str_per_id(tmp_path, monkeypatch):
+    """At 10**6 episodes a `str` per id took seconds of the train build: the ids are read from the mapped id column
+    a chunk at a time, the digest the same as over the ids listed."""
+    from episodepipes.index import idcols
+
+    root = synthetic_index(tmp_path / "d", episodes=5_000, frames=20_000)
+    idx = EpisodeIndex.open(root)
+    want = {}
+    for name, numbers in (("all", np.arange(5_000)), ("some", np.arange(0, 5_000, 7))):
+        chosen = Chosen(idx, numbers)
+        want[name] = FrameTable([idx.ids[n] for n in numbers.tolist()], chosen.lengths).fingerprint()
+    made = []
+    monkeypatch.setattr(idcols, "id_text", lambda ids, n: made.append(n) or "")
+    for name, numbers in (("all", np.arange(5_000)), ("some", np.arange(0, 5_000, 7))):
+        chosen = Chosen(idx, numbers)
+        assert FrameTable(chosen.ids, chosen.lengths).fingerprint() == want[name], name
+    assert made == []
+
+
 def test_the_runs_of_chosen_episodes_are_where_their_frames_change_shard(tmp_path):
     root = make_shards(tmp_path / "d", shard_size=1 << 18, num_episodes=7, length=9, height=24, width=32)
     idx = EpisodeIndex.open(root)

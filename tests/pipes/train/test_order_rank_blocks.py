@@ -144,18 +144,54 @@ def test_a_state_saved_inside_a_carried_epoch_resumes_exactly_at_either_size(sha
         assert [_items(b) for b in back] == two[r][5:]
 
 
-def test_another_global_batch_resumes_a_rank_block_state_at_the_next_epoch_only(shards):
+@pytest.mark.parametrize("batch", [4, 3])
+def test_another_global_batch_resumes_a_rank_block_state_as_the_block_order_does(shards, batch):
+    """The saved epoch is read on the saved order at the new global batch: its positions are every frame once
+    (the shares' undealt tails last), so a batch that divides what was consumed continues exactly, and one that
+    does not skips to its next step (fewer than a global batch of frames); never a frame twice."""
     kw = dict(seed=5, num_workers=1, epochs=2, **RANK)
-    pipe = train_pipe(shards, rank=0, world_size=2, batch_size=4, **kw)
-    it = iter(pipe)
-    next(it)
-    state = pipe.state_dict()
-    with pytest.raises(ValueError, match="on_resize='next_epoch'"):
-        train_pipe(shards, rank=0, world_size=1, batch_size=4, on_resize="next_step", **kw).load_state_dict(state)
-    skip = train_pipe(shards, rank=0, world_size=1, batch_size=4, on_resize="next_epoch", **kw)
+    two = [train_pipe(shards, rank=r, world_size=2, batch_size=4, **kw) for r in (0, 1)]
+    its = [iter(p) for p in two]
+    before = [x for it in its for x in _items(next(it))]  # the first global step: 8 frames
+    state = two[0].state_dict()
+    with pytest.raises(ValueError, match="global_batch=8"):  # another global batch is refused unless allowed
+        train_pipe(shards, rank=0, world_size=1, batch_size=batch, **kw).load_state_dict(state)
+    one = train_pipe(shards, rank=0, world_size=1, batch_size=batch, on_resize="next_step", **kw)
+    one.load_state_dict(state)
+    it1 = iter(one)
+    per_epoch = 800 // batch
+    start = -(-8 // batch)  # the new size's next step at or after the 8 frames consumed
+    rest = [x for _ in range(start, per_epoch) for x in _items(next(it1))]
+    assert len(set(before + rest)) == len(before + rest) == 8 + (per_epoch - start) * batch  # no frame twice
+    assert len(before + rest) == (800 if batch == 4 else 800 - 1 - 2)  # all 800; at 3: 1 skipped, 2 dropped last
+    fresh = [_items(b) for b in train_pipe(shards, rank=0, world_size=1, batch_size=batch, **kw)]
+    assert [_items(b) for b in it1] == fresh[per_epoch:]  # the next epoch deals this world's own shares
+    skip = train_pipe(shards, rank=0, world_size=1, batch_size=batch, on_resize="next_epoch", **kw)
     skip.load_state_dict(state)
-    fresh = [_items(b) for b in train_pipe(shards, rank=0, world_size=1, batch_size=4, **kw)]
-    assert [_items(b) for b in skip] == fresh[len(fresh) // 2:]
+    got = [_items(b) for b in skip]
+    if batch == 4:  # it divides the 8 consumed: the same exact resume
+        assert [x for b in got[:per_epoch - start] for x in b] == rest and got[per_epoch - start:] == fresh[per_epoch:]
+    else:  # the rest of the epoch skipped
+        assert got == fresh[per_epoch:]
+
+
+def test_the_positions_past_the_dealt_steps_are_the_shares_tails_every_frame_once():
+    """Positions ``0 .. n`` of a rank-sharded order are a permutation of the frames whatever the sizes, so any
+    global batch reads an epoch of it without repeats."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        shards = np.repeat(np.arange(5), rng.integers(1, 40, 5))
+        world, batch = int(rng.integers(1, 7)), int(rng.integers(1, 5))
+        layout = RankBlockLayout.ranked(BlockLayout.of_runs(run_bounds(shards), block_frames=int(rng.integers(1, 6)),
+                                                            window_blocks=int(rng.integers(1, 4))),
+                                        world_size=world, batch_size=batch)
+        order = layout.order(seed=int(rng.integers(0, 100)), epoch=1)
+        n = len(shards)
+        assert sorted(order(np.arange(n)).tolist()) == list(range(n))
+        ranks, local = order.local(np.arange(n))
+        for r in range(world):  # each rank's positions are its whole share
+            lo, hi = order.share(r)
+            assert sorted(local[ranks == r].tolist()) == list(range(hi - lo))
 
 
 def test_an_object_store_root_resumes_elastically_as_its_local_folder_does(shards, proxy):
@@ -172,8 +208,8 @@ def test_an_object_store_root_resumes_elastically_as_its_local_folder_does(shard
     assert runs[0] == runs[1] and len(runs[0]) == 4
 
 
-@pytest.mark.parametrize("sizes", [(10**9, 1), (3, 5)])
-def test_a_state_whose_rank_block_sizes_disagree_with_its_global_batch_is_refused_by_name(shards, sizes):
+@pytest.mark.parametrize("sizes", [(10**9, 1), (3, 300)])
+def test_a_state_whose_rank_block_sizes_deal_no_step_is_refused_by_name(shards, sizes):
     kw = dict(seed=7, num_workers=1, epochs=1, **RANK)
     pipe = train_pipe(shards, rank=0, world_size=2, batch_size=4, **kw)
     it = iter(pipe)
@@ -183,5 +219,6 @@ def test_a_state_whose_rank_block_sizes_disagree_with_its_global_batch_is_refuse
     while "seed" not in reader:  # the reader's state, some levels of "source" below the loader's root
         reader = next(v for v in reader.values() if isinstance(v, dict))
     reader["shuffle"] = {**reader["shuffle"], "world_size": sizes[0], "batch_size": sizes[1]}
-    with pytest.raises(ValueError, match=f"world_size={sizes[0]} x batch_size={sizes[1]}, not its global_batch=8"):
+    with pytest.raises(ValueError, match=f"world_size={sizes[0]} x batch_size={sizes[1]}, more than the epoch's "
+                                         "800 frames"):
         train_pipe(shards, rank=0, world_size=1, batch_size=8, **kw).load_state_dict(state)
