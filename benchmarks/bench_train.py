@@ -10,10 +10,11 @@ out the RGB ``[3, H, W]`` arrays the pipes yield.
 `train_pipe` reads a planned per-epoch permutation by seeking through the byte-range index: a full shuffle whose
 resume state is a cursor. The usual alternative is webdataset's shard shuffle plus a bounded buffer
 (``.shuffle(1000)``), which reads sequentially but only mixes frames within the buffer. Each repeat is a ceiling pass
-followed at once by one epoch of each of our pipes (threads, processes, a camera window at 224), so each ratio compares
-runs that saw the same machine; the notes give the median ratio and its range over the repeats, in wall time and in
-CPU time (frames per CPU second of this process and its workers against the ceiling's, and CPU ms per frame; process
-workers come from a fork server, so their CPU is read from /proc as each pass's pool closes,
+followed at once by one epoch of each of our pipes (threads, processes, a camera window at 224) and, at 224, one epoch
+of Grain's thread pool over the same JPEG bytes (the peers section's script, in a fresh process in Grain's venv), so
+each ratio compares runs that saw the same machine; the notes give the median ratio and its range over the repeats,
+in wall time and in CPU time (frames per CPU second of this process and its workers against the ceiling's, and CPU
+ms per frame; process workers come from a fork server, so their CPU is read from /proc as each pass's pool closes,
 ``stats["worker_cpu_us"]``). The window row also counts JPEGs decoded against those its batches show. First batch:
 from building the pipe (imports done) to its first batch; the peers section times it from a fresh process.
 """
@@ -33,7 +34,9 @@ import numpy as np
 
 from episodepipes.format import npy_load
 from episodepipes.index import EpisodeIndex
+from episodepipes.pipes import ShardReader
 from episodepipes.pipes.order.window import plan_windows
+from episodepipes.pipes.plan import Item
 from episodepipes.pipes.train import TrainReader, train_pipe
 from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write.encode import EncodeOptions, encode_episode
@@ -181,8 +184,38 @@ def _span(values: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(v[len(v) // 2])} (range {fmt.format(v[0])}-{fmt.format(v[-1])} over {len(v)})"
 
 
-def _paired(idx: EpisodeIndex, reps: int, *, window: bool, cv2_ceiling: bool) -> dict:
-    """``reps`` rounds of: the simplejpeg ceiling pass (and the cv2 one), then one epoch of each of our pipes."""
+def _grain(workdir: Path, idx: EpisodeIndex, *, episodes: int, length: int) -> Callable[[], dict] | str:
+    """One Grain thread-pool epoch over the same JPEG bytes as ``idx`` (a fresh process in Grain's venv, the peers
+    section's script), as a callable for `_paired`; or why it cannot run."""
+    from benchmarks.bench_peers import _call, make_frames
+    from benchmarks.peers.common import JpegDigest
+
+    data, out, log = workdir / "peer-frames", workdir / "grain", workdir / "grain.log"
+    make_frames(data, episodes=episodes, length=length)
+    c = _call("Grain, thread pool", "convert", data, out, log=log)
+    if "error" in c:
+        return f"Grain not run: {c['error']}"
+    digest = JpegDigest()
+    items = [Item(e.id, f) for e in sorted(idx.episodes, key=lambda e: e.id) for f in range(e.length)]
+    for r in ShardReader(idx, items):
+        for cam in ("front", "wrist"):
+            digest.add(bytes(r.members[f"{cam}.jpg"]))
+    if digest.hexdigest() != c["jpeg_digest"]:
+        return "Grain not run: its JPEG bytes differ from our shards'"
+
+    def epoch() -> dict:
+        t = _call("Grain, thread pool", "train", data, out, log=log)
+        if "error" in t:
+            raise RuntimeError(f"Grain train: {t['error']} (log: {log})")
+        return {"fps": t["fps"], "cpu_fps": 1000 / t["cpu_ms_per_frame"]}
+
+    return epoch
+
+
+def _paired(idx: EpisodeIndex, reps: int, *, window: bool, cv2_ceiling: bool,
+            peer: Callable[[], dict] | None = None) -> dict:
+    """``reps`` rounds of: the simplejpeg ceiling pass (and the cv2 one), then one epoch of each of our pipes, then
+    (``peer``) one epoch of a peer in a fresh process, recorded as run ``"peer"``."""
     jpegs = _jpegs(idx)
 
     def ours(method: str, **kw: object):  # noqa: ANN202
@@ -203,6 +236,8 @@ def _paired(idx: EpisodeIndex, reps: int, *, window: bool, cv2_ceiling: bool) ->
             ceil[dec].append((done / (time.perf_counter() - t0), done / max(_cpu() - c0, 1e-9)))
         for k, p in pipes.items():
             runs[k].append(_timed_pass(p, window=k == "window"))
+        if peer is not None:
+            runs.setdefault("peer", []).append(peer())
     for p in pipes.values():
         p.shutdown()
     return {"runs": runs, "ceil": ceil, "frames": len(jpegs), "shards": len(idx.shards)}
@@ -218,7 +253,7 @@ def _mid(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def _pair_note(got: dict, k: str) -> str:
+def _pair_note(got: dict, k: str, *, bar: bool = True) -> str:
     wall, cpu = _ratios(got, k)
     ms = [1000 / r["cpu_fps"] for r in got["runs"][k]]
     cms = [1000 / c[1] for c in got["ceil"]["simplejpeg"]]
@@ -226,8 +261,27 @@ def _pair_note(got: dict, k: str) -> str:
             f"{_span(ms, '{:.3f}')} ms/frame (ceiling {_span(cms, '{:.3f}')})")
     if got["ceil"]["cv2"]:
         wall, cpu = _ratios(got, k, "cv2")
-        text += f"; x the cv2.imdecode ceiling {_span(wall)}, per CPU second {_span(cpu)} (issue 23's bar: 0.85)"
+        text += f"; x the cv2.imdecode ceiling {_span(wall)}, per CPU second {_span(cpu)}"
+        text += " (issue 23's bar: 0.85)" if bar else ""
     return text
+
+
+def _grain_row(got: dict, grain: object) -> dict:
+    row = {"metric": "224x224 footage, threads vs Grain's thread pool", "ours": _mid([r["fps"] for r in got["runs"]
+           ["thread"]]), "baseline": None, "ceiling": _mid([c[0] for c in got["ceil"]["simplejpeg"]]),
+           "unit": "frames/s"}
+    if isinstance(grain, str):
+        return {**row, "note": grain}
+    peer, ours = got["runs"]["peer"], got["runs"]["thread"]
+    per_rep = [o["fps"] / g["fps"] for o, g in zip(ours, peer)]
+    cpu = [o["cpu_fps"] / g["cpu_fps"] for o, g in zip(ours, peer)]
+    return {**row, "baseline": _mid([g["fps"] for g in peer]),
+            "note": f"ours / Grain per rep {_span(per_rep)}, in frames per CPU second {_span(cpu)}; Grain: "
+                    f"{_pair_note(got, 'peer', bar=False)}; baseline: Grain 0.2 "
+                    "`MapDataset.shuffle().map(cv2 decode)` on `ReadOptions(num_threads=2)` over the same JPEG bytes "
+                    "in ArrayRecord files (the peers section's script, a fresh process each rep in Grain's venv; its "
+                    "CPU is its whole process tree's after its "
+                    "first batch); ours is a built pipe's next epoch"}
 
 
 def run(workdir: Path, quick: bool) -> dict:
@@ -238,7 +292,8 @@ def run(workdir: Path, quick: bool) -> dict:
     small = shard_footage(workdir / "footage-224", episodes=eps, length=length, size=(224, 224))
     large = shard_footage(workdir / "footage-480", episodes=max(2, eps // 2), length=length, size=(480, 640))
     generated = make_data(workdir / "train-shards", episodes=eps, length=length)
-    at224 = _paired(small, reps, window=True, cv2_ceiling=True)
+    grain = _grain(workdir, small, episodes=eps, length=length)
+    at224 = _paired(small, reps, window=True, cv2_ceiling=True, peer=None if isinstance(grain, str) else grain)
     at480 = _paired(large, max(2, reps - 2), window=False, cv2_ceiling=False)
     gen = _paired(generated, max(2, reps - 2), window=False, cv2_ceiling=False)
     urls = [str(small.shard_path(i)) for i in range(len(small.shards))]
@@ -262,6 +317,7 @@ def run(workdir: Path, quick: bool) -> dict:
          "baseline": wds_cv2, "ceiling": ceiling(at224), "unit": "frames/s",
          "note": f"{note}; {_pair_note(at224, 'thread')} (goal 0.85); baseline: "
                  "WebDataset(shardshuffle).shuffle(1000).decode(cv2) + DataLoader(num_workers=2)"},
+        _grain_row(at224, grain),
         {"metric": "224x224 footage, processes", "ours": fps(at224, "process"), "baseline": wds_cv2,
          "ceiling": ceiling(at224), "unit": "frames/s",
          "note": "method='process' (fork-server workers writing into shared batch rows); "

@@ -5,8 +5,10 @@ Every section measures episodepipes against the baseline a competent user would 
 and against the hardware ceiling, in the same run. Throughput is reported as ratios of runs made
 side by side (absolute rates on a shared 2-core machine move with other load); costs whose
 denominator is microseconds (a closed gate) are reported in absolute terms with their range instead.
-The `peers` section runs MosaicML Streaming, LitData and LeRobot in virtualenvs it creates once
-(see benchmarks/peers/venvs.py). Every table records the commit it was produced at.
+The train, decode and peers sections run on real footage (Debian's media packages, benchmarks/footage.py).
+The `peers` section runs Grain, DALI, MosaicML Streaming, LitData and LeRobot in virtualenvs it creates once
+(see benchmarks/peers/venvs.py); ``EPBENCH_PEERS=grain,dali`` runs some of them only. Every table records the
+commit it was produced at.
 
     python scripts/bench.py                 # all sections
     python scripts/bench.py gate decode     # some sections

@@ -141,26 +141,83 @@ def versions(*modules: str) -> dict:
     return out
 
 
-def train_epoch(batches: Iterable, ids_of: Callable[[object], list[int]], ep_of: np.ndarray, t_build: float) -> dict:
-    """Iterate one epoch; time to first batch (from ``t_build``, before the dataset was made) and frames/s after it."""
+LAUNCH_ENV = "EPBENCH_LAUNCHED"  # wall-clock time (time.time()) at which the runner started this process
+
+
+def _stat_cpu(pid: int, tick: float) -> float:
+    """CPU seconds of process ``pid`` (all its threads) plus its children it has waited for, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0  # gone since the listing: its parent has reaped it, and counts it
+    return sum(int(fields[k]) for k in (11, 12, 13, 14)) * tick  # utime, stime, cutime, cstime
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every live descendant of ``pid`` (children, grandchildren...), read from /proc."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process's whole tree: its threads, the children it has reaped, and every
+    live descendant (worker processes, a fork server and what it has reaped). Differences of two readings are the
+    tree's CPU between them, whichever process did the work."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    return (me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+            + sum(_stat_cpu(p, tick) for p in descendants(os.getpid())))
+
+
+def clock() -> tuple[float, float]:
+    """(wall seconds, process-tree CPU seconds) now: what `train_epoch` measures from, taken before the loader is
+    built (imports done)."""
+    return time.perf_counter(), tree_cpu()
+
+
+def train_epoch(batches: Iterable, ids_of: Callable[[object], list[int]], ep_of: np.ndarray,
+                built: tuple[float, float]) -> dict:
+    """Iterate one epoch: time to first batch (from ``built``, a `clock` before the dataset was made; and from the
+    launch of
+    this process when the runner gave it), frames/s after the first batch, and the process tree's CPU per frame
+    after the first batch (``cpu_ms_per_frame``) and over the whole epoch, building included (``epoch_cpu_ms``)."""
     first = None
     ids: list[int] = []
     distinct = []
-    t_first_batch = 0.0
+    t_first_batch = fresh = 0.0
+    t_build, c_build = built
     for b in batches:
         batch_ids = ids_of(b)
         if first is None:
-            first = time.perf_counter()
+            first, c_first = time.perf_counter(), tree_cpu()
+            fresh = time.time() - float(os.environ.get(LAUNCH_ENV, "nan"))
             t_first_batch = first - t_build
             n_first = len(batch_ids)
         ids += batch_ids
         distinct.append(len(set(ep_of[batch_ids].tolist())))
-    t_end = time.perf_counter()
+    t_end, c_end = time.perf_counter(), tree_cpu()
     if first is None:
         raise RuntimeError("the loader yielded no batch")
     rest = len(ids) - n_first
-    return {"first_batch_s": t_first_batch, "frames": len(ids), "unique_frames": len(set(ids)),
+    return {"first_batch_s": t_first_batch, "first_batch_fresh_s": fresh if fresh == fresh else None,
+            "frames": len(ids), "unique_frames": len(set(ids)),
             "fps": rest / (t_end - first) if rest and t_end > first else None,
+            "cpu_ms_per_frame": 1000 * (c_end - c_first) / rest if rest else None,
+            "epoch_cpu_ms": 1000 * (c_end - c_build) / len(ids),
             "distinct_episodes_per_batch": float(np.mean(distinct)) if distinct else None,
             "batches": len(distinct), "head": ids[:64]}
 

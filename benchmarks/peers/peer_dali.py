@@ -12,7 +12,6 @@ batch: a few microseconds per sample beside the decode.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import common
@@ -90,12 +89,9 @@ def train(a: argparse.Namespace) -> dict:
 
     meta = common.load_meta(a.data)
     ep_of = common.sample_episode(meta)
-    c0, t0 = os.times(), time.perf_counter()
+    t0 = common.clock()
     order = np.random.default_rng(a.seed).permutation(len(ep_of))
-    res = common.train_epoch(_run(_pipe(a.out, order)), lambda b: b["idx"].tolist(), ep_of, t0)
-    c1 = os.times()
-    res["cpu_s"] = (c1.user + c1.system) - (c0.user + c0.system)  # the epoch's CPU, all threads, build included
-    return res
+    return common.train_epoch(_run(_pipe(a.out, order)), lambda b: b["idx"].tolist(), ep_of, t0)
 
 
 def pinned(a: argparse.Namespace) -> dict:

@@ -66,7 +66,7 @@ def train(a: argparse.Namespace) -> dict:
     import grain  # noqa: F401  (imports before the timer, as for every peer)
 
     meta = common.load_meta(a.data)
-    t0 = time.perf_counter()
+    t0 = common.clock()
     return common.train_epoch(_dataset(a.out, a.seed, a.method), lambda b: b["idx"].tolist(),
                               common.sample_episode(meta), t0)
 

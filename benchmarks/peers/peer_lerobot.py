@@ -65,7 +65,7 @@ def train(a: argparse.Namespace) -> dict:
     import lerobot  # noqa: F401  (imports before the timer, as for every peer)
 
     meta = common.load_meta(a.data)
-    t0 = time.perf_counter()
+    t0 = common.clock()
     ds = _dataset(a)
     loader = torch.utils.data.DataLoader(ds, batch_size=common.BATCH, shuffle=True, num_workers=common.WORKERS,
                                          generator=torch.Generator().manual_seed(a.seed))

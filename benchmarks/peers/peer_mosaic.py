@@ -60,7 +60,7 @@ def train(a: argparse.Namespace) -> dict:
     import streaming  # noqa: F401  (imports before the timer, as for every peer)
 
     meta = common.load_meta(a.data)
-    t0 = time.perf_counter()
+    t0 = common.clock()
     loader = _loader(_dataset(a.out, shuffle=True, shuffle_seed=a.seed))
     return common.train_epoch(loader, common.idx_of, common.sample_episode(meta), t0)
 

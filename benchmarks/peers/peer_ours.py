@@ -81,7 +81,7 @@ def train(a: argparse.Namespace) -> dict:
     import episodepipes.pipes.train  # noqa: F401  (imports before the timer, as for every peer)
 
     meta = common.load_meta(a.data)
-    t0 = time.perf_counter()
+    t0 = common.clock()
     pipe = _pipe(a)
     return common.train_epoch(pipe, _ids(meta), common.sample_episode(meta), t0)
 

@@ -55,7 +55,7 @@ def train(a: argparse.Namespace) -> dict:
     import webdataset  # noqa: F401  (imports before the timer, as for every peer)
 
     meta = common.load_meta(a.data)
-    t0 = time.perf_counter()
+    t0 = common.clock()
     loader = torch.utils.data.DataLoader(_pipeline(_urls(a.out), a.seed), batch_size=common.BATCH,
                                          num_workers=common.WORKERS)
     return common.train_epoch(loader, lambda b: [int(x) for x in b[0]], common.sample_episode(meta), t0)

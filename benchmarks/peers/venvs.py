@@ -10,6 +10,7 @@ pipeline; the CUDA 12 wheel brings ~1 GB of CUDA image libraries). Each venv is 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -53,11 +54,23 @@ def build_seconds(name: str) -> float | None:
 
 
 def ensure(name: str, *, log: Path | None = None) -> Path:
-    """The venv's python, creating the venv first if it is missing or stale; raises with pip's last lines."""
+    """The venv's python, creating the venv first if it is missing or stale; raises with pip's last lines.
+
+    Builds hold an exclusive lock on ``<root>/.build.lock``: two benchmark runs started together build a venv once,
+    and neither uses one the other is half-way through building."""
     steps = SPECS[name]
     venv, stamp = root() / name, root() / name / ".epbench-installed"
     if stamp.exists() and stamp.read_text() == _digest(steps):
         return python(name)
+    root().mkdir(parents=True, exist_ok=True)
+    with open(root() / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if stamp.exists() and stamp.read_text() == _digest(steps):  # built by whoever held the lock before us
+            return python(name)
+        return _build(name, steps, venv, stamp, log)
+
+
+def _build(name: str, steps: list[list[str]], venv: Path, stamp: Path, log: Path | None) -> Path:
     print(f"    creating the {name!r} virtualenv under {venv} (once; several GB)", flush=True)
     shutil.rmtree(venv, ignore_errors=True)
     venv.parent.mkdir(parents=True, exist_ok=True)

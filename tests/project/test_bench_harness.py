@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import os
 import re
+import resource
+import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +18,7 @@ import torch
 from helpers import make_shards
 
 from benchmarks.bench_gate import FlagGated
-from benchmarks.bench_peers import _call, make_frames
+from benchmarks.bench_peers import ALWAYS, PEERS, _call, chosen, make_frames
 from benchmarks.peers import common
 from benchmarks.procs import held
 from episodepipes.pipes import EpisodeIndex
@@ -62,10 +67,59 @@ def test_peer_stages_write_the_same_jpeg_bytes_and_ours_resumes_exactly(tmp_path
     assert saved.get("saved_after") == 1, saved
     resumed = _call("episodepipes", "resume-load", data, tmp_path / "ours", "--stop-after", "1", log=log)
     assert resumed["exact"] and resumed["expected"] == 96 - 32 == resumed["got"]
+    train = _call("episodepipes", "train", data, tmp_path / "ours", log=log)
+    assert train["frames"] == 96 and train["cpu_ms_per_frame"] > 0 and train["epoch_cpu_ms"] > 0
+    assert train["first_batch_fresh_s"] > train["first_batch_s"]  # the fresh process's start-up and imports count
+    bare = _call("bare simplejpeg, 2 threads", "convert", data, tmp_path / "bare", log=log)
+    assert bare["jpeg_digest"] == ours["jpeg_digest"], log.read_text()[-2000:]
+    for method in ("simplejpeg", "cv2"):
+        t = _call("bare simplejpeg, 2 threads", "train", data, tmp_path / "bare", "--method", method, log=log)
+        assert t["frames"] == t["unique_frames"] == 120, t  # every sample once: the bare decode keeps no last batch out
     p_ours = _call("episodepipes", "pinned", data, tmp_path / "ours", "--episode", "1", log=log)
     p_wds = _call("WebDataset", "pinned", data, tmp_path / "wds", "--episode", "1", log=log)
     assert p_ours["frames"] == p_wds["frames"] == 40
     assert p_ours["disk_bytes"] < p_wds["disk_bytes"]  # byte ranges of one episode vs streaming every shard
+
+
+def test_tree_cpu_counts_worker_processes_live_and_reaped_and_what_they_reaped(tmp_path):
+    burn = tmp_path / "burn.py"
+    burn.write_text(textwrap.dedent("""
+        import subprocess, sys, time
+        def burn(s):
+            t = time.process_time()
+            while time.process_time() - t < s:
+                pass
+        burn(0.4)
+        if sys.argv[1:] == ["parent"]:
+            subprocess.run([sys.executable, __file__])  # a grandchild, reaped by the child
+            burn(0.4)
+            sys.stdin.read()  # stays alive until told
+        """))
+    def others() -> float:  # the tree's CPU less this process's own (which polls)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return common.tree_cpu() - me.ru_utime - me.ru_stime
+
+    before = others()
+    child = subprocess.Popen([sys.executable, str(burn), "parent"], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while others() - before < 1.2 and time.monotonic() < deadline:
+            assert child.poll() is None
+            time.sleep(0.05)
+        assert child.pid in common.descendants(os.getpid())
+        live = others() - before  # the child is alive: read from /proc, its reaped grandchild in its cutime
+    finally:
+        child.communicate(b"")
+    assert live >= 1.2 and others() - before >= 1.2  # reaped by us now: counted through RUSAGE_CHILDREN
+
+
+def test_epbench_peers_chooses_rows_and_refuses_unknown_names():
+    assert chosen("") == list(PEERS)
+    picked = chosen("grain, dali")
+    assert picked == [p for p in PEERS if p in ALWAYS or PEERS[p].key in ("grain", "dali")]
+    assert "Grain, processes" not in picked and "DALI, CPU pipeline" in picked
+    with pytest.raises(SystemExit, match="unknown grian"):
+        chosen("grian")
 
 
 def test_bench_records_the_commit_it_measured():
