@@ -81,6 +81,8 @@ def _zigzag(n: int) -> int:
 
 def _value(b: memoryview, i: int, kind: int, depth: int) -> tuple[object, int]:
     """One thrift compact value of type ``kind`` at ``b[i]``."""
+    if depth > MAX_DEPTH:
+        raise ParquetPagesError("a page header nests too deeply")
     if kind in (1, 2):  # bools in a field header
         return kind == 1, i
     if kind == 3:
@@ -91,6 +93,8 @@ def _value(b: memoryview, i: int, kind: int, depth: int) -> tuple[object, int]:
         n, i = _varint(b, i)
         return _zigzag(n), i
     if kind == 7:
+        if i + 8 > len(b):
+            raise ParquetPagesError("a double runs past the page header")
         return None, i + 8
     if kind == 8:
         n, i = _varint(b, i)
@@ -107,7 +111,9 @@ def _value(b: memoryview, i: int, kind: int, depth: int) -> tuple[object, int]:
         out = []
         for _ in range(n):
             if elem in (1, 2):  # a list's bools are one byte each
-                out.append(i < len(b) and b[i] == 1)
+                if i >= len(b):
+                    raise ParquetPagesError("a list runs past the page header")
+                out.append(b[i] == 1)
                 i += 1
             else:
                 x, i = _value(b, i, elem, depth + 1)
@@ -247,6 +253,8 @@ def _snappy(data: memoryview, at: int, size: int, where: str) -> _Page:
 
 def _hybrid(b: bytes, i: int, end: int, width: int, count: int, where: str) -> tuple[np.ndarray, int]:
     """``count`` values of parquet's RLE / bit-packed hybrid at ``b[i:end]``."""
+    if width > 32:
+        raise ParquetPagesError(f"{where}: levels or indices {width} bits wide")
     out = np.empty(count, np.int64)
     got = 0
     nbytes = (width + 7) // 8
@@ -327,6 +335,8 @@ def _chunk(data: memoryview, c: Chunk, rows: list, where: str) -> None:
                 raise ParquetPagesError(f"{pw}: a dictionary page not PLAIN-encoded")
             page = _decompress(data, body, size, full, c.codec, pw)
             n = _int(d, 1, "num_values")
+            if n > len(page.out) // 4:
+                raise ParquetPagesError(f"{pw}: a dictionary of {n} values in {len(page.out)} bytes")
             s, z = _byte_arrays(page, 0, n, pw)
             dictionary = [_pieces(page, a, k) for a, k in zip(s.tolist(), z.tolist())]
         elif kind in (_DATA, _DATA2):
@@ -334,6 +344,8 @@ def _chunk(data: memoryview, c: Chunk, rows: list, where: str) -> None:
             if type(h) is not dict:
                 raise ParquetPagesError(f"{pw}: a data page without its header")
             n, enc = _int(h, 1, "num_values"), _int(h, 4 if kind == _DATA2 else 2, "encoding", 64)
+            if seen + n > c.values:
+                raise ParquetPagesError(f"{pw}: its pages hold more than the footer's {c.values} values")
             if kind == _DATA:
                 if c.max_def and h.get(3, _RLE) != _RLE:
                     raise ParquetPagesError(f"{pw}: definition levels not RLE-encoded")

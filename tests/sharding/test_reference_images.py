@@ -17,6 +17,7 @@ from helpers import write_mp4, write_raw
 
 from benchmarks.lerobot_data import IMAGE_KEY, VIDEO_KEYS, make_lerobot
 from episodepipes.codec.image_pieces import ImageFiles
+from episodepipes.codec.parquet_pages import Chunk, ParquetPagesError, read_values
 from episodepipes.errors import ShardIOError
 from episodepipes.index import EpisodeIndex, IndexFormatError
 from episodepipes.pipes import metric_pipe, video_pipe
@@ -43,6 +44,15 @@ def test_the_copy_import_of_image_only_raw_folders_reads_back_as_the_jpeg_import
     assert len(copy) == 2 * 5 * 2 and copy.keys() == jpeg.keys()
     for k, img in copy.items():
         assert np.array_equal(img, jpeg[k]), k
+
+
+def test_image_only_raw_folders_are_refused_in_place_with_the_fix(tmp_path, capsys):
+    """The in-place index is the packed layout, which holds a video camera: images alone are the copy import's."""
+    src = write_raw(tmp_path / "raw", SyntheticReader(num_episodes=2, length=5, height=32, width=48))
+    assert main(["write", str(src), str(tmp_path / "ref"), "--format", "raw", "--codec", "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "ep0000" in err and "all images" in err and "--codec copy" in err
+    assert not (tmp_path / "ref" / "index.json").exists()
 
 
 # LeRobot image features in place ------------------------------------------------------------------------------------
@@ -95,9 +105,9 @@ def _same_as(ref, copy, cells):
         assert np.array_equal(img, want), (e, f, c)
 
 
-@pytest.mark.parametrize("write", sorted(WRITES))
-def test_lerobot_image_cells_are_read_from_the_parquet_pages(tmp_path, write):
-    src = _lerobot(tmp_path / "lr", write)
+@pytest.mark.parametrize(("write", "version"), [*((w, "v3.0") for w in sorted(WRITES)), ("snappy-dictionary", "v2.1")])
+def test_lerobot_image_cells_are_read_from_the_parquet_pages(tmp_path, write, version):
+    src = _lerobot(tmp_path / "lr", write, version)
     ref = _write(src, tmp_path / "ref", "reference")
     copy = _write(src, tmp_path / "copy", "copy")
     _same_as(_frames(ref, source_root=src), _frames(copy), _cells(src))
@@ -108,6 +118,8 @@ def test_lerobot_image_cells_are_read_from_the_parquet_pages(tmp_path, write):
     index = EpisodeIndex.open(ref, source_root=src)
     index.verify()
     assert index.problems(members=True) == []
+    for s in index.shards:  # the virtual shards read through the pieces are the bytes the writer hashed
+        assert hashlib.sha256(index.source.read(s.name, 0, s.bytes)).hexdigest() == s.sha256
     c = EpisodeIndex.open(copy)
     for name in ("episodes", "segments"):
         assert np.array_equal(c.tables.columns[name], index.tables.columns[name]), name
@@ -293,3 +305,43 @@ def test_an_image_table_that_lies_is_refused_on_open(tmp_path, lie):
         (ref / "index.json").write_text(json.dumps(meta))
     with pytest.raises(IndexFormatError, match="reference"):
         _frames(ref, source_root=src)  # the table is read when a pass first reads the index
+
+
+def _chunks(f, leaf):
+    md = pq.ParquetFile(f).metadata
+    j = next(k for k in range(md.num_columns) if md.schema.column(k).path == leaf)
+    out = []
+    for g in range(md.num_row_groups):
+        c = md.row_group(g).column(j)
+        start = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+        out.append(Chunk(start, c.total_compressed_size, c.compression, c.num_values,
+                         md.schema.column(j).max_definition_level))
+    return out
+
+
+@pytest.mark.parametrize("write", ["snappy-dictionary", "uncompressed-v2", "snappy-plain"])
+def test_damaged_pages_are_refused_by_name_never_a_crash(tmp_path, write):
+    """Every byte of the first pages, and one in 7 after, changed in turn: the column's pieces are read, or the
+    pages refused with ParquetPagesError (no other exception, no hang)."""
+    src = _lerobot(tmp_path / "lr", write)
+    f = sorted((src / "data").rglob("*.parquet"))[0]
+    chunks = _chunks(f, f"{IMAGE_KEY}.bytes")
+    data = f.read_bytes()
+    cells = pq.read_table(f, columns=[IMAGE_KEY]).column(IMAGE_KEY).to_pylist()
+    values = read_values(memoryview(data), chunks, "x")
+    assert [b"".join(data[a:a + z] for a, z in zip(*(x.tolist() for x in values.pieces(r))))
+            for r in range(len(values))] == [c["bytes"] for c in cells]
+    c = chunks[0]
+    positions = [*range(c.start, c.start + 300), *range(c.start + 300, c.start + c.size, 7)]
+    refused = 0
+    for pos in positions:
+        for flip in (0x01, 0x80, 0xFF):
+            bad = bytearray(data)
+            bad[pos] ^= flip
+            try:
+                got = read_values(memoryview(bytes(bad)), chunks, "x")
+            except ParquetPagesError:
+                refused += 1
+            else:  # an image byte changed: still every row's pieces (the CRC32s and headers catch it later)
+                assert len(got) == len(cells), pos
+    assert refused > 0

@@ -127,8 +127,9 @@ def index_lerobot(src: str | os.PathLike, out: str | os.PathLike, *, tolerance_s
     t0 = time.perf_counter()
     reader = lr.LeRobotReader(src, tolerance_s=tolerance_s)
     root, out = reader.root, Path(out)
-    if not reader.video_keys and not reader.image_keys:
-        raise EpisodeError(f"{root}: no video or image features to reference; use --codec jpeg")
+    if not reader.video_keys:
+        raise EpisodeError(f"{root}: no video features to reference (an index in place needs one beside its image "
+                           "features); use --codec copy, or --codec jpeg")
     check_out(out, overwrite)
     ids = reader.episode_ids()
     splits = assign_splits(ids, val_fraction=val_fraction, val_episodes=val_episodes, seed=seed)

@@ -199,6 +199,9 @@ class Builder:
         """Episode ``eid`` (a safe id) of ``n`` frames: its cameras' packets and its arrays (name -> (source name,
         (n, ...) values)), laid out as the copy import lays it out."""
         cams = sorted(cameras, key=lambda c: c.name)
+        if all(isinstance(c.video, ImageFrames) for c in cams):
+            raise EpisodeError(f"episode {eid!r}: its cameras are all images; an index in place needs a video camera "
+                               "beside them (its packed layout); use --codec copy for this dataset")
         backs = np.zeros((n, len(cams)), np.int64)
         packets, cam_meta = [], {}
         for c, cam in enumerate(cams):

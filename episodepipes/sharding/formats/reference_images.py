@@ -118,9 +118,12 @@ class ParquetImages:
             chunks.append(Chunk(int(start), int(c.total_compressed_size), str(c.compression), int(c.num_values),
                                 int(max_def)))
         try:
-            return read_values(self.data, chunks, fw)
+            values = read_values(self.data, chunks, fw)
         except ParquetPagesError as e:
             raise EpisodeError(f"{e}; {FIX}") from None
+        if len(values) != md.num_rows:
+            raise EpisodeError(f"{fw}: its pages hold {len(values)} rows, the file {md.num_rows}; {FIX}")
+        return values
 
     def camera(self, key: str, lo: int, hi: int, images: ImageFiles, real_root: Path, where: str) -> ImageFrames:
         """Rows ``lo:hi`` (of the file's rows sorted by episode and frame) of image feature ``key``."""
