@@ -33,9 +33,9 @@ def _port() -> int:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to every node's process group at once, SIGKILL to what is left after a few seconds (a graceful Ray
+    """SIGTERM to every node's process group at once, SIGKILL to what is left after a second (a graceful Ray
     stop waits for its workers and agents for tens of seconds, which tests nothing here)."""
-    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 20.0)):
+    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 20.0)):
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, sig)
@@ -58,10 +58,18 @@ def _started(log: Path, times: int) -> bool:
     return log.read_text().count("Ray runtime started") >= times
 
 
-def _nodes(address: str, env: dict) -> int:
-    code = "import ray; ray.init(address=%r, log_to_driver=False); print(len([n for n in ray.nodes() if n['Alive']]))"
-    out = subprocess.run([sys.executable, "-c", code % address], env=env, capture_output=True, text=True, timeout=60)
-    return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+def _wait_for_nodes(address: str, count: int, deadline: float, procs: list[subprocess.Popen], said: Path) -> None:
+    """Until ``count`` nodes are alive as a driver sees them, polled from this process's own connection (a new
+    interpreter per poll cost seconds each); disconnected after, so the command under test connects itself."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        while len([n for n in ray.nodes() if n["Alive"]]) < count:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), said.read_text()
+            time.sleep(0.2)
+    finally:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +96,7 @@ def ray_cluster():
         while not _started(said, 2):
             assert time.monotonic() < deadline and procs[1].poll() is None, said.read_text()
             time.sleep(0.2)
-        while _nodes(address, env) < 2:  # both registered with the head, as a driver sees them
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), said.read_text()
-            time.sleep(0.5)
+        _wait_for_nodes(address, 2, deadline, procs, said)  # both registered with the head
         yield address
     finally:
         _stop(procs)
