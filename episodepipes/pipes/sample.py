@@ -59,20 +59,9 @@ class RawSample:
     checks: tuple[tuple[int, bytes, int], ...] = ()
 
 
-_PIECE = 5 << 10  # the largest buffer zlib.crc32 checks without releasing the GIL
-
-
 def crc_mismatch(checks: tuple[tuple[int, bytes, int], ...]) -> str | None:
-    """Why the first frame of ``checks`` whose bytes differ from their crc32 is damaged, or None.
-
-    Checked in pieces of at most 5 KB, which ``zlib.crc32`` computes holding the GIL: a frame's check takes
-    microseconds, and a decode thread that released the GIL for it then waited to get it back behind the other
-    threads' Python (most of the check's time in a profile)."""
+    """Why the first frame of ``checks`` whose bytes differ from their crc32 is damaged, or None."""
     for step, data, crc in checks:
-        view = memoryview(data)
-        got = 0
-        for i in range(0, len(view), _PIECE):
-            got = zlib.crc32(view[i:i + _PIECE], got)
-        if got != crc:
+        if zlib.crc32(data) != crc:
             return f"frame {step} does not match its crc32 in the index"
     return None

@@ -226,11 +226,10 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
 
 def task_chunk(options: DecodeOptions, batch_size: int) -> int:
     """Samples per decode task: for processes at least a batch's share per worker (``ceil(batch / workers)``),
-    since each task costs the parent and a worker messages, semaphores and thread wake-ups; for threads twice the
-    `Decoder`'s default (each task is a future, a queue hand-off and GIL switches the decode threads wait through;
-    `Decoder` caps a chunk at the batch rows a pass may hold)."""
+    since each task costs the parent and a worker messages, semaphores and thread wake-ups; else the
+    `Decoder`'s default. (Threads gain nothing from larger tasks, and their prefetch would double.)"""
     if options.method != "process":
-        return 2 * CHUNK
+        return CHUNK
     return max(CHUNK, -(-batch_size // options.num_workers))
 
 
