@@ -79,6 +79,20 @@ class JpegDigest:
         return self.h.hexdigest()[:16]
 
 
+def write_jpegs(frames: np.ndarray, path: Path, digest: JpegDigest) -> np.ndarray:
+    """Every frame's cameras as JPEGs concatenated in ``path``; returns their (offset, length) spans."""
+    spans = np.zeros((len(frames), len(CAMERAS), 2), np.int64)
+    pos = 0
+    with open(path, "wb") as f:
+        for i in range(len(frames)):
+            for k in range(len(CAMERAS)):
+                data = digest.add(jpeg(frames[i, k]))
+                f.write(data)
+                spans[i, k] = (pos, len(data))
+                pos += len(data)
+    return spans
+
+
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 

@@ -22,15 +22,7 @@ def convert(a: argparse.Namespace) -> dict:
     a.out.mkdir(parents=True)
     t0 = time.perf_counter()
     d = common.JpegDigest()
-    spans = np.zeros((len(frames), len(common.CAMERAS), 2), np.int64)  # (offset, length) of every JPEG
-    pos = 0
-    with open(a.out / "jpegs.bin", "wb") as f:
-        for i in range(len(frames)):
-            for k in range(len(common.CAMERAS)):
-                data = d.add(common.jpeg(frames[i, k]))
-                f.write(data)
-                spans[i, k] = (pos, len(data))
-                pos += len(data)
+    spans = common.write_jpegs(frames, a.out / "jpegs.bin", d)  # (offset, length) of every JPEG
     np.save(a.out / "spans.npy", spans)
     import simplejpeg
 
