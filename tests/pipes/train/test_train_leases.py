@@ -16,7 +16,10 @@ from episodepipes.pipes._decode import leases
 from episodepipes.pipes._decode.mapped import ShardFrames
 from episodepipes.shardio import LocalSource, ShardTruncatedError
 
-pytestmark = pytest.mark.skipif(not leases._USABLE, reason="read leases need Linux with lease-break-time >= 2 s")
+
+def test_this_machine_grants_leases():
+    """The tests below need leases (Linux, lease-break-time >= 2 s): fail loudly rather than skip where they are off."""
+    assert leases._USABLE, "read leases are off here (/proc/sys/fs/leases-enable, lease-break-time >= 2 s)"
 
 # what `cp` over a shard does: open it for writing, cutting it to nothing, then write other bytes
 _CP_OVER = "import sys; open(sys.argv[1], 'wb').write(b'x' * 1000)"
