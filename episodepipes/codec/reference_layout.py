@@ -73,7 +73,7 @@ def _later_heads(cams: Sequence[CameraPackets], backs: np.ndarray, widths: Seque
     out = np.empty((n - 1, 8 + 4 * nb + 4 * ncam), np.uint8)
     out[:, :4] = np.frombuffer(MAGIC, np.uint8)
     out[:, 4:8] = np.frombuffer(struct.pack("<I", nb), np.uint8)
-    out[:, 8:8 + 4 * nb] = np.cumsum(blobs, axis=1).astype("<u4").view(np.uint8)
+    out[:, 8:8 + 4 * nb] = np.cumsum(blobs, axis=1).astype("<u4", order="C").view(np.uint8)  # one camera: F order
     head = np.stack([backs[1:], np.ones_like(backs[1:])], axis=2).astype("<u2")  # per camera: back, one packet
     out[:, 8 + 4 * nb:] = head.reshape(n - 1, -1).view(np.uint8)
     return out
