@@ -12,6 +12,10 @@ lease is let go and the writer goes on.
 
 Where a lease is refused (another user's file without CAP_LEASE, a file open for writing, a filesystem without leases,
 leases turned off, another platform) `lease` gives None and the reader preads: the same guarantee, at a copy a frame.
+
+For benchmarks and tests only, ``EPISODEPIPES_UNSAFE_BARE_MAPPINGS=1`` in the environment (`BARE`, read once, at the
+first mapping) maps shards bare, with no lease and no watcher: what the lease costs is measured against that
+(``benchmarks/bench_lease.py``), and a shard cut short under it ends the process with SIGBUS.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ F_SETOWN_EX = 15  # with struct f_owner_ex {int type; pid_t pid;}
 F_OWNER_TID = 0
 SIG = getattr(signal, "SIGURG", None)  # ignored by default by every thread that is not the watcher
 SWEEP = 0.5  # seconds between the watcher's checks without a signal (a lease let go by its owner, a lost signal)
+BARE = "EPISODEPIPES_UNSAFE_BARE_MAPPINGS"  # "1": bare mappings, no lease (benchmarks and tests only: module docstring)
 MIN_BREAK = 2  # seconds of lease-break-time below which leases are not taken (the watcher needs the time)
 _PROT_READ, _PROT_RW, _MAP_PRIVATE_ANON, _MREMAP = 1, 3, 0x02 | 0x20, 1 | 2  # MREMAP_MAYMOVE | MREMAP_FIXED
 
@@ -53,11 +58,14 @@ class Lease:
 
     def __init__(self, fd: int, m: mmap.mmap, size: int) -> None:
         self.fd, self.map, self.size = fd, m, size
-        self.released = self.done = False  # the lease let go (`_let_go`); the descriptor closed (`_gone`)
+        self.view: memoryview | None = memoryview(m)
+        self.released = self.done = fd < 0  # the lease let go (`_let_go`); the descriptor closed (`_gone`)
+        if self.done:  # a bare mapping (`BARE`): nothing to let go
+            self.addr, self.ref = 0, None
+            return
         probe = np.frombuffer(m, np.uint8)
         self.addr = probe.ctypes.data
         del probe
-        self.view: memoryview | None = memoryview(m)
         me = weakref.ref(self)
         self.ref = weakref.ref(m, lambda _: _gone(me))
 
@@ -69,6 +77,7 @@ class _Watcher:
         self.leases: dict[int, Lease] = {}  # by id, until their descriptor is closed (`_gone`)
         self.lock = threading.RLock()  # `_gone` may run in the watcher itself, as its sweep drops a last slice
         self.tid = 0
+        self.wakeups = 0  # times the watcher woke (`wakeups`)
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), name="episodepipes-shard-leases", daemon=True).start()
         ready.wait()
@@ -79,10 +88,13 @@ class _Watcher:
         ready.set()
         while True:
             signal.sigtimedwait({SIG}, SWEEP)
+            self.wakeups += 1
             self.sweep()
 
-    def sweep(self) -> None:
-        """Let go every lease that is breaking (the watcher's check, also without a signal: one lost is caught)."""
+    def sweep(self) -> bool:
+        """Let go every lease that is breaking (the watcher's check, also without a signal: one lost is caught);
+        whether one could not be let go yet."""
+        stuck = False
         with self.lock:
             for held in list(self.leases.values()):
                 if held.released or held.done:
@@ -91,12 +103,14 @@ class _Watcher:
                     breaking = fcntl.fcntl(held.fd, F_GETLEASE) != fcntl.F_RDLCK
                 except OSError:
                     breaking = True
-                if breaking:
-                    _let_go(held)
+                if breaking and not _let_go(held):
+                    stuck = True
+        return stuck
 
 
 _WATCHER: _Watcher | None = None
 _START = threading.Lock()
+_BARED: bool | None = None  # `_bare`
 
 
 def _watcher() -> _Watcher:
@@ -105,6 +119,22 @@ def _watcher() -> _Watcher:
         if _WATCHER is None:
             _WATCHER = _Watcher()
         return _WATCHER
+
+
+def wakeups() -> int:
+    """How many times this process's lease watcher has woken (for tests and the lease benchmark)."""
+    return 0 if _WATCHER is None else _WATCHER.wakeups
+
+
+def _bare() -> bool:
+    """Whether `BARE` asks for bare mappings (read once; a warning says so, as reads are then unsafe)."""
+    global _BARED
+    if _BARED is None:
+        _BARED = os.environ.get(BARE) == "1"
+        if _BARED:
+            log.warning("%s=1: shards are mapped without a read lease (a shard cut short ends the process with "
+                        "SIGBUS); this is for benchmarks and tests only", BARE)
+    return _BARED
 
 
 def _usable() -> bool:
@@ -119,7 +149,14 @@ def _usable() -> bool:
 
 def lease(fd: int) -> Lease | None:
     """A mapping of the regular file ``fd`` (read-only; not closed here) under a read lease of a descriptor of its
-    own; None where the lease or the mapping is refused (the caller then preads)."""
+    own; None where the lease or the mapping is refused (the caller then preads). Under `BARE`: a bare mapping of
+    ``fd`` itself."""
+    if _bare():
+        try:
+            size = os.fstat(fd).st_size
+            return Lease(-1, mmap.mmap(fd, size, prot=mmap.PROT_READ), size) if size > 0 else None
+        except (OSError, ValueError):
+            return None
     if not _USABLE:
         return None
     try:
@@ -152,18 +189,20 @@ def retire(leases: list[Lease]) -> None:
         held.view = held.map = None
 
 
-def _let_go(held: Lease) -> None:
+def _let_go(held: Lease) -> bool:
     """Stop using ``held``'s mapping for new reads; where slices of it are still held, swap in a private copy of
-    its pages; then end the lease, so the waiting writer goes on (the descriptor closes with the mapping)."""
+    its pages; then end the lease, so the waiting writer goes on (the descriptor closes with the mapping). False
+    where the copy could not be made (the writer waits, up to lease-break-time, while the watcher tries again)."""
     held.view = held.map = None  # the mapping goes here unless a slice holds it (then `_gone` comes later)
     m = held.ref()
     if m is not None and not _privatize(held):
-        return  # the writer waits (up to lease-break-time) while the watcher tries again
+        return False
     del m
     held.released = True
     if not held.done:
         with contextlib.suppress(OSError):
             fcntl.fcntl(held.fd, F_SETLEASE, fcntl.F_UNLCK)
+    return True
 
 
 def _gone(me: weakref.ref) -> None:
