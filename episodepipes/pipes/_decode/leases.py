@@ -13,6 +13,9 @@ lease is let go and the writer goes on.
 Where a lease is refused (another user's file without CAP_LEASE, a file open for writing, a filesystem without leases,
 leases turned off, another platform) `lease` gives None and the reader preads: the same guarantee, at a copy a frame.
 
+The watcher sleeps until a break is signalled (it wakes every `SWEEP` seconds only while a breaking lease could not be
+let go yet): a pass that nothing breaks never wakes it, and it never takes the GIL from one.
+
 For benchmarks and tests only, ``EPISODEPIPES_UNSAFE_BARE_MAPPINGS=1`` in the environment (`BARE`, read once, at the
 first mapping) maps shards bare, with no lease and no watcher: what the lease costs is measured against that
 (``benchmarks/bench_lease.py``), and a shard cut short under it ends the process with SIGBUS.
@@ -43,7 +46,7 @@ F_SETSIG = getattr(fcntl, "F_SETSIG", 10)
 F_SETOWN_EX = 15  # with struct f_owner_ex {int type; pid_t pid;}
 F_OWNER_TID = 0
 SIG = getattr(signal, "SIGURG", None)  # ignored by default by every thread that is not the watcher
-SWEEP = 0.5  # seconds between the watcher's checks without a signal (a lease let go by its owner, a lost signal)
+SWEEP = 0.5  # seconds between the watcher's checks while a breaking lease could not be let go (`_Watcher._run`)
 BARE = "EPISODEPIPES_UNSAFE_BARE_MAPPINGS"  # "1": bare mappings, no lease (benchmarks and tests only: module docstring)
 MIN_BREAK = 2  # seconds of lease-break-time below which leases are not taken (the watcher needs the time)
 _PROT_READ, _PROT_RW, _MAP_PRIVATE_ANON, _MREMAP = 1, 3, 0x02 | 0x20, 1 | 2  # MREMAP_MAYMOVE | MREMAP_FIXED
@@ -86,14 +89,20 @@ class _Watcher:
         signal.pthread_sigmask(signal.SIG_BLOCK, {SIG})
         self.tid = threading.get_native_id()
         ready.set()
+        stuck = False
         while True:
-            signal.sigtimedwait({SIG}, SWEEP)
+            # Asleep until a break is signalled. A signal is not lost while the watcher is elsewhere (SIGURG stays
+            # pending: blocked here, and directed at this thread alone), and one pending stands for any number of
+            # breaks, as `sweep` checks every lease; a break during `lease` is seen there (it holds the lock).
+            if stuck:
+                signal.sigtimedwait({SIG}, SWEEP)
+            else:
+                signal.sigwaitinfo({SIG})
             self.wakeups += 1
-            self.sweep()
+            stuck = self.sweep()
 
     def sweep(self) -> bool:
-        """Let go every lease that is breaking (the watcher's check, also without a signal: one lost is caught);
-        whether one could not be let go yet."""
+        """Let go every lease that is breaking; whether one could not be let go yet (then the watcher tries again)."""
         stuck = False
         with self.lock:
             for held in list(self.leases.values()):
@@ -122,7 +131,8 @@ def _watcher() -> _Watcher:
 
 
 def wakeups() -> int:
-    """How many times this process's lease watcher has woken (for tests and the lease benchmark)."""
+    """How many times this process's lease watcher has woken (for tests and the lease benchmark: a pass that nothing
+    breaks wakes it never)."""
     return 0 if _WATCHER is None else _WATCHER.wakeups
 
 

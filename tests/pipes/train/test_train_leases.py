@@ -6,6 +6,7 @@ import mmap
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -131,3 +132,19 @@ def test_bare_mappings_for_benchmarks_take_no_lease_and_start_no_watcher(shard):
     # a slice of a mapping; the source's descriptor and the mapping's own (no lease's); no watcher thread
     assert got.stdout.split() == ["True", "2", "[]", "0"], got.stderr
     assert leases.BARE in got.stderr  # said, as its reads are unsafe
+
+
+def test_the_watcher_sleeps_while_nothing_breaks_and_wakes_for_a_break(shard):
+    """It must not take the GIL from a pass: no wake in longer than the old half-second sweeps, then one for a
+    truncate, which it lets through."""
+    idx, name, frames = shard
+    reader = ShardFrames(LocalSource(idx.root))
+    before = leases.wakeups()
+    for _ in range(2):
+        assert isinstance(reader.frame(name, *frames[0]).obj, mmap.mmap)
+        threading.Event().wait(2 * leases.SWEEP)
+    assert leases.wakeups() == before
+    os.truncate(idx.shard_path(0), frames[1][0])  # returns once the watcher let the lease go
+    assert leases.wakeups() > before
+    with pytest.raises(ShardTruncatedError, match=name):
+        reader.frame(name, *frames[1])
