@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             (work / name).mkdir(parents=True, exist_ok=True)
             results[name] = mod.run(work / name, args.quick)
+            if name == "train":  # the read lease's cost, on the section's footage (benchmarks/bench_lease.py)
+                results[name]["rows"] += importlib.import_module("benchmarks.bench_lease").run(work / name,
+                                                                                                 args.quick)["rows"]
             print(f"[{k}/{len(sections)}] {name} done in {time.perf_counter() - t0:.1f}s", flush=True)
             for line in _extra_tables(results[name]) + (_table(results[name]) if results[name].get("rows") else []):
                 print("   ", line)

@@ -172,8 +172,8 @@ class InOrder(Generic[T]):
             raise WorkerError(f"decode worker ({who}) returned nothing for {STALL:.0f} s: stuck (a lock "
                                     "held forever, a transform that never returns?); the pass is stopped") from None
         except BrokenProcessPool:
+            who = self._pools[task.lane].describe_broken()  # before `abort`: exit codes read once the pool stopped
             self.abort()
-            who = self._pools[task.lane].describe()
             raise WorkerError(f"a decode worker died ({who}; exit code -9 is SIGKILL, often the out-of-memory "
                                     "killer); the pass is stopped: lower num_workers or the batch size") from None
 

@@ -12,6 +12,13 @@ lease is let go and the writer goes on.
 
 Where a lease is refused (another user's file without CAP_LEASE, a file open for writing, a filesystem without leases,
 leases turned off, another platform) `lease` gives None and the reader preads: the same guarantee, at a copy a frame.
+
+The watcher sleeps until a break is signalled (it wakes every `SWEEP` seconds only while a breaking lease could not be
+let go yet): a pass that nothing breaks never wakes it, and it never takes the GIL from one.
+
+For benchmarks and tests only, ``EPISODEPIPES_UNSAFE_BARE_MAPPINGS=1`` in the environment (`BARE`, read once, at the
+first mapping) maps shards bare, with no lease and no watcher: what the lease costs is measured against that
+(``benchmarks/bench_lease.py``), and a shard cut short under it ends the process with SIGBUS.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ F_SETSIG = getattr(fcntl, "F_SETSIG", 10)
 F_SETOWN_EX = 15  # with struct f_owner_ex {int type; pid_t pid;}
 F_OWNER_TID = 0
 SIG = getattr(signal, "SIGURG", None)  # ignored by default by every thread that is not the watcher
-SWEEP = 0.5  # seconds between the watcher's checks without a signal (a lease let go by its owner, a lost signal)
+SWEEP = 0.5  # seconds between the watcher's checks while a breaking lease could not be let go (`_Watcher._run`)
+BARE = "EPISODEPIPES_UNSAFE_BARE_MAPPINGS"  # "1": bare mappings, no lease (benchmarks and tests only: module docstring)
 MIN_BREAK = 2  # seconds of lease-break-time below which leases are not taken (the watcher needs the time)
 _PROT_READ, _PROT_RW, _MAP_PRIVATE_ANON, _MREMAP = 1, 3, 0x02 | 0x20, 1 | 2  # MREMAP_MAYMOVE | MREMAP_FIXED
 
@@ -53,11 +61,14 @@ class Lease:
 
     def __init__(self, fd: int, m: mmap.mmap, size: int) -> None:
         self.fd, self.map, self.size = fd, m, size
-        self.released = self.done = False  # the lease let go (`_let_go`); the descriptor closed (`_gone`)
+        self.view: memoryview | None = memoryview(m)
+        self.released = self.done = fd < 0  # the lease let go (`_let_go`); the descriptor closed (`_gone`)
+        if self.done:  # a bare mapping (`BARE`): nothing to let go
+            self.addr, self.ref = 0, None
+            return
         probe = np.frombuffer(m, np.uint8)
         self.addr = probe.ctypes.data
         del probe
-        self.view: memoryview | None = memoryview(m)
         me = weakref.ref(self)
         self.ref = weakref.ref(m, lambda _: _gone(me))
 
@@ -69,6 +80,7 @@ class _Watcher:
         self.leases: dict[int, Lease] = {}  # by id, until their descriptor is closed (`_gone`)
         self.lock = threading.RLock()  # `_gone` may run in the watcher itself, as its sweep drops a last slice
         self.tid = 0
+        self.wakeups = 0  # times the watcher woke (`wakeups`)
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), name="episodepipes-shard-leases", daemon=True).start()
         ready.wait()
@@ -77,12 +89,21 @@ class _Watcher:
         signal.pthread_sigmask(signal.SIG_BLOCK, {SIG})
         self.tid = threading.get_native_id()
         ready.set()
+        stuck = False
         while True:
-            signal.sigtimedwait({SIG}, SWEEP)
-            self.sweep()
+            # Asleep until a break is signalled. A signal is not lost while the watcher is elsewhere (SIGURG stays
+            # pending: blocked here, and directed at this thread alone), and one pending stands for any number of
+            # breaks, as `sweep` checks every lease; a break during `lease` is seen there (it holds the lock).
+            if stuck:
+                signal.sigtimedwait({SIG}, SWEEP)
+            else:
+                signal.sigwaitinfo({SIG})
+            self.wakeups += 1
+            stuck = self.sweep()
 
-    def sweep(self) -> None:
-        """Let go every lease that is breaking (the watcher's check, also without a signal: one lost is caught)."""
+    def sweep(self) -> bool:
+        """Let go every lease that is breaking; whether one could not be let go yet (then the watcher tries again)."""
+        stuck = False
         with self.lock:
             for held in list(self.leases.values()):
                 if held.released or held.done:
@@ -91,12 +112,14 @@ class _Watcher:
                     breaking = fcntl.fcntl(held.fd, F_GETLEASE) != fcntl.F_RDLCK
                 except OSError:
                     breaking = True
-                if breaking:
-                    _let_go(held)
+                if breaking and not _let_go(held):
+                    stuck = True
+        return stuck
 
 
 _WATCHER: _Watcher | None = None
 _START = threading.Lock()
+_BARED: bool | None = None  # `_bare`
 
 
 def _watcher() -> _Watcher:
@@ -105,6 +128,23 @@ def _watcher() -> _Watcher:
         if _WATCHER is None:
             _WATCHER = _Watcher()
         return _WATCHER
+
+
+def wakeups() -> int:
+    """How many times this process's lease watcher has woken (for tests and the lease benchmark: a pass that nothing
+    breaks wakes it never)."""
+    return 0 if _WATCHER is None else _WATCHER.wakeups
+
+
+def _bare() -> bool:
+    """Whether `BARE` asks for bare mappings (read once; a warning says so, as reads are then unsafe)."""
+    global _BARED
+    if _BARED is None:
+        _BARED = os.environ.get(BARE) == "1"
+        if _BARED:
+            log.warning("%s=1: shards are mapped without a read lease (a shard cut short ends the process with "
+                        "SIGBUS); this is for benchmarks and tests only", BARE)
+    return _BARED
 
 
 def _usable() -> bool:
@@ -119,7 +159,14 @@ def _usable() -> bool:
 
 def lease(fd: int) -> Lease | None:
     """A mapping of the regular file ``fd`` (read-only; not closed here) under a read lease of a descriptor of its
-    own; None where the lease or the mapping is refused (the caller then preads)."""
+    own; None where the lease or the mapping is refused (the caller then preads). Under `BARE`: a bare mapping of
+    ``fd`` itself."""
+    if _bare():
+        try:
+            size = os.fstat(fd).st_size
+            return Lease(-1, mmap.mmap(fd, size, prot=mmap.PROT_READ), size) if size > 0 else None
+        except (OSError, ValueError):
+            return None
     if not _USABLE:
         return None
     try:
@@ -152,18 +199,20 @@ def retire(leases: list[Lease]) -> None:
         held.view = held.map = None
 
 
-def _let_go(held: Lease) -> None:
+def _let_go(held: Lease) -> bool:
     """Stop using ``held``'s mapping for new reads; where slices of it are still held, swap in a private copy of
-    its pages; then end the lease, so the waiting writer goes on (the descriptor closes with the mapping)."""
+    its pages; then end the lease, so the waiting writer goes on (the descriptor closes with the mapping). False
+    where the copy could not be made (the writer waits, up to lease-break-time, while the watcher tries again)."""
     held.view = held.map = None  # the mapping goes here unless a slice holds it (then `_gone` comes later)
     m = held.ref()
     if m is not None and not _privatize(held):
-        return  # the writer waits (up to lease-break-time) while the watcher tries again
+        return False
     del m
     held.released = True
     if not held.done:
         with contextlib.suppress(OSError):
             fcntl.fcntl(held.fd, F_SETLEASE, fcntl.F_UNLCK)
+    return True
 
 
 def _gone(me: weakref.ref) -> None:

@@ -6,6 +6,7 @@ import mmap
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -107,3 +108,43 @@ def test_a_forked_child_reads_with_preads_the_parent_holds_the_leases(shard):
         os._exit(0 if ok else 1)
     assert os.waitpid(pid, 0)[1] == 0
     assert isinstance(reader.frame(name, *frames[1]).obj, mmap.mmap)
+
+
+_BARE_CHILD = """
+import mmap, os, sys, threading
+from episodepipes.pipes._decode import leases
+from episodepipes.pipes._decode.mapped import ShardFrames
+from episodepipes.shardio import LocalSource
+root, name, path = sys.argv[1:]
+view = ShardFrames(LocalSource(root)).frame(name, 0, 512)
+fds = sum(os.path.realpath(f"/proc/self/fd/{fd}") == path for fd in os.listdir("/proc/self/fd"))
+watchers = [t.name for t in threading.enumerate() if t.name == "episodepipes-shard-leases"]
+print(isinstance(view.obj, mmap.mmap), fds, watchers, leases.wakeups())
+"""
+
+
+def test_bare_mappings_for_benchmarks_take_no_lease_and_start_no_watcher(shard):
+    idx, name, _ = shard
+    path = os.path.realpath(idx.shard_path(0))
+    env = {**os.environ, leases.BARE: "1"}
+    got = subprocess.run([sys.executable, "-c", _BARE_CHILD, str(idx.root), name, path], env=env, check=True,
+                         capture_output=True, text=True, timeout=60)
+    # a slice of a mapping; the source's descriptor and the mapping's own (no lease's); no watcher thread
+    assert got.stdout.split() == ["True", "2", "[]", "0"], got.stderr
+    assert leases.BARE in got.stderr  # said, as its reads are unsafe
+
+
+def test_the_watcher_sleeps_while_nothing_breaks_and_wakes_for_a_break(shard):
+    """It must not take the GIL from a pass: no wake in longer than the old half-second sweeps, then one for a
+    truncate, which it lets through."""
+    idx, name, frames = shard
+    reader = ShardFrames(LocalSource(idx.root))
+    before = leases.wakeups()
+    for _ in range(2):
+        assert isinstance(reader.frame(name, *frames[0]).obj, mmap.mmap)
+        threading.Event().wait(2 * leases.SWEEP)
+    assert leases.wakeups() == before
+    os.truncate(idx.shard_path(0), frames[1][0])  # returns once the watcher let the lease go
+    assert leases.wakeups() > before
+    with pytest.raises(ShardTruncatedError, match=name):
+        reader.frame(name, *frames[1])
