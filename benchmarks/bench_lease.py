@@ -9,6 +9,9 @@ per wall second and per CPU second of that process (all its threads). The rows g
 The pieces, measured directly in the same processes: the per-shard cost of taking a shard up (a reader's first frame
 of each shard, then its mapping let go), leased minus bare in microseconds of CPU, times the shards a pass takes up,
 over the pass's CPU; and how often the lease watcher woke during the passes (``leases.wakeups``).
+
+``python -m benchmarks.bench_lease [WORKDIR] [--quick] [--control]`` runs this alone; ``--control`` leases on both
+sides, which shows the spread of the method itself where the true ratio is 1.
 """
 
 from __future__ import annotations
@@ -116,9 +119,10 @@ def _mid(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def measure(root: Path, pairs: int, kinds: tuple[str, ...] = ("thread", "window")) -> dict:
-    """``pairs`` alternated pairs of passes per pipe kind, then `OPENS` rounds of shard take-ups per side."""
-    sides = {"leased": _Server(root, bare=False), "bare": _Server(root, bare=True)}
+def measure(root: Path, pairs: int, kinds: tuple[str, ...] = ("thread", "window"), *, control: bool = False) -> dict:
+    """``pairs`` alternated pairs of passes per pipe kind, then `OPENS` rounds of shard take-ups per side;
+    ``control``: both sides leased (the method's own spread, where the true ratio is 1)."""
+    sides = {"leased": _Server(root, bare=False), "bare": _Server(root, bare=not control)}
     runs: dict[str, dict[str, list[dict]]] = {k: {"leased": [], "bare": []} for k in kinds}
     opens: dict[str, list[dict]] = {"leased": [], "bare": []}
     try:
@@ -164,14 +168,14 @@ def rows(got: dict) -> list[dict]:
     return out
 
 
-def run(workdir: Path, quick: bool) -> dict:
+def run(workdir: Path, quick: bool, *, control: bool = False) -> dict:
     """The train section's rows of the lease's cost (its 224x224 footage, made here if the section has not)."""
     from benchmarks.footage import shard_footage
 
     eps, length = (8, 60) if quick else (24, 150)
     idx = shard_footage(workdir / "footage-224", episodes=eps, length=length, size=(224, 224))
     return {"section": "lease", "intro": __doc__.split("\n\n", 1)[1].strip(),
-            "rows": rows(measure(idx.root, 4 if quick else PAIRS))}
+            "rows": rows(measure(idx.root, 4 if quick else PAIRS, control=control))}
 
 
 if __name__ == "__main__":
@@ -182,4 +186,4 @@ if __name__ == "__main__":
 
         args = [a for a in sys.argv[1:] if not a.startswith("--")]
         work = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="bench-lease-"))
-        print(json.dumps(run(work, "--quick" in sys.argv), indent=1))
+        print(json.dumps(run(work, "--quick" in sys.argv, control="--control" in sys.argv), indent=1))

@@ -16,7 +16,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from episodepipes.codec import reference as ref
 from episodepipes.codec import reference_pieces as pieces_file
 from episodepipes.codec.image_pieces import ImageFiles, ImageFrames, placeholder, remap, renumber
 from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
-from episodepipes.codec.reference_layout import CameraPackets, EpisodeLayout, layout
+from episodepipes.codec.reference_layout import CameraPackets, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
 from episodepipes.format import INDEX_NAME, TAR_END, shard_name
 from episodepipes.index import v2 as indexv2
@@ -36,7 +36,7 @@ from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.sharding.episode import EpisodeError
 from episodepipes.sharding.formats import lerobot_meta as meta
 
-HASH_AHEAD = 4  # episodes laid out ahead of their hashing (their bytes held meanwhile)
+HASH_AHEAD = 4  # episodes laid out ahead of their sha256 (their bytes held meanwhile)
 STATS_ROWS = 1 << 16  # steps of same-split episodes whose statistics are made in one pass
 SHARD_SIZE = 1 << 30  # virtual bytes per shard: shards cost nothing on disk, and fewer keep index.json small
 
@@ -147,7 +147,8 @@ class Builder:
         self.shards: list[dict] = []
         self.entries: list[dict] = []
         self._sha, self._pos, self._samples = hashlib.sha256(), 0, 0
-        # the bytes' hashes (CRC32s, sha256; both release the GIL) run on one thread, in order, beside the layout
+        # the shard's sha256 runs on one thread, in order, beside the layout: one call an episode, without the GIL
+        # (the records' CRC32s stay on this thread: thousands of short calls, which would fight it for the GIL)
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="reference-hash")
         self._hashing: deque[Future] = deque()
         self._run: list[tuple[str, str, dict[str, np.ndarray]]] = []  # (split, id, arrays) awaiting statistics
@@ -237,8 +238,8 @@ class Builder:
         start = self._pos
         offsets = (start + np.cumsum(parts.spans) - np.asarray(parts.spans)).tolist()
         self.pieces.extend(start, parts)
-        crcs: list[int] = []
-        self._hashing.append(self._hasher.submit(_hash, parts, crcs, self._sha))
+        crcs = parts.crcs()
+        self._hashing.append(self._hasher.submit(self._sha.update, parts.blob))
         while len(self._hashing) > HASH_AHEAD:
             self._hashing.popleft().result()
         self._pos += len(parts.blob)
@@ -338,12 +339,6 @@ class Builder:
         written = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and (
             p.name.startswith(("index.", "reference.")) or p.name == INDEX_NAME))
         return len(self.shards), sum(e["length"] for e in self.entries), written
-
-
-def _hash(parts: EpisodeLayout, crcs: list[int], sha: Any) -> None:
-    """An episode's record CRC32s into ``crcs`` (its index entry's list), and its bytes into its shard's sha256."""
-    crcs.extend(parts.crcs())
-    sha.update(parts.blob)
 
 
 def _depth(out: Path, real: Path) -> int | None:

@@ -128,13 +128,14 @@ class Entries:
             row += s["count"]
         return dict(self._lite[n], segments=segs)
 
-    def columns_since(self, n: int) -> tuple[list[dict], dict[str, np.ndarray]] | None:
-        """Entries ``n:`` without their per-frame lists, and those values as columns (for a progress record); None
-        if one of them has no crc32 (its segments say so only as lists)."""
-        if any(k >= n for k in self._no_crc):
+    def columns_since(self, n: int, end: int | None = None) -> tuple[list[dict], dict[str, np.ndarray]] | None:
+        """Entries ``n:end`` (``end`` None: to the last) without their per-frame lists, and those values as columns
+        (for a progress record); None if one of them has no crc32 (its segments say so only as lists)."""
+        end = len(self._lite) if end is None else min(end, len(self._lite))
+        if any(n <= k < end for k in self._no_crc):
             return None
-        a, b = self._rows[min(n, len(self._lite))], self._rows[-1]
-        return self._lite[n:], {k: col.take(a, b) for k, col in self._cols.items()}
+        a, b = self._rows[min(n, end)], self._rows[end]
+        return self._lite[n:end], {k: col.take(a, b) for k, col in self._cols.items()}
 
     def index_parts(self) -> tuple[list[dict], np.ndarray, np.ndarray | None]:
         """(entries, offsets, crc32s) for `episodepipes.index.v2.build`: the entries without per-frame lists (in the

@@ -57,24 +57,28 @@ class Progress:
     stats_log: list = field(default_factory=list)  # each STATS_LOG record's {"bytes", "sha256"}, in order
     log: dict | None = None  # {"bytes", "shards", "episodes", "stats_log"} of PROGRESS_LOG; None: none logged yet
 
-    def save(self, out: Path, *, append: bool = True) -> None:
+    def save(self, out: Path, *, append: bool = True, upto: dict[str, int] | None = None) -> None:
         """Append the shards and episodes since the last save to the log, then replace the small progress file.
-        ``append=False`` writes them all inline in the progress file instead (a remote OUT's object store)."""
+        ``append=False`` writes them all inline in the progress file instead (a remote OUT's object store).
+        ``upto`` saves only the first ``upto["shards"]`` shards and ``upto["episodes"]`` episodes of the lists (a
+        writer's live lists, which have grown since its `episodepipes.sharding.write.saves.Snapshot`)."""
+        counts = {k: len(getattr(self, k)) for k in _LOGGED} | (upto or {})
         if not append:
-            whole = {k: list(v) if k in _LOGGED else v for k, v in self.__dict__.items() if k != "log"}
+            whole = {k: getattr(self, k)[:counts[k]] if k in _LOGGED else v for k, v in self.__dict__.items()
+                     if k != "log"}
             safefile.write_file(out / PROGRESS_NAME, json.dumps(whole, sort_keys=True).encode())
             return
         done = self.log or {"bytes": 0, **dict.fromkeys(_LOGGED, 0)}
-        if any(len(getattr(self, k)) > done[k] for k in _LOGGED) or self.log is None:
-            line = progress_log.record(self.shards[done["shards"]:], self.episodes, done["episodes"],
-                                       self.stats_log[done["stats_log"]:])
+        if any(counts[k] > done[k] for k in _LOGGED) or self.log is None:
+            line = progress_log.record(self.shards[done["shards"]:counts["shards"]], self.episodes, done["episodes"],
+                                       self.stats_log[done["stats_log"]:counts["stats_log"]], end=counts["episodes"])
             with os.fdopen(safefile.open_kept(out / PROGRESS_LOG, os.O_WRONLY), "wb") as f:
                 f.truncate(done["bytes"])  # a torn tail from a crash after an append (or an older log)
                 f.seek(done["bytes"])
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
-            done = {"bytes": done["bytes"] + len(line), **{k: len(getattr(self, k)) for k in _LOGGED}}
+            done = {"bytes": done["bytes"] + len(line), **{k: counts[k] for k in _LOGGED}}
         self.log = done
         small = {k: v for k, v in self.__dict__.items() if k not in _LOGGED}
         safefile.write_file(out / PROGRESS_NAME, json.dumps(small, sort_keys=True).encode())

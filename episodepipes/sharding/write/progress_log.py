@@ -20,11 +20,13 @@ from episodepipes.sharding.write.entries import Entries
 _DTYPES = {"offsets": "<u8", "crc32": "<u4", "heads": "<u4", "sizes": "<u4", "keys": "<u4"}
 
 
-def record(shards: list[dict], episodes: list[dict] | Entries, first: int, stats_log: list) -> bytes:
-    """The record of ``shards``, ``stats_log`` and the episodes of ``episodes`` from number ``first`` on."""
-    cols = episodes.columns_since(first) if isinstance(episodes, Entries) else None
+def record(shards: list[dict], episodes: list[dict] | Entries, first: int, stats_log: list,
+           end: int | None = None) -> bytes:
+    """The record of ``shards``, ``stats_log`` and the episodes of ``episodes`` numbered ``first`` to ``end`` (None:
+    to the last)."""
+    cols = episodes.columns_since(first, end) if isinstance(episodes, Entries) else None
     if cols is None:  # plain entries, or some without crc32 (an older write resumed): values inline
-        text = json.dumps({"shards": shards, "episodes": episodes[first:], "stats_log": stats_log},
+        text = json.dumps({"shards": shards, "episodes": episodes[first:end], "stats_log": stats_log},
                           sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(text).hexdigest().encode() + b" " + text + b"\n"
     lite, values = cols

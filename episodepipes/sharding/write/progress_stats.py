@@ -39,11 +39,18 @@ class StatsLog:
         self.fields = fields
         fields.unsaved = []
 
-    def save(self) -> dict:
-        """Append what was folded since the last save; returns the `Progress` field listing every record."""
-        parts, self.fields.unsaved = self.fields.unsaved or [], []
+    def folded(self) -> int:
+        """Parts folded since the last save: what a `save` of this moment passes as ``count``."""
+        return len(self.fields.unsaved or ())
+
+    def save(self, count: int | None = None) -> dict:
+        """Append what was folded since the last save (its first ``count`` parts; None: all); returns the `Progress`
+        field listing every record."""
+        parts = self.fields.unsaved or []
+        count = len(parts) if count is None else count
+        parts, self.fields.unsaved = parts[:count], parts[count:]
         new, self.pending = self.pending, []
-        if parts and not self.records and not new:  # the first record of a fresh write: all that is folded
+        if parts and not self.records and not new and not self.fields.unsaved:  # a fresh write's first: all folded
             new.append(self.fields.encode())
         elif parts:  # one record for them all: folding it equals folding them one by one (the rule `merge` uses)
             since = StatsFields()
