@@ -3,7 +3,8 @@
 Two server processes, identical but for ``EPISODEPIPES_UNSAFE_BARE_MAPPINGS=1`` in the bare one's environment (read
 once by `episodepipes.pipes._decode.leases`: no lease, no watcher thread), each build a thread `train_pipe` (and the
 window pipe of the train section) on the train section's 224x224 footage and run one warm epoch. Then `PAIRS` pairs:
-one epoch in each process, one after the other (which goes first alternates), and the ratio leased / bare of frames
+one epoch in each process, one after the other (which goes first alternates; half the pairs with the servers started
+again in the other order), and the ratio leased / bare of frames
 per wall second and per CPU second of that process (all its threads). The rows give the median ratio and its range.
 
 The pieces, measured directly in the same processes: the per-shard cost of taking a shard up (a reader's first frame
@@ -122,21 +123,23 @@ def _mid(values: list[float]) -> float:
 def measure(root: Path, pairs: int, kinds: tuple[str, ...] = ("thread", "window"), *, control: bool = False) -> dict:
     """``pairs`` alternated pairs of passes per pipe kind, then `OPENS` rounds of shard take-ups per side;
     ``control``: both sides leased (the method's own spread, where the true ratio is 1)."""
-    sides = {"leased": _Server(root, bare=False), "bare": _Server(root, bare=not control)}
     runs: dict[str, dict[str, list[dict]]] = {k: {"leased": [], "bare": []} for k in kinds}
     opens: dict[str, list[dict]] = {"leased": [], "bare": []}
-    try:
-        for i in range(pairs):
-            order = ("leased", "bare") if i % 2 == 0 else ("bare", "leased")
-            for k in kinds:
-                for side in order:
-                    runs[k][side].append(sides[side].ask({"pass": k}))
-        for i in range(4):  # alternated too
-            for side in ("leased", "bare") if i % 2 == 0 else ("bare", "leased"):
-                opens[side].append(sides[side].ask({"opens": OPENS // 4}))
-    finally:
-        for s in sides.values():
-            s.close()
+    for half in range(2):  # the servers started again, the other one first: which process is which has shown bias
+        first = ("leased", "bare") if half == 0 else ("bare", "leased")
+        sides = {side: _Server(root, bare=side == "bare" and not control) for side in first}
+        try:
+            for i in range(pairs // 2):
+                order = first if i % 2 == 0 else first[::-1]
+                for k in kinds:
+                    for side in order:
+                        runs[k][side].append(sides[side].ask({"pass": k}))
+            for i in range(2):
+                for side in first if i % 2 == 0 else first[::-1]:
+                    opens[side].append(sides[side].ask({"opens": OPENS // 4}))
+        finally:
+            for s in sides.values():
+                s.close()
     return {"runs": runs, "opens": opens}
 
 

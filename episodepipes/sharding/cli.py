@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -58,6 +59,7 @@ from episodepipes.sharding.ray_jobs import finished_job
 from episodepipes.sharding.slurm import array_task, job_index, submit_script
 from episodepipes.sharding.write import DiskFullError, WriteResult
 from episodepipes.sharding.write.plan import parse_resize, parse_size
+from episodepipes.sharding.write.saves import SAVE_EVERY
 from episodepipes.shardio import ShardIOError, is_url
 
 PROG = "episodepipes-shard"
@@ -117,6 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--job-index", type=int, default=None, metavar="I",
                    help="this job's index, 0..K-1 (default: from SLURM_ARRAY_TASK_ID under a Slurm array "
                         "of K tasks, else 0)")
+    w.add_argument("--save-every", type=float, default=SAVE_EVERY, metavar="SECONDS",
+                   help=f"seconds between two resume saves (default {SAVE_EVERY:g}; 0: after every shard); the "
+                        "progress is saved when the write ends, fails or is interrupted too, so only a kill -9 or a "
+                        "power cut costs the shards of the last SECONDS, which a resume writes again")
     w.add_argument("--tolerance-s", type=float, default=None, metavar="S",
                    help="lerobot only: how far (seconds) a row's timestamp may lie from its video frame before "
                         "the episode is refused; finite, > 0 (default 1e-4, LeRobot's)")
@@ -233,6 +239,8 @@ def _check_write_args(a: argparse.Namespace) -> None:
         raise ValueError(f"--seed {a.seed} must be >= 0")
     if a.val_fraction is not None and not 0.0 <= a.val_fraction <= 1.0:  # also refuses nan
         raise ValueError(f"--val-fraction {a.val_fraction} must be within 0..1")
+    if not math.isfinite(a.save_every) or a.save_every < 0:
+        raise ValueError(f"--save-every {a.save_every} must be a finite number of seconds >= 0 (0: after every shard)")
 
 
 def _summary(a: argparse.Namespace, res: WriteResult) -> list[str]:
@@ -277,7 +285,8 @@ def _write(a: argparse.Namespace) -> int:
         return _reference(a, root, fmt, opts, options)
     reader = FORMATS[fmt].factory(root, **options, **({"copy": True} if a.codec == "copy" else {}))
     res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
-                       job_index=a.job_index, overwrite=a.overwrite, progress_bar=True, staging=a.staging)
+                       job_index=a.job_index, overwrite=a.overwrite, progress_bar=True, staging=a.staging,
+                       save_every=a.save_every)
     _say(_summary(a, res))
     return 0
 

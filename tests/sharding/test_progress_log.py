@@ -25,10 +25,10 @@ class _Crashing(SyntheticReader):
         return super().read(episode_id)
 
 
-def _crashed(out):
+def _crashed(out, **kw):
     with pytest.raises(_Crash):
         write_shards(_Crashing(**{k: getattr(SYN, k) for k in ("num_episodes", "length", "height", "width",
-                                                                "lengths")}), out, OPTS)
+                                                                "lengths")}), out, OPTS, **kw)
 
 
 def _files(d):
@@ -45,15 +45,15 @@ def test_each_save_appends_one_record_and_the_progress_file_stays_small(tmp_path
     sizes, lines = [], []
     real = progress.Progress.save
 
-    def save(self, out, *, append=True):  # the state after every save, as a crash there would leave it
-        real(self, out, append=append)
+    def save(self, out, *, append=True, upto=None):  # the state after every save, as a crash there would leave it
+        real(self, out, append=append, upto=upto)
         saved = json.loads((out / PROGRESS_NAME).read_text())
         del saved["segments"]  # the episode in flight's finished segments: bounded by one episode
         sizes.append(len(json.dumps(saved)))
         lines.append((out / PROGRESS_LOG).read_bytes())
 
     monkeypatch.setattr(progress.Progress, "save", save)
-    _crashed(tmp_path / "out")
+    _crashed(tmp_path / "out", save_every=0)  # a save after every shard
     assert len(lines) > 4
     for before, after in zip(lines, lines[1:]):  # appended: every earlier byte kept, one record more
         assert after.startswith(before)

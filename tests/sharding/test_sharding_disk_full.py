@@ -48,21 +48,28 @@ def _files(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def _full_write_then_resume(tmp_path, small_disk, argv, *, size, limit):
+def _full_write_then_resume(tmp_path, small_disk, argv, *, size, limit, every_shard=True):
     """``write`` into an OUT whose disk fills mid-run (a ``size`` tmpfs, else files limited to ``limit`` bytes):
-    one line naming OUT, nothing torn, and the same command resumes to the bytes of an uninterrupted run."""
+    one line naming OUT, nothing torn, and the same command resumes to the bytes of an uninterrupted run.
+    ``every_shard``: with ``--save-every 0`` every shard under its final name is one the progress records; else
+    the progress records a first few of them (those the last save wrote), and every one is whole."""
     ref = tmp_path / "ref"
     assert _run(0, "write", str(tmp_path), str(ref), *argv).returncode == 0
     out = (small_disk or tmp_path) / "out"
     if small_disk:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(small_disk)], check=True)
-    res = _run(0 if small_disk else limit, "write", str(tmp_path), str(out), *argv)
+    res = _run(0 if small_disk else limit, "write", str(tmp_path), str(out), *argv,
+               *(["--save-every", "0"] if every_shard else []))
     _one_line_naming(res, out)
     assert "finished shards" in res.stderr and "re-run the same command to resume" in res.stderr
     # nothing written is torn: every shard under its final name is one the progress file records, whole
     prog = progress.read(out)  # the logged shards and episodes inline
     names = sorted(p.name for p in out.glob("shard-*.tar"))
-    assert names == [s["name"] for s in prog["shards"]] and not (out / "index.json").exists()
+    recorded = [s["name"] for s in prog["shards"]]
+    assert (names == recorded if every_shard else names[:len(recorded)] == recorded)
+    assert not (out / "index.json").exists()
+    for name in names:  # whole, recorded or not: the bytes of the uninterrupted run's shard of that name
+        assert (out / name).read_bytes() == (ref / name).read_bytes()
     assert len(names) >= (1 if small_disk else 0)  # the full disk came mid-run, after finished shards
     assert not (out / "_spool").exists()  # its files would keep holding the space the user must free
     for s in prog["shards"]:
@@ -83,6 +90,13 @@ def test_full_disk_during_an_h264_write_is_one_line_and_resumes(tmp_path, small_
     # the video encoder's output goes through the packed writer (chunks, GOPs): no torn chunk survives either
     argv = ["--format", "syn", "--codec", "h264", "--shard-size", "100kB"]
     _full_write_then_resume(tmp_path, small_disk, argv, size="300k", limit=60_000)
+
+
+def test_full_disk_between_two_saves_keeps_whole_shards_and_resumes(tmp_path, small_disk):
+    # the default --save-every: the shards since the last save have final names the progress may not record (the
+    # save on the way out needs room too); the resume deletes and rewrites them
+    argv = ["--format", "syn", "--workers", "2", "--shard-size", "300kB", "--save-every", "3600"]
+    _full_write_then_resume(tmp_path, small_disk, argv, size="2m", limit=200_000, every_shard=False)
 
 
 def test_full_disk_during_merge_names_out_keeps_the_jobs_and_resumes(tmp_path, small_disk):

@@ -1,6 +1,7 @@
 """Resume state of an unfinished write, kept in ``<out>/_progress.json`` and the append-only ``_progress.log``.
 
-After every finished shard the writer records: the options, the finished shards, the index entries of the
+At a save (every ``save_every`` seconds at a finished shard, and on the way out: `episodepipes.sharding.write.saves`)
+the writer records: the options, the finished shards, the index entries of the
 episodes they complete, the skipped episodes, and a cursor (position in the job's episode list, first frame not yet
 in a finished shard, and that episode's finished segments). The shards and episodes finished since the last save
 are appended to ``_progress.log`` as one record (`episodepipes.sharding.write.progress_log`: JSON, then the

@@ -43,6 +43,7 @@ from episodepipes.sharding.write.meter import Meter
 from episodepipes.sharding.write.plan import assign_splits, job_block
 from episodepipes.sharding.write.progress import JOBS_DIR, Progress, finish, start
 from episodepipes.sharding.write.progress_stats import StatsLog
+from episodepipes.sharding.write.saves import SAVE_EVERY, Saves, Snapshot, check_every
 from episodepipes.sharding.write.writer import ShardWriter
 from episodepipes.shardio import is_url
 
@@ -156,7 +157,7 @@ def source_fingerprint(ids: list[str], options: dict, num_jobs: int) -> str:
 def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, workers: int = 1,
                  num_jobs: int = 1, job_index: int = 0, overwrite: bool = False,
                  progress_bar: bool = False, progress_every: float = 10.0,
-                 staging: str | os.PathLike | None = None) -> WriteResult:
+                 staging: str | os.PathLike | None = None, save_every: float = SAVE_EVERY) -> WriteResult:
     """Shard ``reader`` into ``out``, resuming an interrupted run with the same options.
 
     One writer per folder: ``<folder>/_write.lock`` refuses a second one (`LockedError` names its pid
@@ -178,7 +179,12 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
         progress_every: seconds between two progress lines when stderr is not a terminal.
         staging: a remote ``out`` only: the folder its local staging folder goes in (about one shard of
             disk); None for ``~/.cache/episodepipes/staging``.
+        save_every: seconds between two resume saves (finite, >= 0; 0 saves after every shard). The last shard's
+            progress is saved when the write ends, fails or is interrupted too, so a resume redoes at most the
+            shards of the last ``save_every`` seconds (a kill -9 or a power cut); a remote ``out`` saves after every
+            shard, which it uploads then. See `episodepipes.sharding.write.saves`.
     """
+    save_every = check_every(save_every)
     remote = None
     if is_url(out):
         from episodepipes.sharding.write.remote_out import RemoteOut
@@ -208,6 +214,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
     state = dict(options, num_jobs=num_jobs, job_index=job_index) if num_jobs > 1 else dict(options)
     state["source"] = source  # resuming from another episode list would mix two sources
     writer: ShardWriter | None = None
+    run: _Run | None = None
     try:
         out.mkdir(parents=True, exist_ok=True)
         if num_jobs > 1:  # folders made inside OUT: a link planted in their place would take every file elsewhere
@@ -231,7 +238,8 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                 extra["job"] = {"index": job_index, "num_jobs": num_jobs, "episodes": len(ids),
                                 "first": block[0] if block else 0, "count": len(block),
                                 "ids": [ids[p] for p in block], "source": source}
-            run = _Run(reader, block, ids, splits, opts, target, state, prog, extra, remote)
+            run = _Run(reader, block, ids, splits, opts, target, state, prog, extra, remote,
+                       save_every=0.0 if remote is not None else save_every)
             meter = run.write(writer, workers, Meter(len(block), prog.position, enabled=progress_bar,
                                                      every=progress_every))
             if remote is not None:
@@ -239,7 +247,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
     except OSError as e:
         if e.errno not in DiskFullError.ERRNOS:
             raise
-        kept = writer.shards if writer is not None else []
+        kept = writer.shards[:run.saved_shards()] if writer is not None and run is not None else []
         where = f": {e.filename}" if e.filename else ""
         raise DiskFullError(
             f"{target}: the disk is full ({e.strerror}{where}) after {len(kept)} finished shards "
@@ -252,11 +260,11 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
 
 
 class _Run:
-    """The episode loop of one `write_shards` call, and the progress it saves after each shard."""
+    """The episode loop of one `write_shards` call, and the progress it saves as shards finish (`Saves`)."""
 
     def __init__(self, reader: EpisodeReader, block: list[int], ids: list[str], splits: dict,
                  opts: WriteOptions, target: Path, state: dict, prog: Progress, extra: dict,
-                 remote: RemoteOut | None = None) -> None:
+                 remote: RemoteOut | None = None, *, save_every: float = SAVE_EVERY) -> None:
         self.reader, self.block, self.ids, self.splits, self.opts = reader, block, ids, splits, opts
         self.target, self.state, self.prog, self.extra, self.remote = target, state, prog, extra, remote
         self.skipped = list(prog.skipped)
@@ -265,18 +273,33 @@ class _Run:
         self.logged = prog.log  # how much of the progress log the saved progress names
         self.stats = resumed_stats(target, prog)  # of the finished episodes, folded in output order
         self.stats_log = StatsLog(target, prog, self.stats)  # appends each finished episode's part at a save
+        self.writer: ShardWriter = None  # type: ignore[assignment]  # set by `write`
+        self.saves = Saves(save_every, self._save)
+        self.resumed_shards = len(prog.shards)  # recorded by the progress this call started from
 
-    def save(self, w: ShardWriter) -> None:
+    def saved_shards(self) -> int:
+        """Finished shards the progress on disk records (a resume keeps these, and redoes the rest)."""
+        return self.resumed_shards if self.saves.saved_shards is None else self.saves.saved_shards
+
+    def on_shard(self, w: ShardWriter) -> None:
+        """A shard finished: snapshot the progress (counts, no copies of the lists) for `Saves` to write when due."""
         # no episode in flight happens only at the final flush: every episode has been added
         pend = w.pending or {"segments": [], "frame": 0}
-        prog = Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped,
+        snap = Snapshot(shards=len(w.shards), episodes=len(w.episodes), skipped=len(self.skipped),
                         position=self.position if w.pending else len(self.block), frame=pend["frame"],
-                        segments=pend["segments"], splits=dict(self.origins), log=self.logged,
-                        **self.stats_log.save())
-        prog.save(self.target, append=self.remote is None)  # an object store cannot append: all inline there
+                        segments=list(pend["segments"]), splits=dict(self.origins), stats=self.stats_log.folded())
+        self.saves.shard(snap, final=w.pending is None)
+
+    def _save(self, snap: Snapshot) -> None:
+        w = self.writer  # set by `write` before any shard finishes
+        prog = Progress(options=self.state, shards=w.shards, episodes=w.episodes, skipped=self.skipped[:snap.skipped],
+                        position=snap.position, frame=snap.frame, segments=snap.segments, splits=snap.splits,
+                        log=self.logged, **self.stats_log.save(snap.stats))
+        # an object store cannot append: all inline there
+        prog.save(self.target, append=self.remote is None, upto={"shards": snap.shards, "episodes": snap.episodes})
         self.logged = prog.log  # only once the progress naming it is in place
-        if self.remote is not None:  # upload the shard, then this progress; the local shard goes
-            self.remote.shard_done(self.target, w.shards[-1])
+        if self.remote is not None:  # upload the shard, then this progress; the local shard goes (saved every shard)
+            self.remote.shard_done(self.target, w.shards[snap.shards - 1])
 
     def write(self, writer: ShardWriter, workers: int, meter: Meter) -> Meter:
         prog, opts, target = self.prog, self.opts, self.target
@@ -289,9 +312,10 @@ class _Run:
         override = opts.val_episodes is not None  # --val-fraction only fills in episodes without a split
         tasks = [(self.reader, self.ids[p], self.splits[self.ids[p]], override, enc_opts,
                   str(spool) if workers > 1 else None) for p in self.block[prog.position:]]
-        writer.on_shard = self.save
+        writer.on_shard, self.writer = self.on_shard, writer
         try:  # the spool goes on failure too: on a full disk its files hold space the user needs
-            with writer, meter, contextlib.closing(encoded(tasks, workers, threaded=opts.codec == "copy")) as results:
+            with self._last_save(), writer, meter, \
+                    contextlib.closing(encoded(tasks, workers, threaded=opts.codec == "copy")) as results:
                 positions = range(prog.position, len(self.block))
                 if workers > 1:  # a pooled result's bytes are reused once the next is asked for: take it first
                     for position, res in zip(positions, results):
@@ -308,6 +332,20 @@ class _Run:
             shutil.rmtree(spool, ignore_errors=True)
         finish(target)
         return meter
+
+    @contextlib.contextmanager
+    def _last_save(self) -> Iterator[None]:
+        """On the way out of a failed or interrupted write (the writer closed), save the last snapshot not saved,
+        so a resume redoes no shard finished before it; the error raised stays the one that stopped the write."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.saves.flush()
+            except Exception as e:  # a full disk, say: the progress on disk stays the last one written whole
+                log.info("%s: the last resume save failed too (%s); a resume redoes the shards finished after "
+                            "the save before it", self.target, e)
+            raise
 
     def _overlapped(self, writer: ShardWriter, meter: Meter, results: Iterator[tuple[int, tuple]]) -> None:
         """`_take` each result in a thread while this one encodes the next episode: with the encoder in this
