@@ -38,16 +38,14 @@ def launch(root: Path, out: Path, *, epochs: int = EPOCHS, env_extra: dict | Non
     return {"exits": exits, "root": root, "out": out, "ranks": ranks, "seconds": seconds}
 
 
-@pytest.fixture(scope="module")
-def shards(shard_folder):
-    # 9 episodes -> val = ep0002, ep0005, ep0008: 3 x 5 frames = 15, split over 2 ranks = 8 + (7 + 1 padded)
-    return shard_folder("ddp", num_episodes=9, length=LENGTH, height=32, width=48, fps=FPS, shard_size=30_000)
+@pytest.fixture
+def shards(ddp_shards):
+    return ddp_shards  # tests/ddp/conftest.py
 
 
-@pytest.fixture(scope="module")
-def run(shards, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp_out")
-    return launch(shards, out)
+@pytest.fixture
+def run(ddp_local_run):
+    return ddp_local_run  # tests/ddp/conftest.py: one fit, which test_ddp_s3 compares its s3:// run with
 
 
 TIMES = ("worker_cpu_us",)  # counters of time, not of work: they differ between runs of the same work

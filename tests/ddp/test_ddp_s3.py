@@ -8,8 +8,7 @@ workers (the video pipe uses ``method="process"``), which never touch it.
 from __future__ import annotations
 
 import pytest
-from ddp.test_ddp_fit import EPOCHS, FPS, LENGTH, PINNED, _deltas, _is_render, launch
-from helpers import make_shards
+from ddp.test_ddp_fit import EPOCHS, PINNED, _deltas, _is_render, launch
 from s3server import CREDENTIALS, FaultProxy, MotoS3, s3_env
 
 from episodepipes.lightning_glue.launch import check_ranks
@@ -19,15 +18,13 @@ pytestmark = pytest.mark.slow  # real multi-process DDP: `pytest -m 'not slow'` 
 
 
 @pytest.fixture(scope="module")
-def remote_run(tmp_path_factory):
-    shards = make_shards(tmp_path_factory.mktemp("ddp-s3") / "shards", num_episodes=9, length=LENGTH, height=32,
-                         width=48, fps=FPS, shard_size=30_000)  # the same dataset as test_ddp_fit's
+def remote_run(ddp_shards, ddp_local_run, tmp_path_factory):
+    shards, local = ddp_shards, ddp_local_run  # test_ddp_fit's dataset and its local run (tests/ddp/conftest.py)
     moto = MotoS3()
     proxy = FaultProxy(moto.endpoint)
     try:
         moto.upload_dir(shards, "ddp", "shards")
         proxy.reset()
-        local = launch(shards, tmp_path_factory.mktemp("ddp-local"), epochs=EPOCHS)
         remote = launch("s3://ddp/shards", tmp_path_factory.mktemp("ddp-remote"), epochs=EPOCHS,
                         env_extra=s3_env(proxy.endpoint))
         yield {"local": local, "remote": remote, "shards": shards, "gets": proxy.gets(), "bytes": proxy.body_bytes}

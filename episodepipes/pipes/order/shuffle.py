@@ -71,8 +71,8 @@ class FrameTable:
         return Item(self.ids[e], f)
 
 
-_ESCAPED = np.zeros(256, bool)  # bytes json.dumps writes otherwise than as themselves (ASCII ids)
-_ESCAPED[1:0x20] = _ESCAPED[ord('"')] = _ESCAPED[ord("\\")] = _ESCAPED[0x80:] = True
+_ESCAPED = np.zeros(256, bool)  # bytes json.dumps writes otherwise than as themselves (ASCII ids; DEL is \u007f)
+_ESCAPED[1:0x20] = _ESCAPED[ord('"')] = _ESCAPED[ord("\\")] = _ESCAPED[0x7f:] = True
 
 
 def _json_ids(ids: Sequence[str], a: int, b: int) -> bytes:
