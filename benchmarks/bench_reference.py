@@ -4,10 +4,11 @@ The dataset is the lerobot section's (`benchmarks.lerobot_data`, AV1 at LeRobot'
 mp4). Rows: indexing frames/s (the whole call, index written) against the copy import with one worker; `train_pipe`
 frames/s on the in-place index against the copy-imported shards (same options: batch 32, 2 decode threads, one
 epoch, shuffled), alternating which goes first, median of rounds; and the bytes written (index, columns, statistics,
-pieces and literal bytes, each's bytes a frame) against the dataset's bytes, at the section's size and at LeRobot's
-usual 480x640. Against LeRobotDataset's own loader on the same files and windows (`benchmarks.lerobot_windows`, in
-the peers' lerobot venv): frames/s, the first batch's time, and the window images compared sample by sample. From an
-object store (`benchmarks.lerobot_s3`): the bytes fetched against the packets the batches decode.
+pieces, literal bytes and rows, each's bytes a frame) against the dataset's bytes, at the section's size and at
+LeRobot's usual 480x640. Against LeRobotDataset's own loader on the same files and windows
+(`benchmarks.lerobot_windows`, in the peers' lerobot venv): frames/s, the first batch's time, and the window images
+compared sample by sample. From an object store (`benchmarks.lerobot_s3`): the bytes fetched against the packets
+the batches decode.
 """
 
 from __future__ import annotations
@@ -64,12 +65,12 @@ def _written(out: Path) -> int:
 
 
 def _shares(out: Path, frames: int) -> str:
-    """Bytes a frame, by what holds them: the index's own columns and JSON, its statistics, the piece table, and
-    the literal file (the arrays' rows and the tar and pack framing around the packets)."""
-    parts = {"index": 0, "stats": 0, "pieces": 0, "literal": 0}
+    """Bytes a frame, by what holds them: the index's own columns and JSON, its statistics, the piece table, the
+    literal file (the tar and pack framing around the packets) and the rows file (the arrays' rows)."""
+    parts = {"index": 0, "stats": 0, "pieces": 0, "literal": 0, "rows": 0}
     for p in out.iterdir():
         kind = "stats" if p.name == "index.stats.bin" else "literal" if p.name == "reference.literal.bin" else \
-            "pieces" if p.name.startswith("reference.") else "index"
+            "rows" if p.name == "reference.rows.bin" else "pieces" if p.name.startswith("reference.") else "index"
         parts[kind] += p.stat().st_size
     return ", ".join(f"{k} {v / max(frames, 1):.0f}" for k, v in parts.items()) + " bytes/frame"
 

@@ -35,10 +35,8 @@ none) from 10^6 to 10^8 frames: requests and bytes
 at open (per-frame columns are read by range on use; what open reads grows with episodes and shards only), the
 process's resident memory growth, and what the first frame lookup then fetches (its rows' block of every per-frame
 column).
-``reference`` (a table of its own): train_pipe on a ``--codec reference`` index whose LeRobot dataset lies on S3:
-bytes fetched against the bytes the samples parse (#28's goal: at most 1.1x).
-Run: ``python scripts/bench.py remote [--quick]``; the open table alone: ``python benchmarks/bench_remote.py --open``,
-the reference table: ``--reference``.
+(A ``--codec reference`` index whose dataset lies on S3: the reference section's rows, `benchmarks.lerobot_s3`.)
+Run: ``python scripts/bench.py remote [--quick]``; the open table alone: ``python benchmarks/bench_remote.py --open``.
 """
 
 from __future__ import annotations
@@ -243,60 +241,6 @@ def open_costs(workdir: Path, quick: bool) -> dict:
                     "RSS growth", "first lookup: requests", "first lookup: bytes"], "rows": table}}
 
 
-def reference_costs(workdir: Path, quick: bool) -> dict:
-    """Bytes fetched from the store against the bytes train_pipe's samples parse, on a ``--codec reference`` index
-    whose LeRobot dataset lies on S3 (moto behind a counting proxy, in this process), each file's checks done first."""
-    from s3server import FaultProxy, MotoS3, restore_env, s3_env, set_env
-
-    from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
-    from episodepipes.index import EpisodeIndex
-    from episodepipes.pipes.train import train_pipe
-    from episodepipes.sharding.cli import main
-
-    src, out = Path(workdir) / "lerobot", Path(workdir) / "lerobot-ref"
-    n = 2 if quick else 4
-    make_lerobot(src, lengths=(60,) * n, num_episodes=n, episodes_per_file=2, gop=2, encoder="libx264", height=240,
-                 width=320, image_feature=False)
-    if main(["write", str(src), str(out), "--format", "lerobot", "--codec", "reference"]) != 0:
-        raise RuntimeError(f"indexing {src} in place failed")
-    moto = MotoS3()
-    proxy = FaultProxy(moto.endpoint)
-    old = set_env(s3_env(proxy.endpoint))
-    cam = VIDEO_KEYS[0].replace(".", "_")
-    rows, table = [], []
-    try:
-        client = moto.client()
-        client.create_bucket(Bucket="ref")
-        for f in sorted(src.rglob("*")):
-            if f.is_file():
-                client.put_object(Bucket="ref", Key=f"lr/{f.relative_to(src).as_posix()}", Body=f.read_bytes())
-        for label, kw in (("train_pipe, single frames", {}),
-                          ("train_pipe, history 2 images + 16-step actions", {"history": {cam: 2},
-                                                                              "horizon": {"action": 16}})):
-            index = EpisodeIndex.open(out, source_root="s3://ref/lr")
-            opts = dict(batch_size=8, seed=1, rank=0, world_size=1, num_workers=1, **kw)
-            _count(train_pipe(index, **opts))  # each source file's size and end stamps checked: once per open
-            proxy.reset()
-            pipe = train_pipe(index, **opts)
-            frames = _count(pipe)
-            gets = sum(1 for m, p, _ in proxy.requests if m == "GET")
-            ratio = proxy.body_bytes / pipe.stats["bytes_read"]
-            table.append([label, frames, gets, f"{proxy.body_bytes / 1e6:.2f} MB",
-                          f"{pipe.stats['bytes_read'] / 1e6:.2f} MB", f"{ratio:.3f}x"])
-            rows.append({"metric": f"reference index on S3, {label}: bytes fetched / bytes used", "ours": ratio,
-                         "baseline": 1.0, "ceiling": 1.1, "unit": "x",
-                         "note": f"{gets} GETs for {frames} samples; used: the records each sample parses (a frame "
-                                 "two samples share counts twice)"})
-    finally:
-        proxy.close()
-        moto.close()
-        restore_env(old)
-    return {"rows": rows, "table": {
-        "title": f"reference index (LeRobot v3, {n} episodes of 60 frames, 2 cameras 320x240 h264, GOP 2) on S3: "
-                 "bytes fetched against bytes the samples parse, batch 8",
-        "columns": ["pipe", "samples", "GETs", "fetched", "used", "fetched / used"], "rows": table}}
-
-
 def run(workdir: Path, quick: bool) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from s3server import ServerProcess, s3_env, set_env
@@ -412,8 +356,6 @@ def run(workdir: Path, quick: bool) -> dict:
     frames = sum(e.length for e in local.episodes)
     opened = open_costs(workdir, quick)
     rows += opened["rows"]
-    referenced = reference_costs(workdir, quick)
-    rows += referenced["rows"]
     return {"section": "remote", "intro": __doc__.split("\n\n", 1)[1].split("\nRun:")[0].strip(), "rows": rows,
             "tables": [{"title": f"remote roots: {frames} frames x 2 cameras 224x224 in {len(local.shards)} shards, "
                                  f"batch {BATCH}, 2 decode threads; ratio = s3/local frames/s, median (range) of "
@@ -422,7 +364,7 @@ def run(workdir: Path, quick: bool) -> dict:
                         "columns": ["latency", "pipe", "frames", "local frames/s", "s3 frames/s", "ratio",
                                     "bytes / own", "GETs", "episodes / batch",
                                     "client CPU ms/frame (local / s3)", "server CPU s per s3 pass"],
-                        "rows": table}, opened["table"], referenced["table"]]}
+                        "rows": table}, opened["table"]]}
 
 
 if __name__ == "__main__":
@@ -433,8 +375,5 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as d:
         if "--open" in sys.argv:
             print(json.dumps(open_costs(Path(d), "--quick" in sys.argv)["table"], indent=1))
-        elif "--reference" in sys.argv:
-            sys.path.insert(0, str(ROOT / "tests"))
-            print(json.dumps(reference_costs(Path(d), "--quick" in sys.argv)["table"], indent=1))
         else:
             print(json.dumps(run(Path(d), "--quick" in sys.argv), indent=1))

@@ -20,7 +20,8 @@ and ``meta.json`` each), wall time from the command's start until ``index.json``
 interpreter start, imports, video and PNG decoding, encoding and writing included.
 
 Fleet scale (`benchmarks.shard_fleet`): the in-place merge of 4 synthetic jobs at 10^6-10^8 tiny frames (wall time
-and peak RSS of the merge process), the resume saves of one job at 10^5-10^6 tiny frames, and its writer's RSS per
+and peak RSS of the merge process), the resume saves of one job at 10^5-10^6 tiny frames as a share of its write
+(after every shard, ``--save-every 0``, and at the default interval, in the same run), and its writer's RSS per
 frame at 10^6-10^7.
 """
 

@@ -5,9 +5,10 @@ What is measured is the bookkeeping, not encoding: frames are tiny and their byt
 - Merge: K job folders with v2 indexes of N frames in all (episodes of 200 frames, 10^5 frames a shard, shards as
   sparse files of their recorded size), made directly from numpy columns; ``merge`` (in place, the default) runs in
   a child process, whose wall time and peak RSS (``wait4``) are reported.
-- Resume saves: one job's `ShardWriter` fed episodes of 200 tiny frames (2 KB), shards of 10^4 frames, saving
-  its progress after every shard as `write_shards` does; the time of all saves against the whole write, the
-  progress file's size at the end.
+- Resume saves: one job's `ShardWriter` fed episodes of 200 tiny frames (2 KB), shards of 10^4 frames, taking a
+  snapshot at every shard and saving it as `write_shards` does, after every shard (``--save-every 0``) and at the
+  default interval, one after the other; the time of all saves and snapshots as a share of the whole write, the
+  progress files' size at the end.
 - Writer memory: a child process's `ShardWriter` fed episodes of 200 frames of 64 bytes (each episode's cameras a
   dict of its own, as encoder processes send them); its RSS growth per frame before the index is written, and its
   peak with the index build.
@@ -29,6 +30,7 @@ from episodepipes.index import v2 as indexv2
 from episodepipes.normstats.fields import StatsFields
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.sharding.write.progress import Progress
+from episodepipes.sharding.write.saves import SAVE_EVERY, Saves, Snapshot
 from episodepipes.sharding.write.shards import job_dir, source_fingerprint
 from episodepipes.sharding.write.writer import ShardWriter
 
@@ -106,25 +108,30 @@ def _episode(i: int) -> tuple[dict, bytes, list[int]]:
     return meta, bytes(FRAME * LENGTH), [FRAME] * LENGTH
 
 
-def save_row(workdir: Path, frames: int) -> dict:
-    """All resume saves of one job writing ``frames`` tiny frames, against the whole write."""
-    out = workdir / f"saves-{frames}"
-    saves: list = [0.0, 0, None]  # seconds, count, the log state the last save left (as `write_shards` keeps it)
+def save_row(workdir: Path, frames: int, every: float = SAVE_EVERY) -> dict:
+    """All resume saves of one job writing ``frames`` tiny frames, against the whole write: a snapshot at each shard,
+    saved every ``every`` seconds and at the last shard, as `write_shards` does (``every=0``: after every shard)."""
+    out = workdir / f"saves-{frames}-{every}"
+    t_saves, logged = [0.0], [None]  # seconds in saves and snapshots, the log state the last save left
 
-    def save(w: ShardWriter) -> None:
+    def write(snap: Snapshot) -> None:
+        prog = Progress(options=OPTIONS, shards=w.shards, episodes=w.episodes, position=snap.position,
+                        frame=snap.frame, segments=snap.segments, log=logged[0])
+        prog.save(out, upto={"shards": snap.shards, "episodes": snap.episodes})
+        logged[0] = prog.log
+
+    saves = Saves(every, write)
+
+    def on_shard(w: ShardWriter) -> None:
         t = time.perf_counter()
         pend = w.pending or {"segments": [], "frame": 0}
-        prog = Progress(options=OPTIONS, shards=w.shards, episodes=w.episodes, position=len(w.episodes),
-                        frame=pend["frame"], segments=pend["segments"])
-        if hasattr(prog, "log"):  # the append-only log (an episodepipes before it rewrote the whole file)
-            prog.log = saves[2]
-        prog.save(out)
-        saves[2] = getattr(prog, "log", None)
-        saves[0] += time.perf_counter() - t
-        saves[1] += 1
+        saves.shard(Snapshot(shards=len(w.shards), episodes=len(w.episodes), skipped=0, position=len(w.episodes),
+                             frame=pend["frame"], segments=list(pend["segments"]), splits={}, stats=0),
+                    final=w.pending is None)
+        t_saves[0] += time.perf_counter() - t
 
     t = time.perf_counter()
-    with ShardWriter(out, shard_size=10**4 * FRAME, options=OPTIONS, on_shard=save) as w:
+    with ShardWriter(out, shard_size=10**4 * FRAME, options=OPTIONS, on_shard=on_shard) as w:
         for i in range(frames // LENGTH):
             w.add_frames(*_episode(i))
         size = sum(p.stat().st_size for p in out.glob("_progress*"))
@@ -132,10 +139,15 @@ def save_row(workdir: Path, frames: int) -> dict:
     import shutil
 
     shutil.rmtree(out)
-    return {"metric": f"resume saves of one job writing {frames:.0e} tiny frames", "ours": saves[0] / total,
-            "baseline": None, "ceiling": None, "unit": "fraction of the write",
-            "note": f"{saves[1]} saves took {saves[0]:.1f} s of a {total:.1f} s write (goal: under 0.01 at 1e7); "
-                    f"progress files {size / 1e6:.1f} MB at the end"}
+    return {"metric": f"resume saves of one job writing {frames:.0e} tiny frames, --save-every {every:g}",
+            "ours": t_saves[0] / total, "baseline": None, "ceiling": None, "unit": "share of the write",
+            "note": f"{saves.count} saves (and {len(w.shards)} snapshots) took {t_saves[0]:.2f} s of a {total:.1f} s "
+                    f"write (goal: under 0.01 at 1e7); progress files {size / 1e6:.1f} MB at the end"}
+
+
+def save_rows(workdir: Path, frames: int) -> list[dict]:
+    """`save_row` after every shard (``--save-every 0``) and at the default, one after the other in this run."""
+    return [save_row(workdir, frames, 0.0), save_row(workdir, frames)]
 
 
 _MEMORY = """
@@ -195,7 +207,7 @@ def rows(workdir: Path, quick: bool) -> list[dict]:
     merges = (10**6, 10**7) if quick else (10**6, 10**7, 10**8)
     saves = (10**5,) if quick else (10**5, 10**6)
     out = [merge_row(workdir, n) for n in merges]
-    out += [save_row(workdir, n) for n in saves]
+    out += [row for n in saves for row in save_rows(workdir, n)]
     out += [memory_row(workdir, n) for n in ((10**6,) if quick else (10**6, 10**7))]
     return out
 
@@ -209,6 +221,6 @@ if __name__ == "__main__":
             print(json.dumps([memory_row(Path(tmp), n) for n in sizes], indent=1))
         elif "--saves" in sys.argv:  # only these rows: --saves 1e6 1e7
             sizes = [int(float(x)) for x in sys.argv[sys.argv.index("--saves") + 1:]]
-            print(json.dumps([save_row(Path(tmp), n) for n in sizes], indent=1))
+            print(json.dumps([row for n in sizes for row in save_rows(Path(tmp), n)], indent=1))
         else:
             print(json.dumps(rows(Path(tmp), "--quick" in sys.argv), indent=1))

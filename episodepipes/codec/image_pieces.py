@@ -2,7 +2,7 @@
 table of image files, one per frame where a camera is a folder of image files.
 
 `reference_layout.layout` lays an image camera out as a video camera whose packets are its frames, each at a
-*placeholder* file number (`placeholder`, below the literal file's): `remap` then puts each frame's own pieces in
+*placeholder* file number (`placeholder`, below the literal and rows files'): `remap` puts each frame's own pieces in
 its place (one piece of an image file, or the few byte ranges of a parquet file its bytes sit in,
 `parquet_pages`). The image files are too many for the index's JSON list of source files, so they are a binary
 table (`ImageFiles`, ``reference.images.bin``: each file's size, the CRC32s of its ends and its name), numbered
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from episodepipes.codec.reference import FileInfo, stamp
-from episodepipes.codec.reference_layout import LITERAL, CameraPackets, EpisodeLayout
+from episodepipes.codec.reference_layout import ROWS, CameraPackets, EpisodeLayout
 
 IMAGE_BASE = 1 << 30  # image file numbers while writing (renumbered after the JSON's files by `renumber`)
 MAGIC = b"EPIMG1\n\0"
@@ -31,7 +31,7 @@ _NAMES = re.compile(rb"(?:%s(?:/%s){0,15}\n)*" % (_PART, _PART))  # reference.MA
 
 def placeholder(camera: int) -> int:
     """The file number an episode's image camera ``camera`` is laid out at (never a real file's)."""
-    return LITERAL - 1 - camera
+    return ROWS - 1 - camera
 
 
 @dataclass
@@ -85,7 +85,7 @@ def remap(lay: EpisodeLayout, cameras: dict[int, ImageFrames]) -> EpisodeLayout:
         sizes = cam.size[src]
         new_file[dst], new_at[dst] = cam.file[src], cam.at[src]
         new_start[dst] = np.repeat(start[k], n) + _ranks_sum(sizes, n)
-    if (new_file < LITERAL).any():
+    if (new_file < ROWS).any():
         raise AssertionError("an image piece was left at its placeholder")
     return replace(lay, start=new_start, file=new_file, at=new_at)
 

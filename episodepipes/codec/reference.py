@@ -2,10 +2,13 @@
 
 A ``--codec reference`` index is a packed index (`episodepipes.codec.chunk`) whose shards are never written: every
 shard is *virtual*, the bytes ``write --codec copy`` would have written, tiled by *pieces*. A piece is either a run of
-*literal* bytes (tar headers, pack tables, record heads, the arrays' rows, padding), kept beside the index in one
-file, or one packet, kept where it is: a byte range of a source video file. So the records, their CRC32s, the key
-frames and the shards' sha256 are exactly a copy import's, and every reader of the packed layout reads a virtual
-shard through `ReferenceSource` (a byte source) as it reads a tar.
+*literal* bytes (tar headers, pack tables, record heads, padding), kept beside the index in one file, one record's
+arrays' rows, kept beside the index in the *rows file* (every step's rows back to back, then a CRC32 per block of
+`ROW_BLOCK` steps), or one packet, kept where it is: a byte range of a source video file. So the records, their
+CRC32s, the key frames and the shards' sha256 are exactly a copy import's, and every reader of the packed layout
+reads a virtual shard through `ReferenceSource` (a byte source) as it reads a tar. A step read only for its arrays
+reads its row from the rows file (`ReferenceSource.step_rows`, checked by its block's CRC32), not its record: no
+packet is fetched for an action horizon.
 
 Here: the piece table a writer gathers (`Pieces`; an episode's pieces are laid out by `reference_layout`), the
 pieces' checks (`check_pieces`, input from strangers), the source files' names (`check_file`: relative, inside the
@@ -23,11 +26,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from episodepipes.codec.reference_layout import LITERAL, EpisodeLayout
+from episodepipes.codec.reference_layout import LITERAL, ROWS, EpisodeLayout
 from episodepipes.format import TAR_END
 
 PIECE_DTYPES = {"start": "<u8", "file": "<i4", "at": "<u8"}
 STAMP = 1 << 16  # bytes at each end of a source file whose crc32 the index keeps (the cheap content check)
+ROW_BLOCK = 64  # steps of the rows file under one CRC32 (a horizon reads one or two blocks)
 MAX_DEPTH = 16  # folders a source file's name may go down from the source root
 _PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-=]{0,254}")
 
@@ -42,14 +46,21 @@ def check_file(name: object) -> str:
     return name  # type: ignore[return-value]
 
 
+def rows_bytes(steps: int, width: int) -> int:
+    """The rows file's size: ``steps`` rows of ``width`` bytes, then a CRC32 per `ROW_BLOCK` of them."""
+    return steps * width + 4 * -(-steps // ROW_BLOCK)
+
+
 class Pieces:
-    """The piece table of a writer: literal bytes gathered, each piece's (start in its shard, file, at)."""
+    """The piece table of a writer: literal bytes and rows gathered, each piece's (start in its shard, file, at)."""
 
     def __init__(self) -> None:
         self.start: list[int] = []
         self.file: list[int] = []
         self.at: list[int] = []
         self.literal = bytearray()
+        self.rows: list[np.ndarray] = []  # per episode, (steps, bytes)
+        self.steps = 0
 
     def add(self, pos: int, part: bytes) -> None:
         """Append literal bytes that start at byte ``pos`` of their shard (merged with a literal piece before)."""
@@ -64,28 +75,54 @@ class Pieces:
     def extend(self, pos: int, lay: EpisodeLayout) -> None:
         """Append an episode's pieces (`reference_layout.layout`), which start at byte ``pos`` of its shard; its
         first literal run merges with a literal piece before it, as `add` merges."""
-        start, file, at = lay.start + pos, lay.file, np.where(lay.file == LITERAL, lay.at + len(self.literal), lay.at)
+        start, file = lay.start + pos, lay.file
+        width = max(lay.rows.shape[1], 1)
+        at = np.where(file == LITERAL, lay.at + len(self.literal),
+                      np.where(file == ROWS, self.steps + lay.at // width, lay.at))  # a rows piece: its step, for now
         if len(file) and file[0] == LITERAL and pos and self.file and self.file[-1] == LITERAL:
             start, file, at = start[1:], file[1:], at[1:]
         self.start += start.tolist()
         self.file += file.tolist()
         self.at += at.tolist()
         self.literal += lay.literal
+        self.rows.append(lay.rows)
+        self.steps += len(lay.rows)
 
     def end_shard(self, pos: int) -> None:
         """The shard's end of archive (its last bytes)."""
         self.add(pos, TAR_END)
 
+    @property
+    def width(self) -> int:
+        """The rows file's bytes a step: the widest episode's rows (a narrower one's are zero padded)."""
+        return max((r.shape[1] for r in self.rows), default=0)
+
     def columns(self) -> dict[str, np.ndarray]:
-        return {"start": np.asarray(self.start, "<u8"), "file": np.asarray(self.file, "<i4"),
-                "at": np.asarray(self.at, "<u8")}
+        file, at = np.asarray(self.file, "<i4"), np.asarray(self.at, np.int64)
+        at = np.where(file == ROWS, at * self.width, at)
+        return {"start": np.asarray(self.start, "<u8"), "file": file, "at": at.astype("<u8")}
+
+    def rows_file(self) -> bytes:
+        """The rows file: every step's rows (`width` bytes each), then the CRC32 of each `ROW_BLOCK` of them."""
+        width = self.width
+        rows = np.zeros((self.steps, width), np.uint8)
+        k = 0
+        for r in self.rows:
+            rows[k:k + len(r), :r.shape[1]] = r
+            k += len(r)
+        view = memoryview(rows.reshape(-1))
+        block = ROW_BLOCK * width
+        crcs = np.asarray([zlib.crc32(view[a:a + block]) for a in range(0, len(view), block)] if width else
+                          [0] * -(-self.steps // ROW_BLOCK), "<u4")
+        return rows.tobytes() + crcs.tobytes()
 
 
 def check_pieces(cols: dict[str, Any], shard_bytes: Sequence[int], file_bytes: Sequence[int],
-                 literal_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+                 literal_bytes: int, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Check a piece table read from a file (input from strangers); returns (each shard's first piece, one past
     the last; each piece's size). Every shard starts with a piece at byte 0, pieces go forward inside their shard,
-    each names a file of the list (or the literal file) and lies inside it, and the literal pieces tile that file."""
+    each names a file of the list (or the literal file, or the rows file of ``rows`` bytes of rows, if any) and lies
+    inside it, and the literal pieces tile that file."""
     start, file, at = (np.asarray(cols[k]) for k in ("start", "file", "at"))
     if not (start.dtype == np.dtype("<u8") and file.dtype == np.dtype("<i4") and at.dtype == np.dtype("<u8")) \
             or not (start.ndim == file.ndim == at.ndim == 1) or not (len(start) == len(file) == len(at)):
@@ -106,9 +143,10 @@ def check_pieces(cols: dict[str, Any], shard_bytes: Sequence[int], file_bytes: S
     if (size <= 0).any():
         k = int(np.argmax(size <= 0))
         raise ValueError(f"piece {k} has no bytes or goes back (it starts at {int(s[k])}, the next at {int(nxt[k])})")
-    if ((file < LITERAL) | (file >= len(file_bytes))).any():
+    if ((file < (LITERAL if rows is None else ROWS)) | (file >= len(file_bytes))).any():
         raise ValueError(f"a piece names a file outside the list of {len(file_bytes)}")
-    limit = np.where(file == LITERAL, literal_bytes, np.asarray([*file_bytes, 0], np.int64)[file])
+    limit = np.where(file == LITERAL, literal_bytes,
+                     np.where(file == ROWS, rows or 0, np.asarray([*file_bytes, 0, 0], np.int64)[file]))
     if len(at) and (int(at.max()) >= 2**62 or (at.astype(np.int64) + size > limit).any()):
         raise ValueError("a piece lies past the end of its file")
     lit = file == LITERAL
@@ -149,17 +187,22 @@ class ReferenceSource:
         open_file: a source file's name to (its byte source, the name to read in it): called once per file.
         where: how a source file is named in messages (its path or URL).
         stale: the fix a changed source file's error names.
+        rows: the rows file's name in ``folder``, its bytes a step and its steps; None in an index whose records'
+            rows are literal bytes (written before the rows file).
     """
 
     def __init__(self, root: str, folder: Any, shards: Sequence[tuple[str, int]], pieces: dict[str, Any],
                  files: Sequence[FileInfo], literal: tuple[str, int], open_file: Callable[[str], tuple[Any, str]],
-                 where: Callable[[str], str], error: type[Exception], stale: str) -> None:
+                 where: Callable[[str], str], error: type[Exception], stale: str,
+                 rows: tuple[str, int, int] | None = None) -> None:
         self.root, self.folder = root, folder
         self.files = files if hasattr(files, "sizes") else list(files)  # a table of image files: kept as it is
         sizes = getattr(files, "sizes", None)
         self._shards = {name: (i, size) for i, (name, size) in enumerate(shards)}
+        self.rows = rows
         self._bounds, self._size = check_pieces(pieces, [s for _, s in shards],
-                                                [f.bytes for f in files] if sizes is None else sizes, literal[1])
+                                                [f.bytes for f in files] if sizes is None else sizes, literal[1],
+                                                None if rows is None else rows[1] * rows[2])
         self._start = np.asarray(pieces["start"]).astype(np.int64)
         self._file, self._at = np.asarray(pieces["file"]), np.asarray(pieces["at"]).astype(np.int64)
         self._literal = literal[0]
@@ -238,7 +281,8 @@ class ReferenceSource:
         for f in np.unique(file).tolist():
             ks = np.flatnonzero(file == f)
             first, last = int(at[ks].min()), int((at[ks] + size[ks]).max())
-            src, name = (self.folder, self._literal) if f == LITERAL else self._source_of(f)
+            src, name = (self.folder, self._literal) if f == LITERAL else (self.folder, self.rows[0]) \
+                if f == ROWS else self._source_of(f)  # type: ignore[index]
             if last - first <= 2 * int(size[ks].sum()) + (1 << 16):
                 data = memoryview(src.read(name, first, last - first))
                 for k in ks.tolist():
@@ -247,6 +291,25 @@ class ReferenceSource:
                 for k, d in zip(ks.tolist(), src.read_ranges(name, [(int(at[k]), int(size[k])) for k in ks])):
                     views[k] = memoryview(d)
         return b"".join(views)  # type: ignore[arg-type]
+
+    def step_rows(self, row: int, count: int) -> memoryview | None:
+        """The rows of steps ``row .. row + count`` (frame rows of the index) as one ``(count * width)`` view, read
+        from the rows file by the blocks that hold them; None when a block fails its CRC32 (or is cut short).
+        Only for an index with a rows file (`rows` not None)."""
+        name, width, steps = self.rows  # type: ignore[misc]
+        if row < 0 or count < 0 or row + count > steps:
+            raise self._error(f"{self.root}/{name}: steps {row}..{row + count} lie past its {steps} steps")
+        a, b = row // ROW_BLOCK, -(-(row + count) // ROW_BLOCK)
+        lo, hi = a * ROW_BLOCK * width, min(b * ROW_BLOCK, steps) * width
+        data, crcs = self.folder.read_ranges(name, [(lo, hi - lo), (steps * width + 4 * a, 4 * (b - a))])
+        if len(data) != hi - lo or len(crcs) != 4 * (b - a):
+            return None
+        view, want = memoryview(data), np.frombuffer(crcs, "<u4")
+        block = ROW_BLOCK * width
+        if any(zlib.crc32(view[k * block:(k + 1) * block]) != int(c) for k, c in enumerate(want)):
+            return None
+        at = (row - a * ROW_BLOCK) * width
+        return view[at:at + count * width]
 
     def close(self) -> None:
         with self._lock:

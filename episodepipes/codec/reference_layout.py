@@ -3,9 +3,13 @@ chunks (what ``--codec copy`` writes), with the packets left in the source files
 
 The records after the first differ only in numbers (the sizes in their pack table, their backs), so their heads are
 built as rows of one array; the first record (a copied stream's leading packets) and each chunk's tar header are
-built one by one, as `codec.chunk` builds them. The result is the episode's piece table (literal runs and packets,
-in shard order), its literal bytes, the fields the writer indexes, and its whole bytes (for the CRC32s and the
-shard's sha256), which the tests check against `codec.chunk.layout` byte for byte.
+built one by one, as `codec.chunk` builds them. The result is the episode's piece table (literal runs, packets and
+the arrays' rows, in shard order), its literal bytes, the fields the writer indexes, and its whole bytes (for the
+CRC32s and the shard's sha256), which the tests check against `codec.chunk.layout` byte for byte.
+
+Each record's rows (the last bytes of the record) are a piece of their own, of the *rows file* (`ROWS`), not
+literal bytes: the rows file holds every step's rows back to back, so a step read only for its arrays (an action
+horizon) reads its row there, without its record's packets (`reference.ReferenceSource.step_rows`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from episodepipes.codec.pack import MAGIC
 from episodepipes.format import tar_header
 
 LITERAL = -1  # a piece's file number when its bytes are in the literal file
+ROWS = -2  # ... in the rows file (``at``: the step's row number while laid out, `reference.Pieces` places it)
 
 
 @dataclass
@@ -50,6 +55,7 @@ class EpisodeLayout:
     sizes: list[int]
     keys: list[int]
     records: list[int]  # each record's first byte in ``blob`` (after its chunk's head)
+    rows: np.ndarray  # (steps, bytes): the arrays' rows, which the `ROWS` pieces point at
 
     def crcs(self) -> list[int]:
         """Each record's CRC32 (a pass over the bytes: a writer may run it beside its next episode's layout)."""
@@ -120,32 +126,32 @@ def layout(eid: bytes, cams: Sequence[CameraPackets], backs: np.ndarray, rows: n
         else:
             lit += [into, later[a - 1].tobytes()]
             lit_len[a] += len(into) + later.shape[1]
-        if b - a > 1:  # records a+1 .. b-1: the previous record's rows, then the record's head
-            lit.append(np.hstack([rows[a:b - 1], later[a:b - 1]]).tobytes())
-            lit_len[a + 1:b] = width + later.shape[1]
-        lit += [rows[b - 1].tobytes(), pad]
-        lit_len[b] = width + len(pad)  # the next chunk's head adds to it
+        if b - a > 1:  # records a+1 .. b-1: the record's head (the previous record's rows are a rows piece)
+            lit.append(later[a:b - 1].tobytes())
+            lit_len[a + 1:b] = later.shape[1]
+        lit.append(pad)
+        lit_len[b] = len(pad)  # the next chunk's head adds to it
     literal = b"".join(lit)
-    npk = len(pk_size)
-    lit_idx = np.arange(n + 1) + np.concatenate([[0], np.cumsum(per_rec)])
-    is_lit = np.zeros(n + 1 + npk, bool)
-    is_lit[lit_idx] = True
-    size = np.empty(len(is_lit), np.int64)
-    file = np.empty(len(is_lit), np.int64)
-    at = np.empty(len(is_lit), np.int64)
-    size[lit_idx], size[~is_lit] = lit_len, pk_size
-    file[lit_idx], file[~is_lit] = LITERAL, pk_file
-    at[lit_idx], at[~is_lit] = np.cumsum(lit_len) - lit_len, pk_pos
+    # per record: its literal run, its packets, its rows; then the episode's last literal run
+    rec_of_pk = np.repeat(np.arange(n), per_rec)
+    order = np.concatenate([np.arange(n + 1) * 3, rec_of_pk * 3 + 1, np.arange(n) * 3 + 2])
+    size = np.concatenate([lit_len, pk_size, np.full(n, width, np.int64)])
+    file = np.concatenate([np.full(n + 1, LITERAL, np.int64), pk_file, np.full(n, ROWS, np.int64)])
+    at = np.concatenate([np.cumsum(lit_len) - lit_len, pk_pos, np.arange(n, dtype=np.int64) * width])
+    sort = np.argsort(order, kind="stable")
+    size, file, at = size[sort], file[sort], at[sort]
     start = np.cumsum(size) - size
     keep = size > 0
     start, file, at, size = start[keep], file[keep], at[keep], size[keep]
+    rows = np.ascontiguousarray(rows, np.uint8)
     views = {c.file: c.data for c in cams}
+    views[ROWS] = memoryview(rows.tobytes())
     lv = memoryview(literal)
     blob = b"".join([lv[a:a + z] if f == LITERAL else views[f][a:a + z]
                      for f, a, z in zip(file.tolist(), at.tolist(), size.tolist())])
     records = (np.cumsum(spans) - np.asarray(spans) + np.asarray(heads)).tolist()
     keys = (np.arange(n) - backs.max(axis=1, initial=0)).tolist()
-    return EpisodeLayout(start, file, at, literal, blob, spans, heads, sizes, keys, records)
+    return EpisodeLayout(start, file, at, literal, blob, spans, heads, sizes, keys, records, rows)
 
 
-__all__ = ["CameraPackets", "EpisodeLayout", "layout"]
+__all__ = ["LITERAL", "ROWS", "CameraPackets", "EpisodeLayout", "layout"]

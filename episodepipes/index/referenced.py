@@ -27,6 +27,8 @@ from episodepipes.shardio import ByteSource, LocalSource, ShardIOError, is_url, 
 LITERAL_NAME = "reference.literal.bin"
 PIECES_NAME = "reference.pieces.bin"  # the piece table (`codec.reference_pieces`)
 IMAGES_NAME = "reference.images.bin"  # the image files, one a frame (`codec.image_pieces.ImageFiles`)
+ROWS_NAME = "reference.rows.bin"  # every step's arrays' rows, CRC32 a block (`codec.reference.Pieces.rows_file`)
+MAX_ROW = 1 << 24  # bytes of one step's arrays
 PIECE_FILES = {k: f"reference.{k}.npy" for k in ref.PIECE_DTYPES}  # as indexes before it kept the table
 STALE = "re-index the dataset (episodepipes-shard write SRC OUT --format lerobot --codec reference --overwrite), " \
         "or restore the file"
@@ -37,8 +39,8 @@ def check_reference(field: Any, file: str) -> dict:
     def fail(why: str) -> IndexFormatError:
         return IndexFormatError(f"{file}: reference {why}; re-index the dataset")
 
-    if type(field) is not dict or set(field) - {"files", "hashes", "literal", "pieces", "up", "images"}:
-        raise fail("should be an object of files, hashes, literal, pieces, images and up")
+    if type(field) is not dict or set(field) - {"files", "hashes", "literal", "pieces", "up", "images", "rows"}:
+        raise fail("should be an object of files, hashes, literal, pieces, images, rows and up")
     files = field.get("files")
     if type(files) is not list:
         raise fail("files should be a list")
@@ -61,9 +63,14 @@ def check_reference(field: Any, file: str) -> dict:
                 or not all(type(v) is int and 0 < v < 2**40 for v in images.values()):
             raise fail("images should give the image table's count of files and bytes of names")
         kinds = ({LITERAL_NAME, PIECES_NAME, IMAGES_NAME},)
+    rows = field.get("rows")
+    if rows is not None:  # the arrays' rows in their own file (an index written before it holds them as literals)
+        if type(rows) is not int or not 0 < rows <= MAX_ROW:
+            raise fail(f"rows={str(rows)[:20]!r} should be the rows file's bytes a step, 1..{MAX_ROW}")
+        kinds = tuple(k | {ROWS_NAME} for k in kinds[:1] + kinds[2:])  # not with the older .npy piece columns
     if type(hashes) is not dict or set(hashes) not in kinds \
             or not all(type(h) is str and len(h) == 64 for h in hashes.values()):
-        raise fail(f"hashes should give the sha256 of {sorted([LITERAL_NAME, PIECES_NAME])}")
+        raise fail(f"hashes should give the sha256 of {sorted(min(kinds, key=len))}")
     for key in ("literal", "pieces"):
         if type(field.get(key)) is not int or not 0 <= field[key] < 2**48:
             raise fail(f"{key} should be a count of bytes or pieces")
@@ -114,6 +121,14 @@ def _files(field: dict, folder: ByteSource, file: str) -> list[ref.FileInfo] | F
         raise IndexFormatError(f"{file}: {IMAGES_NAME} is damaged ({e}); re-index the dataset") from None
 
 
+def _steps(meta: dict, file: str) -> int:
+    """The index's frame rows (every step of every episode), as its checked JSON counts them."""
+    steps = meta.get("frames")
+    if type(steps) is not int or steps < 0:
+        raise IndexFormatError(f"{file}: frames={str(steps)[:20]!r} should count the index's steps; re-index it")
+    return steps
+
+
 def default_root(root: Path | str, up: int | None) -> str | None:
     """The source root of an index written inside it: ``up`` folders above the index folder ``root``."""
     if up is None:
@@ -153,9 +168,16 @@ def open_reference(meta: dict, root: Path | str, folder: ByteSource, file: str, 
             src = folders[folder_name] = open_source(at, options=options) if remote else LocalSource(at)
         return src, base_name
 
+    rows = None
+    if field.get("rows") is not None:
+        rows = (ROWS_NAME, field["rows"], _steps(meta, file))
+        size = folder.size(ROWS_NAME)
+        if size != ref.rows_bytes(rows[2], rows[1]):
+            raise IndexFormatError(f"{file}: {ROWS_NAME} holds {size} bytes, not the {rows[2]} steps of {rows[1]} "
+                                   f"bytes and their CRC32s the index says; re-index the dataset")
     try:
         return ref.ReferenceSource(str(root), folder, meta_shards, cols, files,
                                    (LITERAL_NAME, field["literal"]), open_file, lambda n: f"{where}/{n}",
-                                   ShardIOError, STALE)
+                                   ShardIOError, STALE, rows)
     except ValueError as e:
         raise IndexFormatError(f"{file}: the reference pieces are damaged ({e}); re-index the dataset") from None

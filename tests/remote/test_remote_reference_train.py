@@ -1,8 +1,9 @@
 """`train_pipe` on a ``--codec reference`` index kept locally, its LeRobot dataset on moto's S3 server (behind the
 counting proxy): the batches are those of the local dataset, and the bytes fetched from the mp4 objects are the
 packets the samples read (each batch's, back to each camera step's key frame, counted from PyAV's demux of the mp4s,
-not from the reader's own statistics), within 10%: the read-ahead's fetch is the one read, none repeated. (A window
-step reads whole records: the action horizon's records bring both cameras' packets, which no camera decodes.)"""
+not from the reader's own statistics), within 10%: the read-ahead's fetch is the one read, none repeated. A step of
+the action horizon reads its arrays from the index's rows file, never its record (which holds both cameras'
+packets): no byte of the mp4s is fetched for it."""
 
 from __future__ import annotations
 
@@ -53,19 +54,18 @@ def _packets(src):
 
 def _used(src, batches, options):
     """Bytes of the packets each batch's samples read, a packet counted once a batch, at the episode's place in its
-    mp4 (its from_timestamp). A camera step reads the records from its key frame (PyAV's flag) to itself; a window
-    step of arrays only (the action horizon) reads its own record: a record holds every camera's packet of its
-    frame, so a record read is both cameras' packets."""
+    mp4 (its from_timestamp). A camera step reads the records from its key frame (PyAV's flag) to itself (a record
+    holds every camera's packet of its frame, so a record read is both cameras' packets); a step of arrays only
+    (the action horizon) reads no record."""
     meta = pq.read_table(src / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
     packets, total = _packets(src), 0
     windows = "history" in options
-    ahead = options.get("horizon", {}).get("action", 1)
     for b in batches:
         need = set()
         for e, f in zip(b["episode"], b["frame"]):
             n, t = int(e.rsplit("_", 1)[1]), int(f)
             steps = {t} | ({max(t - 1, 0)} if windows else set())
-            records = {min(t + k, LENGTHS[n] - 1) for k in range(ahead)}
+            records = set()
             for s in steps:
                 k = s
                 while not all(packets[c][2][_first(meta, n, key) + k][1] for key, c in zip(VIDEO_KEYS, CAMS)):

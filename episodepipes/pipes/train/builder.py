@@ -225,11 +225,9 @@ def train_pipe(index: EpisodeIndex | str | os.PathLike | Mapping[str, Any], *, s
 
 
 def task_chunk(options: DecodeOptions, batch_size: int) -> int:
-    """Samples per decode task: for processes at least a batch's share per worker (``ceil(batch / workers)``),
-    since each task costs the parent and a worker messages, semaphores and thread wake-ups; else the
-    `Decoder`'s default. (Threads gain nothing from larger tasks, and their prefetch would double.)"""
-    if options.method != "process":
-        return CHUNK
+    """Samples per decode task: at least a batch's share per worker (``ceil(batch / workers)``), threads and
+    processes alike: each task costs the parent a future and wake-ups of the pool's threads (processes add messages
+    and semaphores), taken under the GIL the decode threads wait for; twice the rows are in flight."""
     return max(CHUNK, -(-batch_size // options.num_workers))
 
 

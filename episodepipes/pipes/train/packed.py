@@ -3,8 +3,9 @@
 `TrainReader`'s order, state and resume are untouched; `PackedTrainReader` changes only how a sample's steps are
 read. The frames whose records a sample needs are the current step and each camera-window step with the records
 back to their key frame (the index's ``key`` column), and each array-window step's own record (no GOP: arrays are
-raw rows). Runs of consecutive frames of one shard are one byte range, so a history window reads from its earliest
-key frame to its latest step once; every record is checked against the index's CRC32 and parsed into the members a
+raw rows; an in-place index, `codec.reference`, reads it from its rows file instead, without the record's packets).
+Runs of consecutive frames of one shard are one byte range, so a history window reads from its earliest key frame
+to its latest step once; every record is checked against the index's CRC32 and parsed into the members a
 JPEG frame has (`videoframes.packed_members`). The decode stage is `VideoFrames` (its `DecoderPool` keeps GOPs, so a
 window decoded in step order decodes each packet once); `TrainFrames` is its form for mixtures, whose sources may
 hold a batch camera as JPEG in one and as packets in another.
@@ -12,6 +13,7 @@ hold a batch camera as JPEG in one and as packets in another.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -56,17 +58,34 @@ def camera_steps(t: int, steps: Mapping[int, set[str]]) -> set[int]:
 
 
 def needed_frames(index: EpisodeIndex, ep: Episode, t: int, steps: Mapping[int, set[str]],
-                  keys: Mapping[int, int] | None = None) -> tuple[list[int], set[int]]:
+                  keys: Mapping[int, int] | None = None, *, rows: bool = False) -> tuple[list[int], set[int]]:
     """(every frame whose record the sample reads, in order; the steps read only for their arrays).
 
     A step with a camera (`camera_steps`) needs the records from its key frame to itself; ``keys`` gives each such
-    step's key frame where the caller looked them up already (None: `key_frame` looks each up here).
+    step's key frame where the caller looked them up already (None: `key_frame` looks each up here). With ``rows``
+    (the arrays are read apart from the records, `step_rows`), a step read only for its arrays needs no record.
     """
     cams = camera_steps(t, steps)
-    frames = set(steps)
+    frames = set(cams if rows else steps)
     for s in cams:
         frames.update(range(key_frame(index, ep.id, s) if keys is None else keys[s], s + 1))
     return sorted(frames), set(steps) - cams
+
+
+def rows_source(source: Any) -> Any | None:
+    """``source`` if it reads steps' arrays apart from their records (an in-place index with a rows file,
+    `codec.reference.ReferenceSource.step_rows`), else None: such steps read their records."""
+    return source if getattr(source, "rows", None) is not None and hasattr(source, "step_rows") else None
+
+
+def row_record(index: EpisodeIndex, ep: Episode, row: memoryview) -> Record:
+    """A `Record` of a step's arrays only (no camera), split from its rows file row as the record holds them."""
+    out, at = [], 0
+    for _, spec in sorted(ep.arrays.items()):
+        n = np.dtype(spec.dtype).itemsize * math.prod(spec.shape)
+        out.append(row[at:at + n])
+        at += n
+    return Record((), (), tuple(out))
 
 
 def frame_runs(ep: Episode, frames: list[int]) -> list[tuple[int, int, int, list[int]]]:
@@ -100,7 +119,8 @@ class PackedTrainReader(TrainReader):
         ep, ix = self.episodes[e], self.index
         shard_name = ix.shards[ep.frame_range(t)[0]].name  # the episode's segments checked before its keys are used
         steps = fields_by_step(t, ep.length, self.windows)
-        frames, arrays_only = needed_frames(ix, ep, t, steps)
+        rows = rows_source(self.source)
+        frames, arrays_only = needed_frames(ix, ep, t, steps, rows=rows is not None)
         got = got or {}
         records: dict[int, Record | None] = {}
         for f in frames:
@@ -117,6 +137,17 @@ class PackedTrainReader(TrainReader):
         read: dict[int, dict[str, bytes]] = {}
         why = next((f"frame {f}'s record does not match its crc32 in the index or is not a record"
                     for f in frames if records[f] is None), None)
+        apart = sorted(arrays_only) if rows is not None and why is None else []
+        if apart:  # the arrays-only steps' rows, one read of the rows file from the first to the last
+            width, first = rows.rows[1], int(self.episodes.firsts[e])
+            data = rows.step_rows(first + apart[0], apart[-1] - apart[0] + 1)
+            if data is None:
+                why = f"the rows of steps {apart[0]}..{apart[-1]} do not match their crc32 in the index"
+            else:
+                self.stats.add("bytes_read", len(data))
+                for s in apart:
+                    at = (s - apart[0]) * width
+                    records[s] = row_record(ix, ep, data[at:at + width])
         for s in [t, *steps] if why is None else ():
             if s in arrays_only:
                 read[s], why = array_members(ix, ep.id, records[s])  # type: ignore[arg-type]
@@ -143,7 +174,8 @@ class PackedTrainReader(TrainReader):
         by_ep: dict[int, dict[int, int]] = {}
         for (e, s), k in zip(cams, keys.tolist()):
             by_ep.setdefault(e, {})[s] = k
-        return [needed_frames(self.index, self.episodes[e], t, steps, by_ep[e])[0]
+        apart = rows_source(self.source) is not None
+        return [needed_frames(self.index, self.episodes[e], t, steps, by_ep[e], rows=apart)[0]
                 for e, t, steps in zip(es, ts, stepss)]
 
 

@@ -78,7 +78,8 @@ def _match(v: Video, start: float, end: float | None, times: np.ndarray, fps: fl
 
 def _tables(reader: lr.LeRobotReader, rel: str, where: str):  # noqa: ANN202 (pyarrow.Table)
     """A data file's rows, sorted by episode and frame, read once: one open for the schema and the columns, decoded
-    on this thread (a data file is small: a thread pool costs more than it saves), sorted only when they are not."""
+    on this thread (a data file is small: a thread pool costs more than it saves), without pyarrow's pre-buffering
+    (coalesced reads are for object stores; a local file pays a copy for them), sorted only when they are not."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -86,7 +87,7 @@ def _tables(reader: lr.LeRobotReader, rel: str, where: str):  # noqa: ANN202 (py
     cols = ["timestamp", "frame_index", "episode_index", "task_index", *reader.array_keys]
     try:
         with pa.OSFile(str(path)) as f:  # a local file opened by name: never taken for a URI
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, pre_buffer=False)
             have = set(pf.schema_arrow.names)
             t = pf.read(columns=[c for c in cols if c in have], use_threads=False)
     except (pa.ArrowException, OSError, ValueError, TypeError) as e:

@@ -29,7 +29,7 @@ from episodepipes.codec.reference_layout import CameraPackets, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
 from episodepipes.format import INDEX_NAME, TAR_END, shard_name
 from episodepipes.index import v2 as indexv2
-from episodepipes.index.referenced import IMAGES_NAME, LITERAL_NAME, PIECES_NAME
+from episodepipes.index.referenced import IMAGES_NAME, LITERAL_NAME, PIECES_NAME, ROWS_NAME
 from episodepipes.normstats import sidefile as statsfile
 from episodepipes.normstats.fields import StatsFields, episode_part
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
@@ -305,7 +305,7 @@ class Builder:
         self._sha, self._pos, self._samples = hashlib.sha256(), 0, 0
 
     def finish(self, out: Path, options: dict) -> tuple[int, int, int]:
-        """Write the pieces, the literal bytes and the statistics, then the index (last, atomically); returns
+        """Write the pieces, the literal bytes, the rows and the statistics, then the index (last, atomically); returns
         (shards, frames, bytes written)."""
         if self._samples:
             self._end_shard()
@@ -320,6 +320,8 @@ class Builder:
         cols["file"] = renumber(cols["file"], len(self.files)).astype("<i4")  # image files after the listed ones
         blobs = {PIECES_NAME: pieces_file.encode(cols, [s["bytes"] for s in self.shards])}
         blobs[LITERAL_NAME] = bytes(self.pieces.literal)
+        if self.pieces.width:
+            blobs[ROWS_NAME] = self.pieces.rows_file()
         images = self.images.encode() if len(self.images) else None
         if images is not None:
             blobs[IMAGES_NAME] = images[0]
@@ -328,6 +330,7 @@ class Builder:
         reference = {"files": [list(f) for f in self.files],
                      "hashes": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(blobs.items())},
                      "literal": len(self.pieces.literal), "pieces": len(self.pieces.start),
+                     **({"rows": self.pieces.width} if self.pieces.width else {}),
                      **({"images": images[1]} if images is not None else {})}
         inside = _depth(out, self.real)
         if inside is not None:
