@@ -72,10 +72,11 @@ def needed_frames(index: EpisodeIndex, ep: Episode, t: int, steps: Mapping[int, 
     return sorted(frames), set(steps) - cams
 
 
-def rows_source(source: Any) -> Any | None:
-    """``source`` if it reads steps' arrays apart from their records (an in-place index with a rows file,
-    `codec.reference.ReferenceSource.step_rows`), else None: such steps read their records."""
-    return source if getattr(source, "rows", None) is not None and hasattr(source, "step_rows") else None
+def rows_source(index: EpisodeIndex, source: Any) -> Any | None:
+    """``source`` where the index keeps the steps' arrays apart from their records (an in-place index with a rows
+    file: its source is a `codec.reference.ReferenceSource`, read with ``step_rows``), else None: such steps read
+    their records. Decided by the index's checked JSON, never by probing the source."""
+    return source if index.referenced and index.meta["reference"].get("rows") is not None else None
 
 
 def row_record(index: EpisodeIndex, ep: Episode, row: memoryview) -> Record:
@@ -119,7 +120,7 @@ class PackedTrainReader(TrainReader):
         ep, ix = self.episodes[e], self.index
         shard_name = ix.shards[ep.frame_range(t)[0]].name  # the episode's segments checked before its keys are used
         steps = fields_by_step(t, ep.length, self.windows)
-        rows = rows_source(self.source)
+        rows = rows_source(ix, self.source)
         frames, arrays_only = needed_frames(ix, ep, t, steps, rows=rows is not None)
         got = got or {}
         records: dict[int, Record | None] = {}
@@ -174,7 +175,7 @@ class PackedTrainReader(TrainReader):
         by_ep: dict[int, dict[int, int]] = {}
         for (e, s), k in zip(cams, keys.tolist()):
             by_ep.setdefault(e, {})[s] = k
-        apart = rows_source(self.source) is not None
+        apart = rows_source(self.index, self.source) is not None
         return [needed_frames(self.index, self.episodes[e], t, steps, by_ep[e], rows=apart)[0]
                 for e, t, steps in zip(es, ts, stepss)]
 
