@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SRC ?=
 FORMAT ?= auto
+# pytest-xdist worker processes for `make test` (the 2-core box the suite is sized for)
+WORKERS ?= 2
 
 .PHONY: demo test lint bench docs clean browser
 
@@ -24,7 +26,7 @@ test: $(STAMP)
 	bash .ci/slurm.sh  # slurm-wlm + munge for the real Slurm test (apt-get as root, when missing)
 	$(BIN)/ruff check episodepipes scripts tests benchmarks docs
 	$(BIN)/lint-imports  # the layers of DESIGN.md "Layout" (pyproject [tool.importlinter])
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile  # whole files per worker (tests/conftest.py)
 
 lint: $(STAMP)
 	$(BIN)/ruff check episodepipes scripts tests benchmarks docs

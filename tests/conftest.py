@@ -73,3 +73,26 @@ def shard_folder(tmp_path_factory):
         return make_shards(tmp_path_factory.mktemp(name) / "s", **options)
 
     return make
+
+
+def _group(nodeid: str) -> str:
+    """A test's xdist work unit: its file, and for tests/ddp its folder, so the DDP fit of tests/ddp/conftest.py
+    (session scoped, shared by test_ddp_fit and test_ddp_s3) is still launched once per suite."""
+    file = nodeid.split("::", 1)[0]
+    return "tests/ddp" if file.startswith("tests/ddp/") else file
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):  # noqa: ANN201
+    """`make test` (``-n 2 --dist loadfile``) sends xdist workers a whole file at a time, as `_group` says: a module's
+    fixtures (moto, the GCS emulator, Slurm, Ray) start once, on one worker. (xdist's ``xdist_group`` marks would
+    say the same, but with pytest 9.2 ``loadgroup`` ignores them: its node id suffix no longer takes.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Files(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return Files(config, log)
