@@ -262,7 +262,7 @@ def _pair_note(got: dict, k: str, *, bar: bool = True) -> str:
     if got["ceil"]["cv2"]:
         wall, cpu = _ratios(got, k, "cv2")
         text += f"; x the cv2.imdecode ceiling {_span(wall)}, per CPU second {_span(cpu)}"
-        text += " (issue 23's bar: 0.85)" if bar else ""
+        text += " (an earlier round's bar against this ceiling: 0.85)" if bar else ""
     return text
 
 
