@@ -7,8 +7,9 @@ What is measured is the bookkeeping, not encoding: frames are tiny and their byt
   a child process, whose wall time and peak RSS (``wait4``) are reported.
 - Resume saves: one job's `ShardWriter` fed episodes of 200 tiny frames (2 KB), shards of 10^4 frames, taking a
   snapshot at every shard and saving it as `write_shards` does, after every shard (``--save-every 0``) and at the
-  default interval, one after the other; the time of all saves and snapshots as a share of the whole write, the
-  progress files' size at the end.
+  default interval (in the background; ``--modes`` adds no saves and the interval in the writer's thread), one
+  after the other; the writer's time in saves and snapshots as a share of the whole write, the saves' own time,
+  the progress files' size at the end.
 - Writer memory: a child process's `ShardWriter` fed episodes of 200 frames of 64 bytes (each episode's cameras a
   dict of its own, as encoder processes send them); its RSS growth per frame before the index is written, and its
   peak with the index build.
@@ -108,26 +109,33 @@ def _episode(i: int) -> tuple[dict, bytes, list[int]]:
     return meta, bytes(FRAME * LENGTH), [FRAME] * LENGTH
 
 
-def save_row(workdir: Path, frames: int, every: float = SAVE_EVERY) -> dict:
+def save_row(workdir: Path, frames: int, every: float | None = SAVE_EVERY, *, background: bool = True) -> dict:
     """All resume saves of one job writing ``frames`` tiny frames, against the whole write: a snapshot at each shard,
-    saved every ``every`` seconds and at the last shard, as `write_shards` does (``every=0``: after every shard)."""
-    out = workdir / f"saves-{frames}-{every}"
-    t_saves, logged = [0.0], [None]  # seconds in saves and snapshots, the log state the last save left
+    saved every ``every`` seconds and at the last shard, as `write_shards` does (``every=0``: after every shard;
+    None: no saves, the baseline for the write's wall time). ``background=False``: each due save in the writer's
+    thread, as before saves ran in the background. The figure is the writer's time in snapshots and saves (waits for
+    a background save included); the note adds the background saves' own time."""
+    out = workdir / f"saves-{frames}-{every}-{background}"
+    t_saves, t_bg, logged = [0.0], [0.0], [None]  # seconds: the writer's in saves and snapshots, the saves' own
 
     def write(snap: Snapshot) -> None:
+        t = time.perf_counter()
         prog = Progress(options=OPTIONS, shards=w.shards, episodes=w.episodes, position=snap.position,
                         frame=snap.frame, segments=snap.segments, log=logged[0])
         prog.save(out, upto={"shards": snap.shards, "episodes": snap.episodes})
         logged[0] = prog.log
+        t_bg[0] += time.perf_counter() - t
 
-    saves = Saves(every, write)
+    out.mkdir(parents=True)
+    saves = Saves(every or 0.0, write, background=background)
 
     def on_shard(w: ShardWriter) -> None:
         t = time.perf_counter()
         pend = w.pending or {"segments": [], "frame": 0}
-        saves.shard(Snapshot(shards=len(w.shards), episodes=len(w.episodes), skipped=0, position=len(w.episodes),
-                             frame=pend["frame"], segments=list(pend["segments"]), splits={}, stats=0),
-                    final=w.pending is None)
+        snap = Snapshot(shards=len(w.shards), episodes=len(w.episodes), skipped=0, position=len(w.episodes),
+                        frame=pend["frame"], segments=list(pend["segments"]), splits={}, stats=0)
+        if every is not None:
+            saves.shard(snap, final=w.pending is None)
         t_saves[0] += time.perf_counter() - t
 
     t = time.perf_counter()
@@ -139,15 +147,22 @@ def save_row(workdir: Path, frames: int, every: float = SAVE_EVERY) -> dict:
     import shutil
 
     shutil.rmtree(out)
-    return {"metric": f"resume saves of one job writing {frames:.0e} tiny frames, --save-every {every:g}",
+    how = "no saves" if every is None else f"--save-every {every:g}" + ("" if background or not every else
+                                                                        ", in the writer's thread")
+    return {"metric": f"resume saves of one job writing {frames:.0e} tiny frames, {how}",
             "ours": t_saves[0] / total, "baseline": None, "ceiling": None, "unit": "share of the write",
-            "note": f"{saves.count} saves (and {len(w.shards)} snapshots) took {t_saves[0]:.2f} s of a {total:.1f} s "
-                    f"write (goal: under 0.01 at 1e7); progress files {size / 1e6:.1f} MB at the end"}
+            "note": f"{saves.count} saves (and {len(w.shards)} snapshots) took {t_saves[0]:.2f} s of the writer's "
+                    f"{total:.1f} s write (goal: under 0.01 at 1e7); the saves themselves {t_bg[0]:.2f} s; progress "
+                    f"files {size / 1e6:.1f} MB at the end"}
 
 
-def save_rows(workdir: Path, frames: int) -> list[dict]:
-    """`save_row` after every shard (``--save-every 0``) and at the default, one after the other in this run."""
-    return [save_row(workdir, frames, 0.0), save_row(workdir, frames)]
+MODES = {"none": (None, True), "0": (0.0, True), "fg": (SAVE_EVERY, False), "bg": (SAVE_EVERY, True)}
+
+
+def save_rows(workdir: Path, frames: int, modes: tuple[str, ...] = ("0", "bg")) -> list[dict]:
+    """`save_row` in each of ``modes``, one after the other in this run: ``none`` (no saves: the write's own time),
+    ``0`` (after every shard), ``fg`` (the default interval, in the writer's thread) and ``bg`` (the default)."""
+    return [save_row(workdir, frames, MODES[m][0], background=MODES[m][1]) for m in modes]
 
 
 _MEMORY = """
@@ -219,8 +234,11 @@ if __name__ == "__main__":
         if "--memory" in sys.argv:  # only these rows: --memory 1e6 1e7
             sizes = [int(float(x)) for x in sys.argv[sys.argv.index("--memory") + 1:]]
             print(json.dumps([memory_row(Path(tmp), n) for n in sizes], indent=1))
-        elif "--saves" in sys.argv:  # only these rows: --saves 1e6 1e7
-            sizes = [int(float(x)) for x in sys.argv[sys.argv.index("--saves") + 1:]]
-            print(json.dumps([row for n in sizes for row in save_rows(Path(tmp), n)], indent=1))
+        elif "--saves" in sys.argv:  # only these rows: --saves 1e6 1e7 [--modes none 0 fg bg]
+            args = sys.argv[sys.argv.index("--saves") + 1:]
+            cut = args.index("--modes") if "--modes" in args else len(args)
+            modes = tuple(args[cut + 1:]) or ("0", "bg")
+            sizes = [int(float(x)) for x in args[:cut]]
+            print(json.dumps([row for n in sizes for row in save_rows(Path(tmp), n, modes)], indent=1))
         else:
             print(json.dumps(rows(Path(tmp), "--quick" in sys.argv), indent=1))

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, progress, write_shards
+from episodepipes.sharding.write.progress_stats import read_log
 from episodepipes.sharding.write.saves import Saves, Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +61,11 @@ def _shards(d):
     return sorted(p.name for p in d.glob("shard-*.tar"))
 
 
+def statsfile_of(d):
+    """The statistics an unfinished write's progress records (its statistics log, replayed)."""
+    return read_log(d, progress.read(d)["stats_log"], where="test").to_json()
+
+
 def _snap(n):
     return Snapshot(shards=n, episodes=n, skipped=0, position=n, frame=0, segments=[], splits={}, stats=0)
 
@@ -72,7 +79,7 @@ def ref(tmp_path_factory):
 
 def test_saves_write_the_newest_snapshot_when_due_and_the_last_on_the_way_out():
     now, written = [0.0], []
-    saves = Saves(10, written.append, clock=lambda: now[0])
+    saves = Saves(10, written.append, clock=lambda: now[0], background=False)
     for n in range(1, 6):  # shards 1..5 finish at t = 3, 6, 9, 12, 15
         now[0] += 3
         saves.shard(_snap(n))
@@ -102,6 +109,73 @@ def test_every_zero_saves_each_shard_and_nothing_is_saved_after_a_failed_save():
     assert written == [1, 2] and saves.saved_shards == 2
 
 
+def test_a_due_save_runs_in_the_background_and_the_writer_waits_only_at_the_last_shard():
+    now, written, threads, release = [0.0], [], [], threading.Event()
+
+    def write(snap):
+        threads.append(threading.current_thread())
+        if snap.shards == 2:
+            assert release.wait(60)
+        written.append(snap.shards)
+
+    saves = Saves(1, write, clock=lambda: now[0])
+    now[0] = 5
+    saves.shard(_snap(2))  # due: starts in the background, and blocks there until released
+    for n in (3, 4):  # finished while it runs: the writer goes on, the newest snapshot is kept for later
+        saves.shard(_snap(n))
+    assert written == [] and saves.unsaved.shards == 4 and threads[0] is not threading.current_thread()
+    release.set()
+    saves.shard(_snap(5), final=True)  # the last shard waits for the save running, then saves in the foreground
+    assert written == [2, 5] and saves.saved_shards == 5 and saves.count == 2 and saves.unsaved is None
+    assert threads[1] is threading.current_thread()
+
+
+def test_a_failed_background_save_is_raised_at_the_next_shard_and_nothing_more_is_saved():
+    now, written = [0.0], []
+    full = OSError(28, "No space left on device")
+
+    def write(snap):
+        if snap.shards == 2:
+            raise full
+        written.append(snap.shards)
+
+    saves = Saves(1, write, clock=lambda: now[0])
+    now[0] = 5
+    saves.shard(_snap(1))
+    saves.wait()
+    now[0] = 10
+    saves.shard(_snap(2))  # fails in the background
+    deadline = time.monotonic() + 60
+    while not saves.failed:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    now[0] = 20
+    with pytest.raises(OSError) as e:
+        saves.shard(_snap(3))
+    assert e.value is full  # the same error, in the writer's thread
+    saves.shard(_snap(4), final=True)
+    saves.unsaved = _snap(5)
+    saves.flush()
+    assert written == [1] and saves.saved_shards == 1 and saves.failed
+
+
+def test_a_background_save_on_the_way_out_is_waited_for_then_the_newest_snapshot_saved():
+    now, written, release = [0.0], [], threading.Event()
+
+    def write(snap):
+        if snap.shards == 1:
+            assert release.wait(60)
+        written.append(snap.shards)
+
+    saves = Saves(1, write, clock=lambda: now[0])
+    now[0] = 5
+    saves.shard(_snap(1))
+    saves.shard(_snap(2))
+    threading.Timer(0.2, release.set).start()
+    saves.flush()
+    assert written == [1, 2] and saves.saved_shards == 2
+
+
 @pytest.mark.parametrize("bad", [-1, -0.5, math.nan, math.inf, "1", True, None])
 def test_save_every_is_refused_by_name_unless_finite_and_not_negative(tmp_path, bad):
     with pytest.raises(ValueError, match=rf"^save_every={bad!r} should be a finite number of seconds >= 0"):
@@ -124,10 +198,17 @@ def test_an_error_saves_the_last_shards_progress_on_the_way_out(tmp_path, ref):
         write_shards(crashing, tmp_path / "each", OPTS, save_every=0)
     with pytest.raises(_Crash):
         write_shards(crashing, tmp_path / "rare", OPTS, save_every=3600)  # no save is due before the error
-    each, rare = progress.read(tmp_path / "each"), progress.read(tmp_path / "rare")
-    assert len(rare["shards"]) >= 2 and _shards(tmp_path / "rare") == [s["name"] for s in rare["shards"]]
-    for k in ("shards", "episodes", "position", "frame", "segments", "splits", "skipped"):
-        assert rare[k] == each[k], k  # the same progress as a save after every shard leaves
+    with pytest.raises(_Crash):
+        write_shards(crashing, tmp_path / "bg", OPTS, save_every=1e-9)  # each shard's save due, in the background
+    each = progress.read(tmp_path / "each")
+    for name in ("rare", "bg"):
+        got = progress.read(tmp_path / name)
+        assert len(got["shards"]) >= 2 and _shards(tmp_path / name) == [s["name"] for s in got["shards"]]
+        for k in ("shards", "episodes", "position", "frame", "segments", "splits", "skipped"):
+            assert got[k] == each[k], (name, k)  # the same progress as a save after every shard leaves
+        assert statsfile_of(tmp_path / name) == statsfile_of(tmp_path / "each")
+    assert write_shards(SYN, tmp_path / "bg", OPTS).resumed
+    assert _files(tmp_path / "bg") == ref
     assert write_shards(SYN, tmp_path / "rare", OPTS).resumed
     assert _files(tmp_path / "rare") == ref
 

@@ -132,7 +132,7 @@ class Entries:
         """Entries ``n:end`` (``end`` None: to the last) without their per-frame lists, and those values as columns
         (for a progress record); None if one of them has no crc32 (its segments say so only as lists)."""
         end = len(self._lite) if end is None else min(end, len(self._lite))
-        if any(n <= k < end for k in self._no_crc):
+        if any(n <= k < end for k in list(self._no_crc)):  # a copy: a background save reads while the writer adds
             return None
         a, b = self._rows[min(n, end)], self._rows[end]
         return self._lite[n:end], {k: col.take(a, b) for k, col in self._cols.items()}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from episodepipes import safefile
@@ -38,21 +40,33 @@ class StatsLog:
             self.pending.append(statsfile.encode(fields.stats, fields.missing))
         self.fields = fields
         fields.unsaved = []
+        self.lock = threading.Lock()  # `add` against a background `save` reading the fields
+        self.taken = 0  # parts folded since this log was made that a `save` has taken
+
+    def add(self, split: str, stats: Mapping, failed: Mapping) -> None:
+        """Fold the next episode's statistics into ``fields`` (`StatsFields.add`), never while a `save` reads them."""
+        with self.lock:
+            self.fields.add(split, stats, failed)
 
     def folded(self) -> int:
-        """Parts folded since the last save: what a `save` of this moment passes as ``count``."""
-        return len(self.fields.unsaved or ())
+        """Parts folded since this log was made: what a `save` of this moment passes as ``count`` (a count from
+        the start, so a background save taking parts meanwhile does not shift it)."""
+        with self.lock:
+            return self.taken + len(self.fields.unsaved or ())
 
     def save(self, count: int | None = None) -> dict:
-        """Append what was folded since the last save (its first ``count`` parts; None: all); returns the `Progress`
-        field listing every record."""
-        parts = self.fields.unsaved or []
-        count = len(parts) if count is None else count
-        parts, self.fields.unsaved = parts[:count], parts[count:]
-        new, self.pending = self.pending, []
-        if parts and not self.records and not new and not self.fields.unsaved:  # a fresh write's first: all folded
-            new.append(self.fields.encode())
-        elif parts:  # one record for them all: folding it equals folding them one by one (the rule `merge` uses)
+        """Append what was folded since the last save, up to the first ``count`` parts since this log was made
+        (`folded`; None: all); returns the `Progress` field listing every record."""
+        with self.lock:  # the writer folds more meanwhile when this runs in the background
+            parts = self.fields.unsaved or []
+            n = len(parts) if count is None else count - self.taken
+            parts, self.fields.unsaved = parts[:n], parts[n:]
+            self.taken += len(parts)
+            new, self.pending = self.pending, []
+            if parts and not self.records and not new and not self.fields.unsaved:  # a fresh write's first: all
+                new.append(self.fields.encode())
+                parts = []
+        if parts:  # one record for them all: folding it equals folding them one by one (the rule `merge` uses)
             since = StatsFields()
             for split, stats, failed in parts:
                 since.add(split, stats, failed)

@@ -330,6 +330,7 @@ class _Run:
                                     **({"skipped": self.skipped} if self.skipped else {}))
         finally:
             shutil.rmtree(spool, ignore_errors=True)
+        self.saves.wait()  # the last shard's save waited for any before it; nothing may run past `finish`
         finish(target)
         return meter
 
@@ -374,7 +375,7 @@ class _Run:
         first, segs = (prog.frame, prog.segments) if position == prog.position else (0, None)
         with samples(res[2]) as (data, sizes):
             writer.add_frames(res[1], data, sizes, start=first, segments=segs)
-        self.stats.add(res[1]["split"], *res[4])  # after the episode: `save` sees finished ones only
+        self.stats_log.add(res[1]["split"], *res[4])  # after the episode: `save` sees finished ones only
         self.origins[res[3]] += 1
         meter.update(len(sizes) - first)
 
