@@ -189,13 +189,16 @@ class ReferenceSource:
         stale: the fix a changed source file's error names.
         rows: the rows file's name in ``folder``, its bytes a step and its steps; None in an index whose records'
             rows are literal bytes (written before the rows file).
+        literal_source: where the literal bytes are read (`reference_blocks.BlockFile`, a deflated literal file);
+            None: ``folder`` (an index written before it deflated them).
     """
 
     def __init__(self, root: str, folder: Any, shards: Sequence[tuple[str, int]], pieces: dict[str, Any],
                  files: Sequence[FileInfo], literal: tuple[str, int], open_file: Callable[[str], tuple[Any, str]],
                  where: Callable[[str], str], error: type[Exception], stale: str,
-                 rows: tuple[str, int, int] | None = None) -> None:
+                 rows: tuple[str, int, int] | None = None, literal_source: Any = None) -> None:
         self.root, self.folder = root, folder
+        self._literal_src = folder if literal_source is None else literal_source
         self.files = files if hasattr(files, "sizes") else list(files)  # a table of image files: kept as it is
         sizes = getattr(files, "sizes", None)
         self._shards = {name: (i, size) for i, (name, size) in enumerate(shards)}
@@ -281,7 +284,7 @@ class ReferenceSource:
         for f in np.unique(file).tolist():
             ks = np.flatnonzero(file == f)
             first, last = int(at[ks].min()), int((at[ks] + size[ks]).max())
-            src, name = (self.folder, self._literal) if f == LITERAL else (self.folder, self.rows[0]) \
+            src, name = (self._literal_src, self._literal) if f == LITERAL else (self.folder, self.rows[0]) \
                 if f == ROWS else self._source_of(f)  # type: ignore[index]
             if last - first <= 2 * int(size[ks].sum()) + (1 << 16):
                 data = memoryview(src.read(name, first, last - first))
