@@ -1,14 +1,14 @@
 """Packed shards that hold no frames: their bytes laid out as a copy shard's, the packets left in the source files.
 
 A ``--codec reference`` index is a packed index (`episodepipes.codec.chunk`) whose shards are never written: every
-shard is *virtual*, the bytes ``write --codec copy`` would have written, tiled by *pieces*. A piece is either a run of
-*literal* bytes (tar headers, pack tables, record heads, padding), kept beside the index in one file, one record's
-arrays' rows, kept beside the index in the *rows file* (every step's rows back to back, then a CRC32 per block of
-`ROW_BLOCK` steps), or one packet, kept where it is: a byte range of a source video file. So the records, their
-CRC32s, the key frames and the shards' sha256 are exactly a copy import's, and every reader of the packed layout
-reads a virtual shard through `ReferenceSource` (a byte source) as it reads a tar. A step read only for its arrays
-reads its row from the rows file (`ReferenceSource.step_rows`, checked by its block's CRC32), not its record: no
-packet is fetched for an action horizon.
+shard is *virtual*, the bytes ``write --codec copy`` would have written, tiled by *pieces*. A piece is either a run
+of *literal* bytes (tar headers, pack tables, record heads, padding), kept beside the index in one file (deflated in
+blocks, `reference_blocks`), one record's arrays' rows, kept beside the index in the *rows file* (every step's rows
+back to back, then a CRC32 per block of `ROW_BLOCK` steps), or one packet, kept where it is: a byte range of a
+source video file. So the records, their CRC32s, the key frames and the shards' sha256 are exactly a copy import's,
+and every reader of the packed layout reads a virtual shard through `ReferenceSource` (a byte source) as it reads a
+tar. A step read only for its arrays reads its row from the rows file (`ReferenceSource.step_rows`, checked by its
+block's CRC32), not its record: no packet is fetched for an action horizon.
 
 Here: the piece table a writer gathers (`Pieces`; an episode's pieces are laid out by `reference_layout`), the
 pieces' checks (`check_pieces`, input from strangers), the source files' names (`check_file`: relative, inside the
