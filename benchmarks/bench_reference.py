@@ -69,7 +69,7 @@ def _shares(out: Path, frames: int) -> str:
     literal file (the tar and pack framing around the packets) and the rows file (the arrays' rows)."""
     parts = {"index": 0, "stats": 0, "pieces": 0, "literal": 0, "rows": 0}
     for p in out.iterdir():
-        kind = "stats" if p.name == "index.stats.bin" else "literal" if p.name == "reference.literal.bin" else \
+        kind = "stats" if p.name == "index.stats.bin" else "literal" if p.name.startswith("reference.literal.") else \
             "rows" if p.name == "reference.rows.bin" else "pieces" if p.name.startswith("reference.") else "index"
         parts[kind] += p.stat().st_size
     return ", ".join(f"{k} {v / max(frames, 1):.0f}" for k, v in parts.items()) + " bytes/frame"

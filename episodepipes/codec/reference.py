@@ -1,14 +1,14 @@
 """Packed shards that hold no frames: their bytes laid out as a copy shard's, the packets left in the source files.
 
 A ``--codec reference`` index is a packed index (`episodepipes.codec.chunk`) whose shards are never written: every
-shard is *virtual*, the bytes ``write --codec copy`` would have written, tiled by *pieces*. A piece is either a run of
-*literal* bytes (tar headers, pack tables, record heads, padding), kept beside the index in one file, one record's
-arrays' rows, kept beside the index in the *rows file* (every step's rows back to back, then a CRC32 per block of
-`ROW_BLOCK` steps), or one packet, kept where it is: a byte range of a source video file. So the records, their
-CRC32s, the key frames and the shards' sha256 are exactly a copy import's, and every reader of the packed layout
-reads a virtual shard through `ReferenceSource` (a byte source) as it reads a tar. A step read only for its arrays
-reads its row from the rows file (`ReferenceSource.step_rows`, checked by its block's CRC32), not its record: no
-packet is fetched for an action horizon.
+shard is *virtual*, the bytes ``write --codec copy`` would have written, tiled by *pieces*. A piece is either a run
+of *literal* bytes (tar headers, pack tables, record heads, padding), kept beside the index in one file (deflated in
+blocks, `reference_blocks`), one record's arrays' rows, kept beside the index in the *rows file* (every step's rows
+back to back, then a CRC32 per block of `ROW_BLOCK` steps), or one packet, kept where it is: a byte range of a
+source video file. So the records, their CRC32s, the key frames and the shards' sha256 are exactly a copy import's,
+and every reader of the packed layout reads a virtual shard through `ReferenceSource` (a byte source) as it reads a
+tar. A step read only for its arrays reads its row from the rows file (`ReferenceSource.step_rows`, checked by its
+block's CRC32), not its record: no packet is fetched for an action horizon.
 
 Here: the piece table a writer gathers (`Pieces`; an episode's pieces are laid out by `reference_layout`), the
 pieces' checks (`check_pieces`, input from strangers), the source files' names (`check_file`: relative, inside the
@@ -189,13 +189,16 @@ class ReferenceSource:
         stale: the fix a changed source file's error names.
         rows: the rows file's name in ``folder``, its bytes a step and its steps; None in an index whose records'
             rows are literal bytes (written before the rows file).
+        literal_source: where the literal bytes are read (`reference_blocks.BlockFile`, a deflated literal file);
+            None: ``folder`` (an index written before it deflated them).
     """
 
     def __init__(self, root: str, folder: Any, shards: Sequence[tuple[str, int]], pieces: dict[str, Any],
                  files: Sequence[FileInfo], literal: tuple[str, int], open_file: Callable[[str], tuple[Any, str]],
                  where: Callable[[str], str], error: type[Exception], stale: str,
-                 rows: tuple[str, int, int] | None = None) -> None:
+                 rows: tuple[str, int, int] | None = None, literal_source: Any = None) -> None:
         self.root, self.folder = root, folder
+        self._literal_src = folder if literal_source is None else literal_source
         self.files = files if hasattr(files, "sizes") else list(files)  # a table of image files: kept as it is
         sizes = getattr(files, "sizes", None)
         self._shards = {name: (i, size) for i, (name, size) in enumerate(shards)}
@@ -281,7 +284,7 @@ class ReferenceSource:
         for f in np.unique(file).tolist():
             ks = np.flatnonzero(file == f)
             first, last = int(at[ks].min()), int((at[ks] + size[ks]).max())
-            src, name = (self.folder, self._literal) if f == LITERAL else (self.folder, self.rows[0]) \
+            src, name = (self._literal_src, self._literal) if f == LITERAL else (self.folder, self.rows[0]) \
                 if f == ROWS else self._source_of(f)  # type: ignore[index]
             if last - first <= 2 * int(size[ks].sum()) + (1 << 16):
                 data = memoryview(src.read(name, first, last - first))

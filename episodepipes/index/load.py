@@ -119,6 +119,10 @@ def tables(root: Path | str, data: Any, file: Path | str,
         regular_file(Path(root) / COLUMNS[name][0], "restore it or re-shard")
     cols = (indexcolumns.load_columns(root, data, file) if source is None
             else indexcolumns.read_columns(source, data, file))
+    if indexv2.frames_apart(data):  # an in-place index's per-frame columns, from its own file
+        from episodepipes.index.referenced import frame_columns
+
+        cols.update(frame_columns(data, root, source, file))
     if "ids" in data:  # written before the id columns
         attrs, idc = idcols.from_json(data)
         cols.update(idc)

@@ -19,12 +19,16 @@ from typing import Any
 import numpy as np
 
 from episodepipes.codec import reference as ref
+from episodepipes.codec import reference_blocks
+from episodepipes.codec import reference_frames as frames_file
 from episodepipes.codec import reference_pieces as pieces_file
 from episodepipes.codec.image_pieces import Files, ImageFiles
 from episodepipes.index.check import IndexFormatError
+from episodepipes.index.v2 import REFERENCE_FRAMES
 from episodepipes.shardio import ByteSource, LocalSource, ShardIOError, is_url, open_source
 
-LITERAL_NAME = "reference.literal.bin"
+LITERAL_NAME = "reference.literal.bin"  # the literal bytes as they are (indexes written before they were deflated)
+LITERAL_BLOCKS = "reference.literal.z"  # ... deflated in blocks (`codec.reference_blocks`)
 PIECES_NAME = "reference.pieces.bin"  # the piece table (`codec.reference_pieces`)
 IMAGES_NAME = "reference.images.bin"  # the image files, one a frame (`codec.image_pieces.ImageFiles`)
 ROWS_NAME = "reference.rows.bin"  # every step's arrays' rows, CRC32 a block (`codec.reference.Pieces.rows_file`)
@@ -68,6 +72,8 @@ def check_reference(field: Any, file: str) -> dict:
         if type(rows) is not int or not 0 < rows <= MAX_ROW:
             raise fail(f"rows={str(rows)[:20]!r} should be the rows file's bytes a step, 1..{MAX_ROW}")
         kinds = tuple(k | {ROWS_NAME} for k in kinds[:1] + kinds[2:])  # not with the older .npy piece columns
+    # since: the literal bytes deflated in blocks, and the per-frame columns in a file of their own
+    kinds += tuple(k - {LITERAL_NAME} | {LITERAL_BLOCKS, REFERENCE_FRAMES} for k in kinds if PIECES_NAME in k)
     if type(hashes) is not dict or set(hashes) not in kinds \
             or not all(type(h) is str and len(h) == 64 for h in hashes.values()):
         raise fail(f"hashes should give the sha256 of {sorted(min(kinds, key=len))}")
@@ -106,6 +112,18 @@ def _pieces(field: dict, folder: ByteSource, file: str, shard_bytes: list[int]) 
         if cols[key].shape != (count,):
             raise IndexFormatError(f"{file}: {name} holds {cols[key].shape}, not {count} pieces")
     return cols
+
+
+def frame_columns(data: dict, root: Path | str, source: ByteSource | None, file: Path | str) -> dict[str, np.ndarray]:
+    """The per-frame columns of an index that keeps them in `REFERENCE_FRAMES` (``data`` its JSON, which
+    `index.v2.check_meta` checked; ``source`` its folder's byte source, None for a local folder)."""
+    field = check_reference(data["reference"], str(file))
+    folder = LocalSource(Path(root)) if source is None else source
+    raw = _read(folder, REFERENCE_FRAMES, 32 * data["frames"] + 4096, field["hashes"][REFERENCE_FRAMES], str(file))
+    try:
+        return frames_file.decode(raw, data["frames"])
+    except ValueError as e:
+        raise IndexFormatError(f"{file}: {REFERENCE_FRAMES} is damaged ({e}); re-index the dataset") from None
 
 
 def _files(field: dict, folder: ByteSource, file: str) -> list[ref.FileInfo] | Files:
@@ -175,9 +193,14 @@ def open_reference(meta: dict, root: Path | str, folder: ByteSource, file: str, 
         if size != ref.rows_bytes(rows[2], rows[1]):
             raise IndexFormatError(f"{file}: {ROWS_NAME} holds {size} bytes, not the {rows[2]} steps of {rows[1]} "
                                    f"bytes and their CRC32s the index says; re-index the dataset")
+    literal, literal_source = LITERAL_NAME, None
+    if LITERAL_BLOCKS in field["hashes"]:
+        literal = LITERAL_BLOCKS
+        literal_source = reference_blocks.BlockFile(folder, literal, field["literal"], IndexFormatError,
+                                                    f"{file} is damaged; re-index the dataset")
     try:
         return ref.ReferenceSource(str(root), folder, meta_shards, cols, files,
-                                   (LITERAL_NAME, field["literal"]), open_file, lambda n: f"{where}/{n}",
-                                   ShardIOError, STALE, rows)
+                                   (literal, field["literal"]), open_file, lambda n: f"{where}/{n}",
+                                   ShardIOError, STALE, rows, literal_source)
     except ValueError as e:
         raise IndexFormatError(f"{file}: the reference pieces are damaged ({e}); re-index the dataset") from None

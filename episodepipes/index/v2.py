@@ -89,6 +89,8 @@ V2_KEYS = ("layout", "crc32", "schemas", "splits", "prompts", "fps", "ids", "fra
 _MAX_FRAMES = 2**40
 _BLOCK_ROWS = 1 << 20  # frames `frame_problem` checks at a time (a few tens of MB)
 _TABLE_ROWS = 1 << 15  # rows of the episodes or segments table `check_tables` reads at a time (under 2 MB)
+# an in-place index (`index.referenced`) keeps its per-frame columns in this file of its own (`codec.reference_frames`)
+REFERENCE_FRAMES = "reference.frames.bin"
 _NOT_ID = re.compile(r"[^A-Za-z0-9_\-.\n]")  # a character no episode id has (`check_id`), ids one per line
 
 
@@ -288,6 +290,11 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
         want |= set(EPISODE_COLUMNS)
     if data["layout"] == "packed":
         want |= set(PACKED_COLUMNS)
+    if frames_apart(data):  # an in-place index's per-frame columns: its frames file, read with its other files
+        if data["layout"] != "packed" or not data["crc32"]:
+            raise w.fail("the index", f"{REFERENCE_FRAMES} holds a packed index's columns with crc32; this one is "
+                                      f"{data['layout']} with crc32={data['crc32']}")
+        want -= {"offset", "size", "crc32", *PACKED_COLUMNS}
         for j, sc in enumerate(data["schemas"]):
             if not any("codec" in c for c in sc["cameras"].values()):
                 raise w.fail(f"schema {j}", "the packed layout holds video cameras, and this schema has none")
@@ -325,6 +332,12 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
     check_memory(file, "checking its tables", 64 * n + 48 * segs
                  + (160 * frames if data["layout"] == "packed" else 0))  # what check_tables allocates
     return w, sizes, samples
+
+
+def frames_apart(data: dict) -> bool:
+    """Whether an index keeps its per-frame columns in `REFERENCE_FRAMES` (an in-place index written since)."""
+    field = data.get("reference")
+    return type(field) is dict and type(field.get("hashes")) is dict and REFERENCE_FRAMES in field["hashes"]
 
 
 def _check_listed_ids(w: Where, data: dict) -> int:

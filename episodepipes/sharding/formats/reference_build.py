@@ -22,14 +22,17 @@ import numpy as np
 
 from episodepipes import safefile
 from episodepipes.codec import reference as ref
+from episodepipes.codec import reference_blocks
+from episodepipes.codec import reference_frames as frames_file
 from episodepipes.codec import reference_pieces as pieces_file
 from episodepipes.codec.image_pieces import ImageFiles, ImageFrames, placeholder, remap, renumber
 from episodepipes.codec.mp4tables import Mp4Error, Tables, read_tables
 from episodepipes.codec.reference_layout import CameraPackets, layout
 from episodepipes.codec.stream import DECODERS, DEMUXERS
-from episodepipes.format import INDEX_NAME, TAR_END, shard_name
+from episodepipes.format import COLUMNS, INDEX_NAME, TAR_END, shard_name
 from episodepipes.index import v2 as indexv2
-from episodepipes.index.referenced import IMAGES_NAME, LITERAL_NAME, PIECES_NAME, ROWS_NAME
+from episodepipes.index.referenced import IMAGES_NAME, LITERAL_BLOCKS, LITERAL_NAME, PIECES_NAME, ROWS_NAME
+from episodepipes.index.v2 import REFERENCE_FRAMES
 from episodepipes.normstats import sidefile as statsfile
 from episodepipes.normstats.fields import StatsFields, episode_part
 from episodepipes.normstats.sidefile import NAME as STATS_NAME
@@ -319,7 +322,7 @@ class Builder:
         cols = self.pieces.columns()
         cols["file"] = renumber(cols["file"], len(self.files)).astype("<i4")  # image files after the listed ones
         blobs = {PIECES_NAME: pieces_file.encode(cols, [s["bytes"] for s in self.shards])}
-        blobs[LITERAL_NAME] = bytes(self.pieces.literal)
+        blobs[LITERAL_BLOCKS] = reference_blocks.encode(self.pieces.literal)
         if self.pieces.width:
             blobs[ROWS_NAME] = self.pieces.rows_file()
         images = self.images.encode() if len(self.images) else None
@@ -328,17 +331,23 @@ class Builder:
         stats = self.stats.encode()
         extra = statsfile.descriptor(stats)
         reference = {"files": [list(f) for f in self.files],
-                     "hashes": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(blobs.items())},
+                     "hashes": {},  # below, with the frames file
                      "literal": len(self.pieces.literal), "pieces": len(self.pieces.start),
                      **({"rows": self.pieces.width} if self.pieces.width else {}),
                      **({"images": images[1]} if images is not None else {})}
         inside = _depth(out, self.real)
         if inside is not None:
             reference["up"] = inside
+        data, cols = indexv2.build(self.shards, self.entries, options, {**extra, "reference": reference},
+                                   layout="packed")
+        per_frame = {k: cols.pop(k) for k in frames_file.NAMES}  # in a file of their own, deflated
+        blobs[REFERENCE_FRAMES] = frames_file.encode(per_frame)
+        reference["hashes"] = {k: hashlib.sha256(v).hexdigest() for k, v in sorted(blobs.items())}
         # one batch: the pieces, literal bytes and statistics are durable before index.json names them
-        indexv2.write(out, *indexv2.build(self.shards, self.entries, options, {**extra, "reference": reference},
-                                          layout="packed"),
+        indexv2.write(out, data, cols,
                       beside=[(out / STATS_NAME, stats), *((out / k, v) for k, v in sorted(blobs.items()))])
+        for stale in (LITERAL_NAME, *(COLUMNS[k][0] for k in frames_file.NAMES)):  # an older index's, replaced
+            (out / stale).unlink(missing_ok=True)
         written = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and (
             p.name.startswith(("index.", "reference.")) or p.name == INDEX_NAME))
         return len(self.shards), sum(e["length"] for e in self.entries), written
