@@ -122,8 +122,11 @@ class Decoder(BaseNode[dict]):
         if self._batched and not pickled:  # a chunk holds at most a batch's rows, so rows in flight scale with it
             rows = self._sink.slabs.size  # type: ignore[attr-defined]
             # a pipe's own Slabs keeps a few slabs across passes: rows in flight beyond one batch (plus the one
-            # being filled and the consumer's) would take fresh slabs, a page fault per 4 KB of each
-            chunk = min(chunk, max(1, rows // (2 * num_workers)) if self._given else rows)
+            # being filled and the consumer's) would take fresh slabs, a page fault per 4 KB of each; a shared ring
+            # is sized for the rows in flight instead, and each process task costs the parent its executor's
+            # thread wake-ups, so processes take whole chunks
+            shared = isinstance(self._sink, SharedRing)
+            chunk = min(chunk, max(1, rows // (2 * num_workers)) if self._given and not shared else rows)
         self.prefetch = prefetch or (2 * chunk if chunked else 4) * num_workers
         self.chunk = max(1, min(chunk, self.prefetch // (2 * num_workers))) if chunked else 1
         self._gops = GopKeys.of(self.fn.frames) if num_workers > 1 else None
