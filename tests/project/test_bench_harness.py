@@ -110,7 +110,8 @@ def test_tree_cpu_counts_worker_processes_live_and_reaped_and_what_they_reaped(t
         live = others() - before  # the child is alive: read from /proc, its reaped grandchild in its cutime
     finally:
         child.communicate(b"")
-    assert live >= 1.2 and others() - before >= 1.2  # reaped by us now: counted through RUSAGE_CHILDREN
+    tick = 0.02  # /proc counts in 1/100 s ticks, this process's own time in microseconds: two ticks of slack
+    assert live >= 1.2 - tick and others() - before >= 1.2 - tick  # reaped by us now: through RUSAGE_CHILDREN
 
 
 def test_epbench_peers_chooses_rows_and_refuses_unknown_names():
