@@ -57,3 +57,16 @@ def test_a_transform_still_gets_a_task_per_sample(shards, monkeypatch):
     tasks = _counting(monkeypatch)
     pipe = video_pipe(shards, episodes=["ep0000"], batch_size=2, max_batches=100, transform=lambda s: s)
     assert sum(len(b["frame"]) for b in pipe) == 10 and len(tasks) == 10
+
+
+def test_processes_writing_into_the_shared_ring_take_a_batch_per_task(shards, monkeypatch):
+    """The ring is sized for the rows in flight, and each process task costs the parent its executor's wake-ups:
+    30 samples in batches of 8 go as 4 tasks (threads, whose buffers are the pipe's few slabs, send 2 a task)."""
+    assert _pool.shares_memory()  # Linux has a fork server: the frames go through the shared ring
+    tasks = _counting(monkeypatch)
+    pipe = video_pipe(shards, episodes=["ep0002", "ep0000", "ep0001"], batch_size=8, max_batches=100,
+                      method="process")
+    for _ in range(2):
+        tasks.clear()
+        assert sum(len(b["frame"]) for b in pipe) == 30
+        assert len(tasks) == 4, len(tasks)
