@@ -253,47 +253,70 @@ class ReferenceSource:
         return self.folder.read_file(name, limit=limit)
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Each range's bytes; a virtual shard's ranges are looked up in its pieces together (`_pieces_of`), so the
+        per-range cost is the reads and the join, not numpy calls."""
         shard = self._shards.get(name)
         if shard is None:
             return self.folder.read_ranges(name, ranges)
         i, total = shard
-        lo, hi = int(self._bounds[i]), int(self._bounds[i + 1])
-        starts = self._start[lo:hi]
-        out = []
         for off, size in ranges:
             if off < 0 or size < 0 or off + size > total:
                 raise self._error(f"{self.root}/{name}: bytes {off}..{off + size} lie past its {total} bytes")
-            if not size:
-                out.append(b"")
-                continue
-            a = lo + int(np.searchsorted(starts, off, side="right")) - 1
-            b = lo + int(np.searchsorted(starts, off + size, side="left"))
-            out.append(self._gather(a, b, off, off + size))
-        return out
+        if not ranges:
+            return []
+        return self._gather(*self._pieces_of(int(self._bounds[i]), int(self._bounds[i + 1]), ranges), len(ranges))
 
-    def _gather(self, a: int, b: int, lo: int, hi: int) -> bytes:
-        """Bytes ``[lo, hi)`` of a shard whose pieces ``a..b-1`` cover them: one read per file where its pieces lie
-        close together (a run's packets of one camera are adjacent in its file), else one read per piece."""
-        start, file = self._start[a:b], self._file[a:b]
-        at, size = self._at[a:b].copy(), self._size[a:b].copy()
-        cut = lo - int(start[0])
-        at[0] += cut
-        size[0] -= cut
-        size[-1] -= int(start[-1] + self._size[b - 1]) - hi
-        views: list[memoryview | None] = [None] * len(file)
-        for f in np.unique(file).tolist():
-            ks = np.flatnonzero(file == f)
-            first, last = int(at[ks].min()), int((at[ks] + size[ks]).max())
+    def _pieces_of(self, lo: int, hi: int, ranges: Sequence[tuple[int, int]],
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The pieces ``lo..hi-1`` of a shard that cover each range (in range order, then shard order): each one's
+        range number, file, and (at, size) in its file cut to the range; one `np.searchsorted` per end."""
+        spans = np.asarray(ranges, np.int64).reshape(-1, 2)
+        off, end = spans[:, 0], spans[:, 0] + spans[:, 1]
+        starts = self._start[lo:hi]
+        a = lo + np.searchsorted(starts, off, side="right") - 1
+        b = lo + np.searchsorted(starts, end, side="left")
+        count = np.where(end > off, b - a, 0)
+        cum = np.cumsum(count)
+        rng = np.repeat(np.arange(len(spans)), count)
+        k = np.arange(int(cum[-1])) - np.repeat(cum - count, count) + np.repeat(a, count)
+        at, size = self._at[k], self._size[k].copy()
+        first, last = (cum - count)[count > 0], cum[count > 0] - 1
+        cut = off[count > 0] - self._start[k[first]]
+        at[first] += cut
+        size[first] -= cut
+        size[last] -= self._start[k[last]] + self._size[k[last]] - end[count > 0]
+        return rng, self._file[k], at, size
+
+    def _gather(self, rng: np.ndarray, file: np.ndarray, at: np.ndarray, size: np.ndarray, n: int) -> list[bytes]:
+        """The ``n`` ranges' bytes from their pieces (`_pieces_of`): per range, one read per file where its pieces
+        lie close together (a run's packets of one camera are adjacent in its file), else one read per piece."""
+        if not len(rng):  # every range empty
+            return [b""] * n
+        key = rng * (int(file.max()) - ROWS + 1) + (file - ROWS)
+        order = np.argsort(key, kind="stable")
+        sk = key[order]
+        heads = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+        so, se = at[order], at[order] + size[order]
+        first, last = np.minimum.reduceat(so, heads), np.maximum.reduceat(se, heads)
+        whole = last - first <= 2 * np.add.reduceat(size[order], heads) + (1 << 16)
+        group = np.repeat(np.arange(len(heads)), np.diff(np.r_[heads, len(order)]))
+        rel = (so - first[group]).tolist()
+        ks, ends, sizes = order.tolist(), np.r_[heads[1:], len(order)].tolist(), size[order].tolist()
+        views: list[memoryview | None] = [None] * len(ks)
+        for h, e, f, x, y, one in zip(heads.tolist(), ends, file[order[heads]].tolist(), first.tolist(),
+                                      last.tolist(), whole.tolist()):
             src, name = (self._literal_src, self._literal) if f == LITERAL else (self.folder, self.rows[0]) \
                 if f == ROWS else self._source_of(f)  # type: ignore[index]
-            if last - first <= 2 * int(size[ks].sum()) + (1 << 16):
-                data = memoryview(src.read(name, first, last - first))
-                for k in ks.tolist():
-                    views[k] = data[int(at[k]) - first:int(at[k]) - first + int(size[k])]
+            if one:
+                data = memoryview(src.read(name, x, y - x))
+                for j in range(h, e):
+                    views[ks[j]] = data[rel[j]:rel[j] + sizes[j]]
             else:
-                for k, d in zip(ks.tolist(), src.read_ranges(name, [(int(at[k]), int(size[k])) for k in ks])):
-                    views[k] = memoryview(d)
-        return b"".join(views)  # type: ignore[arg-type]
+                got = src.read_ranges(name, [(x + rel[j], sizes[j]) for j in range(h, e)])
+                for j, d in zip(range(h, e), got):
+                    views[ks[j]] = memoryview(d)
+        bounds = np.r_[0, np.cumsum(np.bincount(rng, minlength=n))].tolist()
+        return [b"".join(views[bounds[r]:bounds[r + 1]]) for r in range(n)]  # type: ignore[arg-type]
 
     def step_rows(self, row: int, count: int) -> memoryview | None:
         """The rows of steps ``row .. row + count`` (frame rows of the index) as one ``(count * width)`` view, read

@@ -75,6 +75,14 @@ def test_the_reference_index_is_the_copy_imports_without_its_frames(tmp_path, ve
     assert not list(ref.glob("*.tar"))  # no frame written: the shards are read from the source mp4s
     for s in r.shards:  # the virtual shard is byte for byte the copy's tar
         assert hashlib.sha256(r.source.read(s.name, 0, s.bytes)).hexdigest() == s.sha256
+    rng = np.random.default_rng(0)
+    for s in r.shards:  # many ranges in one call (empty, touching, overlapping, across pieces) as the tar's slices
+        tar = (copy / s.name).read_bytes()
+        at = rng.integers(0, s.bytes, 40)
+        ranges = [(int(a), int(rng.integers(0, s.bytes - a + 1)) if k % 4 else 0) for k, a in enumerate(at)]
+        ranges += [(0, s.bytes), (s.bytes, 0)]
+        assert r.source.read_ranges(s.name, ranges) == [tar[a:a + n] for a, n in ranges]
+        assert r.source.read_ranges(s.name, [(3, 0), (s.bytes, 0)]) == [b"", b""]
     assert json.loads((ref / "index.json").read_text())["options"]["codec"] == "reference"
     r.verify()
     assert r.problems(members=True) == []
