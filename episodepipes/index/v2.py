@@ -290,14 +290,14 @@ def check_meta(data: Any, file: Path) -> tuple[Where, list[int], list[int]]:
         want |= set(EPISODE_COLUMNS)
     if data["layout"] == "packed":
         want |= set(PACKED_COLUMNS)
+        for j, sc in enumerate(data["schemas"]):
+            if not any("codec" in c for c in sc["cameras"].values()):
+                raise w.fail(f"schema {j}", "the packed layout holds video cameras, and this schema has none")
     if frames_apart(data):  # an in-place index's per-frame columns: its frames file, read with its other files
         if data["layout"] != "packed" or not data["crc32"]:
             raise w.fail("the index", f"{REFERENCE_FRAMES} holds a packed index's columns with crc32; this one is "
                                       f"{data['layout']} with crc32={data['crc32']}")
         want -= {"offset", "size", "crc32", *PACKED_COLUMNS}
-        for j, sc in enumerate(data["schemas"]):
-            if not any("codec" in c for c in sc["cameras"].values()):
-                raise w.fail(f"schema {j}", "the packed layout holds video cameras, and this schema has none")
     if type(cols) is not dict or set(cols) != want:
         raise w.fail("the index", f"columns should name exactly {sorted(want)}")
     for name in sorted(want):
