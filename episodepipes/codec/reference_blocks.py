@@ -31,7 +31,7 @@ _HEAD = struct.Struct("<IQ")
 def encode(raw: bytes | memoryview, block: int = BLOCK) -> bytes:
     """The file's bytes for ``raw``."""
     view = memoryview(raw)
-    parts = [zlib.compress(view[a:a + block], 9) for a in range(0, len(view), block)]
+    parts = [zlib.compress(view[a:a + block], 6) for a in range(0, len(view), block)]
     ends = np.cumsum([len(p) for p in parts], dtype=np.int64).astype("<u8")
     return b"".join([MAGIC, _HEAD.pack(block, len(view)), ends.tobytes(), *parts])
 

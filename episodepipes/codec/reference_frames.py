@@ -46,7 +46,7 @@ def encode(cols: dict[str, np.ndarray]) -> bytes:
     step[1:] -= member[:-1]
     body = b"".join([_planes(size, "<u4"), crc.astype("<u4").tobytes(), _planes(back, "<u4"), _planes(gap, "<i8"),
                      _planes(step, "<i8")])
-    return MAGIC + zlib.compress(body, 9)
+    return MAGIC + zlib.compress(body, 6)
 
 
 def decode(raw: bytes, count: int) -> dict[str, np.ndarray]:
