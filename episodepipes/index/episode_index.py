@@ -48,6 +48,8 @@ _SCAN_ROWS = 1 << 16  # rows of a table a scan reads at a time
 
 __all__ = ["ArraySpec", "Camera", "Episode", "EpisodeIndex", "IndexFormatError", "Segment", "Shard", "sha256_file"]
 
+RECENT = 1024  # ids `EpisodeIndex.episode` remembers (a few batches' worth)
+
 
 class EpisodeIndex:
     """A shard folder's index. Use `EpisodeIndex.open(path)` (a folder, or an ``s3://``/``gs://``/``http(s)://`` root).
@@ -93,6 +95,7 @@ class EpisodeIndex:
         self.ids: Sequence[str] = IdList(self._tables.ids, self._tables.id_order)
         self.episodes: Sequence[Episode] = LazyEpisodes(self)
         self._by_shard: dict[int, list[int]] | None = None
+        self._recent: dict[str, int] = {}  # ids looked up lately: a sample's decode asks for its episode many times
         self._data: dict | None = None
         self._stats: tuple[StatsTable | None, dict[tuple[str, str], str]] | None = None  # read on first use
 
@@ -251,7 +254,13 @@ class EpisodeIndex:
         Args:
             episode_id: the episode's id; an unknown one raises KeyError naming up to five close matches.
         """
-        n = int(self._tables.numbers([episode_id])[0]) if isinstance(episode_id, str) else -1
+        n = self._recent.get(episode_id, -1) if isinstance(episode_id, str) else -2
+        if n == -1:
+            n = int(self._tables.numbers([episode_id])[0])
+            if n >= 0:
+                if len(self._recent) >= RECENT:  # cleared whole, not evicted one by one: safe beside other threads
+                    self._recent.clear()
+                self._recent[episode_id] = n
         if n >= 0:
             return self.episodes[n]
         import difflib

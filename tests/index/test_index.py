@@ -35,6 +35,20 @@ def test_unknown_episode_names_close_matches(index):
         index.episode("ep003")
 
 
+def test_episode_lookups_by_id_stay_right_past_the_remembered_ids(index, monkeypatch):
+    from episodepipes.index import episode_index
+
+    monkeypatch.setattr(episode_index, "RECENT", 2)  # the memo fills and is cleared every other lookup
+    ids = list(index.ids)
+    for eid in ids + ids[::-1] + ids:
+        ep = index.episode(eid)
+        assert ep.id == eid and index.episodes[index.numbers([eid])[0]] is ep
+    for bad in ("nope", "", "ep0000\0", 7):
+        with pytest.raises(KeyError, match="is not in"):
+            index.episode(bad)
+    assert index.episode(ids[1]).id == ids[1]  # a miss remembers nothing
+
+
 def test_verify_checks_only_the_given_shards(index, tmp_path):
     import shutil
 
