@@ -272,3 +272,23 @@ def test_the_sigterm_handler_is_only_for_the_write_and_only_in_the_main_thread(t
     t.join(120)
     assert done and done[0].frames == SHAPE["num_episodes"] * SHAPE["length"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_process_forked_during_the_write_keeps_the_sigterm_handler_from_before_it():
+    """An encoder pool's worker is forked inside the write: `Pool.terminate`'s SIGTERM must end it as before the
+    write, even when it is stuck where no Python code of its own runs (our handler would only set a flag there)."""
+    from episodepipes.sharding.write.sigterm import saved_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    with saved_on_sigterm("out"):
+        assert signal.getsignal(signal.SIGTERM) is not before  # ours, in this process
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave at once
+            os.write(w, b"1" if signal.getsignal(signal.SIGTERM) is before else b"0")
+            os._exit(0)
+        os.close(w)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert os.read(r, 1) == b"1"
+        os.close(r)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -15,7 +15,6 @@ import itertools
 import mmap
 import multiprocessing as mp
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,7 +156,6 @@ def _init(threads: int, spawned: bool, parent: int | None = None, slots: Slots |
     global _decode_threads, _slots
     if parent is not None:
         die_with(parent)  # a writer killed outright leaves no encoder behind
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the writer's handler, forked with it: the writer ends the pool
     _decode_threads, _slots = threads, slots
     if spawned:
         cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool

@@ -7,18 +7,36 @@ turns the first SIGTERM into `Terminated`, raised in the main thread: the write 
 waits for the shard being appended, saves the newest finished shard's progress and releases the lock; then the
 previous handler is put back and the signal raised again, so the process ends by SIGTERM (or the previous handler
 decides). A second SIGTERM meanwhile is ignored. Nothing is installed off the main thread (Python runs signal
-handlers there only) or where SIGTERM is ignored.
+handlers there only) or where SIGTERM is ignored. A process forked meanwhile (an encoder pool's worker) starts with
+the handler from before the write: `Pool.terminate` must end it even where it never runs a line of Python.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
+
+
+_previous: dict[object, object] = {}  # each installed handler -> the handler it replaced
+
+
+def _in_child() -> None:
+    """In a process forked during a write (an encoder pool's worker): SIGTERM as it was before the write, so that
+    `Pool.terminate` ends the worker even where it is stuck before running any Python code of its own."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler in _previous:
+        with contextlib.suppress(ValueError):  # not the main thread: nothing was forked from one of ours
+            signal.signal(signal.SIGTERM, _previous[handler])  # type: ignore[arg-type]
+    _previous.clear()
+
+
+os.register_at_fork(after_in_child=_in_child)
 
 
 class Terminated(BaseException):
@@ -44,6 +62,7 @@ def saved_on_sigterm(where: object) -> Iterator[None]:
             fired.append(signum)
             raise Terminated(f"{where}: stopped by SIGTERM; re-run the same command to resume")
 
+    _previous[handler] = previous
     signal.signal(signal.SIGTERM, handler)
     try:
         yield
@@ -52,6 +71,7 @@ def saved_on_sigterm(where: object) -> Iterator[None]:
             raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _previous.pop(handler, None)
     if fired:
         log.warning("%s: stopped by SIGTERM after saving the progress of the last finished shard; re-run the same "
                     "command to resume", where)
