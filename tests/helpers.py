@@ -202,3 +202,17 @@ def put_dev_zero(p):
 def put_folder(p):
     """A folder at ``p``."""
     p.mkdir()
+
+
+def lerobot_in_place(tmp_path: Path, *, lengths: tuple[int, ...] = (40, 30), height: int = 120,
+                     width: int = 160) -> tuple[Path, Path]:
+    """A LeRobot v3 dataset of two episodes in one mp4 per camera (x264, GOP 4) under ``tmp_path/lr``, indexed in
+    place into ``tmp_path/ref`` by the CLI: (the source root, the index folder)."""
+    from benchmarks.lerobot_data import make_lerobot
+    from episodepipes.sharding.cli import main
+
+    src, out = tmp_path / "lr", tmp_path / "ref"
+    make_lerobot(src, lengths=lengths, num_episodes=2, episodes_per_file=2, gop=4, encoder="libx264", height=height,
+                 width=width, image_feature=False)
+    assert main(["write", str(src), str(out), "--format", "lerobot", "--codec", "reference"]) == 0
+    return src, out

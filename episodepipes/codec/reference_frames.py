@@ -16,6 +16,8 @@ import zlib
 
 import numpy as np
 
+from episodepipes.codec.reference_pieces import inflated
+
 MAGIC = b"EPFRM1\n\0"
 NAMES = ("offset", "size", "crc32", "member", "key")
 _ROW = 4 + 4 + 4 + 8 + 8  # size, crc32, back, offset gap, member step
@@ -52,15 +54,7 @@ def encode(cols: dict[str, np.ndarray]) -> bytes:
 def decode(raw: bytes, count: int) -> dict[str, np.ndarray]:
     """The columns of ``count`` frames from the file's bytes, in `episodepipes.format.COLUMNS`'s dtypes; ValueError
     naming what is wrong when they are not that (the values' own checks are the index's)."""
-    if raw[:len(MAGIC)] != MAGIC:
-        raise ValueError("the frames file does not start with its magic")
-    inflate = zlib.decompressobj()
-    try:
-        body = inflate.decompress(memoryview(raw)[len(MAGIC):], count * _ROW + 1)
-    except zlib.error as e:
-        raise ValueError(f"the frames file does not inflate ({e})") from None
-    if len(body) != count * _ROW or not inflate.eof or inflate.unused_data:
-        raise ValueError(f"the frames file does not hold {count} frames")
+    body = inflated(raw, MAGIC, count * _ROW, "the frames file", f"{count} frames")
     size = _unplanes(body, 0, count, "<u4").astype(np.int64)
     crc = np.frombuffer(body, "<u4", count, 4 * count).copy()
     back = _unplanes(body, 8 * count, count, "<u4").astype(np.int64)

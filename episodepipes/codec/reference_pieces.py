@@ -55,17 +55,24 @@ def encode(cols: dict[str, np.ndarray], shard_bytes: Sequence[int]) -> bytes:
     return MAGIC + zlib.compress(body, 6)
 
 
-def decode(raw: bytes, count: int, shard_bytes: Sequence[int]) -> dict[str, np.ndarray]:
-    """The columns of ``count`` pieces from the file's bytes; ValueError when they are not that."""
-    if raw[:len(MAGIC)] != MAGIC:
-        raise ValueError("the piece file does not start with its magic")
+def inflated(raw: bytes, magic: bytes, nbytes: int, what: str, holds: str) -> bytes:
+    """The ``nbytes`` that ``raw`` (``magic``, then one deflate stream, nothing after it) inflates to, never more
+    held in memory; ValueError naming ``what`` when it is not that (``holds``: what those bytes are)."""
+    if raw[:len(magic)] != magic:
+        raise ValueError(f"{what} does not start with its magic")
     inflate = zlib.decompressobj()
     try:
-        body = inflate.decompress(memoryview(raw)[len(MAGIC):], count * _ROW + 1)
+        body = inflate.decompress(memoryview(raw)[len(magic):], nbytes + 1)
     except zlib.error as e:
-        raise ValueError(f"the piece file does not inflate ({e})") from None
-    if len(body) != count * _ROW or not inflate.eof or inflate.unused_data:
-        raise ValueError(f"the piece file does not hold {count} pieces")
+        raise ValueError(f"{what} does not inflate ({e})") from None
+    if len(body) != nbytes or not inflate.eof or inflate.unused_data:
+        raise ValueError(f"{what} does not hold {holds}")
+    return body
+
+
+def decode(raw: bytes, count: int, shard_bytes: Sequence[int]) -> dict[str, np.ndarray]:
+    """The columns of ``count`` pieces from the file's bytes; ValueError when they are not that."""
+    body = inflated(raw, MAGIC, count * _ROW, "the piece file", f"{count} pieces")
     size = np.frombuffer(body, np.uint8, 4 * count).reshape(4, count).T.copy().view("<u4").ravel().astype(np.int64)
     file = np.frombuffer(body, "<i4", count, 4 * count).copy()
     gap = np.frombuffer(body, "<i8", count, 8 * count).astype(np.int64)

@@ -11,6 +11,7 @@ import zlib
 
 import av
 import pytest
+from helpers import lerobot_in_place
 
 from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
 from episodepipes.codec import reference_pieces as pieces_file
@@ -24,12 +25,7 @@ CAM = VIDEO_KEYS[0].replace(".", "_")
 
 @pytest.fixture
 def dataset(tmp_path):
-    src = tmp_path / "lr"
-    make_lerobot(src, lengths=(20, 20), num_episodes=2, episodes_per_file=2, gop=4, encoder="libx264", height=240,
-                 width=320, image_feature=False)
-    out = tmp_path / "ref"
-    assert main(["write", str(src), str(out), "--format", "lerobot", "--codec", "reference"]) == 0
-    return src, out
+    return lerobot_in_place(tmp_path, lengths=(20, 20), height=240, width=320)
 
 
 def _read(out, src, episode="episode_000000"):

@@ -9,8 +9,9 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import lerobot_in_place
 
-from benchmarks.lerobot_data import VIDEO_KEYS, make_lerobot
+from benchmarks.lerobot_data import VIDEO_KEYS
 from episodepipes.codec import reference as ref
 from episodepipes.codec.reference_layout import CameraPackets, layout
 from episodepipes.errors import ShardIOError
@@ -73,12 +74,7 @@ def test_the_rows_file_serves_the_copy_bytes_and_each_steps_rows_checked_by_bloc
 
 @pytest.fixture
 def dataset(tmp_path):
-    src = tmp_path / "lr"
-    make_lerobot(src, lengths=(40, 30), num_episodes=2, episodes_per_file=2, gop=4, encoder="libx264", height=120,
-                 width=160, image_feature=False)
-    out = tmp_path / "ref"
-    assert main(["write", str(src), str(out), "--format", "lerobot", "--codec", "reference"]) == 0
-    return src, out
+    return lerobot_in_place(tmp_path)
 
 
 def _horizon_valid(out, src):

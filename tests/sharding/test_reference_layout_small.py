@@ -11,8 +11,8 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import lerobot_in_place
 
-from benchmarks.lerobot_data import make_lerobot
 from episodepipes.codec import reference_blocks as blocks
 from episodepipes.codec import reference_frames as frames_file
 from episodepipes.format import COLUMNS, npy_bytes
@@ -84,12 +84,7 @@ def test_the_frames_file_gives_back_the_columns_and_refuses_a_count_or_value_tha
 
 @pytest.fixture
 def dataset(tmp_path):
-    src = tmp_path / "lr"
-    make_lerobot(src, lengths=(40, 30), num_episodes=2, episodes_per_file=2, gop=4, encoder="libx264", height=120,
-                 width=160, image_feature=False)
-    out = tmp_path / "ref"
-    assert main(["write", str(src), str(out), "--format", "lerobot", "--codec", "reference"]) == 0
-    return src, out
+    return lerobot_in_place(tmp_path)
 
 
 def _older(out, into):
