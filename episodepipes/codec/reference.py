@@ -253,8 +253,7 @@ class ReferenceSource:
         return self.folder.read_file(name, limit=limit)
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """Each range's bytes; a virtual shard's ranges are looked up in its pieces together (`_pieces_of`), so the
-        per-range cost is the reads and the join, not numpy calls."""
+        """Each range's bytes, from the pieces of the virtual shard that cover it (`_pieces_of`, `_gather`)."""
         shard = self._shards.get(name)
         if shard is None:
             return self.folder.read_ranges(name, ranges)
@@ -262,21 +261,33 @@ class ReferenceSource:
         for off, size in ranges:
             if off < 0 or size < 0 or off + size > total:
                 raise self._error(f"{self.root}/{name}: bytes {off}..{off + size} lie past its {total} bytes")
-        if not ranges:
-            return []
         return self._gather(*self._pieces_of(int(self._bounds[i]), int(self._bounds[i + 1]), ranges), len(ranges))
 
     def _pieces_of(self, lo: int, hi: int, ranges: Sequence[tuple[int, int]],
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                   ) -> tuple[list[int], list[int], list[int], list[int]]:
         """The pieces ``lo..hi-1`` of a shard that cover each range (in range order, then shard order): each one's
-        range number, file, and (at, size) in its file cut to the range; one `np.searchsorted` per end."""
+        range number, file, and (at, size) in its file cut to the range. One range (a sample's record, the common
+        call) is two scalar searches and a few slices; many (a block read) are searched together."""
+        starts = self._start[lo:hi]
+        if len(ranges) == 1:
+            off, end = ranges[0][0], ranges[0][0] + ranges[0][1]
+            if end <= off:
+                return [], [], [], []
+            a = lo + int(starts.searchsorted(off, side="right")) - 1
+            b = lo + int(starts.searchsorted(end, side="left"))
+            at, size, start = self._at[a:b].tolist(), self._size[a:b].tolist(), self._start[a:b].tolist()
+            at[0] += off - start[0]
+            size[0] -= off - start[0]
+            size[-1] -= start[-1] + int(self._size[b - 1]) - end
+            return [0] * (b - a), self._file[a:b].tolist(), at, size
         spans = np.asarray(ranges, np.int64).reshape(-1, 2)
         off, end = spans[:, 0], spans[:, 0] + spans[:, 1]
-        starts = self._start[lo:hi]
         a = lo + np.searchsorted(starts, off, side="right") - 1
         b = lo + np.searchsorted(starts, end, side="left")
         count = np.where(end > off, b - a, 0)
         cum = np.cumsum(count)
+        if not len(cum) or not cum[-1]:  # no range, or every one empty
+            return [], [], [], []
         rng = np.repeat(np.arange(len(spans)), count)
         k = np.arange(int(cum[-1])) - np.repeat(cum - count, count) + np.repeat(a, count)
         at, size = self._at[k], self._size[k].copy()
@@ -285,38 +296,30 @@ class ReferenceSource:
         at[first] += cut
         size[first] -= cut
         size[last] -= self._start[k[last]] + self._size[k[last]] - end[count > 0]
-        return rng, self._file[k], at, size
+        return rng.tolist(), self._file[k].tolist(), at.tolist(), size.tolist()
 
-    def _gather(self, rng: np.ndarray, file: np.ndarray, at: np.ndarray, size: np.ndarray, n: int) -> list[bytes]:
+    def _gather(self, rng: list[int], file: list[int], at: list[int], size: list[int], n: int) -> list[bytes]:
         """The ``n`` ranges' bytes from their pieces (`_pieces_of`): per range, one read per file where its pieces
         lie close together (a run's packets of one camera are adjacent in its file), else one read per piece."""
-        if not len(rng):  # every range empty
-            return [b""] * n
-        key = rng * (int(file.max()) - ROWS + 1) + (file - ROWS)
-        order = np.argsort(key, kind="stable")
-        sk = key[order]
-        heads = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
-        so, se = at[order], at[order] + size[order]
-        first, last = np.minimum.reduceat(so, heads), np.maximum.reduceat(se, heads)
-        whole = last - first <= 2 * np.add.reduceat(size[order], heads) + (1 << 16)
-        group = np.repeat(np.arange(len(heads)), np.diff(np.r_[heads, len(order)]))
-        rel = (so - first[group]).tolist()
-        ks, ends, sizes = order.tolist(), np.r_[heads[1:], len(order)].tolist(), size[order].tolist()
-        views: list[memoryview | None] = [None] * len(ks)
-        for h, e, f, x, y, one in zip(heads.tolist(), ends, file[order[heads]].tolist(), first.tolist(),
-                                      last.tolist(), whole.tolist()):
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j, key in enumerate(zip(rng, file)):
+            groups.setdefault(key, []).append(j)
+        views: list[bytes | memoryview] = [b""] * len(rng)
+        for (_, f), js in groups.items():
             src, name = (self._literal_src, self._literal) if f == LITERAL else (self.folder, self.rows[0]) \
                 if f == ROWS else self._source_of(f)  # type: ignore[index]
-            if one:
-                data = memoryview(src.read(name, x, y - x))
-                for j in range(h, e):
-                    views[ks[j]] = data[rel[j]:rel[j] + sizes[j]]
+            first, last = min(at[j] for j in js), max(at[j] + size[j] for j in js)
+            if last - first <= 2 * sum(size[j] for j in js) + (1 << 16):
+                data = memoryview(src.read(name, first, last - first))
+                for j in js:
+                    views[j] = data[at[j] - first:at[j] - first + size[j]]
             else:
-                got = src.read_ranges(name, [(x + rel[j], sizes[j]) for j in range(h, e)])
-                for j, d in zip(range(h, e), got):
-                    views[ks[j]] = memoryview(d)
-        bounds = np.r_[0, np.cumsum(np.bincount(rng, minlength=n))].tolist()
-        return [b"".join(views[bounds[r]:bounds[r + 1]]) for r in range(n)]  # type: ignore[arg-type]
+                for j, d in zip(js, src.read_ranges(name, [(at[j], size[j]) for j in js])):
+                    views[j] = d
+        out: list[list[bytes | memoryview]] = [[] for _ in range(n)]
+        for j, r in enumerate(rng):
+            out[r].append(views[j])
+        return [b"".join(parts) for parts in out]
 
     def step_rows(self, row: int, count: int) -> memoryview | None:
         """The rows of steps ``row .. row + count`` (frame rows of the index) as one ``(count * width)`` view, read
