@@ -38,8 +38,7 @@ class Stuck(SyntheticReader):  # hangs at one episode, after saying so, until it
 
 
 write_shards(Stuck(num_episodes=12, length=6, height=16, width=16), sys.argv[1],
-             WriteOptions(format="synthetic", shard_size=5_000), save_every=float(sys.argv[4]),
-             workers=int(sys.argv[5]) if len(sys.argv) > 5 else 1)
+             WriteOptions(format="synthetic", shard_size=5_000), save_every=float(sys.argv[4]))
 """
 
 
@@ -214,24 +213,21 @@ def test_an_error_saves_the_last_shards_progress_on_the_way_out(tmp_path, ref):
     assert _files(tmp_path / "rare") == ref
 
 
-def _killed_at(out, episode, every, sig=signal.SIGKILL, workers=1):
-    """Run a write of ``out`` in a child process with ``save_every=every``, and send it ``sig`` once it is stuck
-    reading ``episode`` (every episode before it has been handed to the writer); returns its stderr."""
+def _killed_at(out, episode, every):
+    """Run a write of ``out`` in a child process with ``save_every=every``, and SIGKILL it once it is stuck reading
+    ``episode`` (every episode before it has been handed to the writer)."""
     ready = out.parent / f"stuck-{episode}"
-    ready.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), episode, str(ready), str(every), str(workers)],
-                             cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), episode, str(ready), str(every)], cwd=ROOT,
+                             env=env, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not ready.exists():
         assert child.poll() is None, child.stderr.read().decode()
         assert time.monotonic() < deadline, "the child never reached the stuck episode"
         time.sleep(0.05)
     time.sleep(0.5)  # the writer thread appends the episode before it (no harm if it is still at it)
-    child.send_signal(sig)
-    err = child.stderr.read().decode()
-    assert child.wait(timeout=60) == -sig, err
-    return err
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=60) == -signal.SIGKILL
 
 
 def test_a_kill_9_between_two_saves_resumes_to_the_bytes_of_an_uninterrupted_write(tmp_path, ref):
@@ -247,48 +243,3 @@ def test_a_kill_9_between_two_saves_resumes_to_the_bytes_of_an_uninterrupted_wri
     res = write_shards(SYN, out, OPTS)
     assert res.resumed and res.frames_written < res.frames
     assert _files(out) == ref
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-def test_sigterm_saves_the_last_finished_shard_and_ends_the_process_by_sigterm(tmp_path, ref, workers):
-    out = tmp_path / "out"
-    err = _killed_at(out, "ep0010", 3600, signal.SIGTERM, workers)  # no save is due before the signal
-    shards = progress.read(out)["shards"]
-    assert len(shards) >= 2 and _shards(out) == [s["name"] for s in shards], err  # every finished shard named
-    assert "stopped by SIGTERM" in err and not (out / "_spool").exists()
-    assert not (out / "_write.lock").exists()  # unwound: the lock let go (a killed writer leaves its file)
-    res = write_shards(SYN, out, OPTS)  # the lock was let go: no LockedError
-    assert res.resumed and res.frames_written == res.frames - sum(s["samples"] for s in shards)  # nothing redone
-    assert _files(out) == ref
-
-
-def test_the_sigterm_handler_is_only_for_the_write_and_only_in_the_main_thread(tmp_path):
-    before = signal.getsignal(signal.SIGTERM)
-    write_shards(SYN, tmp_path / "main", OPTS)
-    assert signal.getsignal(signal.SIGTERM) is before
-    done = []
-    t = threading.Thread(target=lambda: done.append(write_shards(SYN, tmp_path / "thread", OPTS)))
-    t.start()
-    t.join(120)
-    assert done and done[0].frames == SHAPE["num_episodes"] * SHAPE["length"]
-    assert signal.getsignal(signal.SIGTERM) is before
-
-
-def test_a_process_forked_during_the_write_keeps_the_sigterm_handler_from_before_it():
-    """An encoder pool's worker is forked inside the write: `Pool.terminate`'s SIGTERM must end it as before the
-    write, even when it is stuck where no Python code of its own runs (our handler would only set a flag there)."""
-    from episodepipes.sharding.write.sigterm import saved_on_sigterm
-
-    before = signal.getsignal(signal.SIGTERM)
-    with saved_on_sigterm("out"):
-        assert signal.getsignal(signal.SIGTERM) is not before  # ours, in this process
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report, then leave at once
-            os.write(w, b"1" if signal.getsignal(signal.SIGTERM) is before else b"0")
-            os._exit(0)
-        os.close(w)
-        assert os.waitpid(pid, 0)[1] == 0
-        assert os.read(r, 1) == b"1"
-        os.close(r)
-    assert signal.getsignal(signal.SIGTERM) is before
