@@ -168,7 +168,9 @@ def test_pipes_built_from_a_path_hold_no_column_fds_until_the_cyclic_gc(good):
                 pass
             if i == 1:
                 before = _fds()  # after the first passes: the shared mappings are open
-        assert _fds() == before, (before, _fds())  # was 5 more per pass: 500 after 100
+        # none more than after the first passes (was 5 more per pass: 500 after 100); fewer is another test's
+        # leftovers in this worker process closing theirs
+        assert _fds() <= before, (before, _fds())
     finally:
         gc.enable()
         gc.collect()
