@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from episodepipes.codec.reference import FileInfo, stamp
+from episodepipes.codec.reference_blocks import inflated
 from episodepipes.codec.reference_layout import ROWS, CameraPackets, EpisodeLayout
 
 IMAGE_BASE = 1 << 30  # image file numbers while writing (renumbered after the JSON's files by `renumber`)
@@ -154,16 +155,8 @@ class ImageFiles:
     def decode(cls, raw: bytes, count: int, names: int) -> ImageFiles:
         """The table of ``count`` files whose names take ``names`` bytes, from its file; ValueError when the bytes
         are not that (inflating at most what the counts allow)."""
-        if raw[:len(MAGIC)] != MAGIC:
-            raise ValueError("the image table does not start with its magic")
-        want = 16 * count + names
-        inflate = zlib.decompressobj()
-        try:
-            body = inflate.decompress(memoryview(raw)[len(MAGIC):], want + 1)
-        except zlib.error as e:
-            raise ValueError(f"the image table does not inflate ({e})") from None
-        if len(body) != want or not inflate.eof or inflate.unused_data:
-            raise ValueError(f"the image table does not hold {count} files of {names} name bytes")
+        body = inflated(raw, MAGIC, 16 * count + names, "the image table",
+                        f"hold {count} files of {names} name bytes")
         out = cls()
         out.sizes = np.frombuffer(body, "<u8", count).astype(np.int64)
         if (np.frombuffer(body, "<u8", count) >= 2**62).any():

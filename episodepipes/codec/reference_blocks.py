@@ -36,6 +36,22 @@ def encode(raw: bytes | memoryview, block: int = BLOCK) -> bytes:
     return b"".join([MAGIC, _HEAD.pack(block, len(view)), ends.tobytes(), *parts])
 
 
+def inflated(raw: bytes | memoryview, magic: bytes, nbytes: int, what: str, expect: str) -> bytes:
+    """The ``nbytes`` that ``raw`` (``magic``, then one deflate stream, nothing after it) inflates to, never more
+    held in memory; ValueError naming ``what`` when it is not that (``expect``: what it does not do then, after
+    "does not")."""
+    if bytes(raw[:len(magic)]) != magic:
+        raise ValueError(f"{what} does not start with its magic")
+    inflate = zlib.decompressobj()
+    try:
+        body = inflate.decompress(memoryview(raw)[len(magic):], nbytes + 1)
+    except zlib.error as e:
+        raise ValueError(f"{what} does not inflate ({e})") from None
+    if len(body) != nbytes or not inflate.eof or inflate.unused_data:
+        raise ValueError(f"{what} does not {expect}")
+    return body
+
+
 def table_bytes(total: int, block: int = BLOCK) -> int:
     """Bytes of the magic, head and table before the blocks of a file of ``total`` bytes."""
     return len(MAGIC) + _HEAD.size + 8 * -(-total // block)
@@ -87,14 +103,11 @@ class BlockFile:
             data = memoryview(self.folder.read(self.name, lo, hi - lo))
             for k in todo:
                 want = min(self.block, self.total - k * self.block)
-                inflate = zlib.decompressobj()
                 try:
-                    got = inflate.decompress(data[int(self._bounds[k]) - lo:int(self._bounds[k + 1]) - lo], want + 1)
-                except zlib.error as e:
-                    raise self._fail(f"block {k} does not inflate ({e})") from None
-                if len(got) != want or not inflate.eof or inflate.unused_data:
-                    raise self._fail(f"block {k} does not inflate to its {want} bytes")
-                have[k] = got
+                    have[k] = inflated(data[int(self._bounds[k]) - lo:int(self._bounds[k + 1]) - lo], b"", want,
+                                       f"block {k}", f"inflate to its {want} bytes")
+                except ValueError as e:
+                    raise self._fail(str(e)) from None
             with self._lock:
                 for k in todo:
                     self._cache[k] = have[k]
@@ -121,4 +134,4 @@ class BlockFile:
         return [self.read(name, off, size) for off, size in ranges]
 
 
-__all__ = ["BLOCK", "BlockFile", "encode", "table_bytes"]
+__all__ = ["BLOCK", "BlockFile", "encode", "inflated", "table_bytes"]

@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from episodepipes.codec.reference_pieces import inflated
+from episodepipes.codec.reference_blocks import inflated
 
 MAGIC = b"EPFRM1\n\0"
 NAMES = ("offset", "size", "crc32", "member", "key")
@@ -54,7 +54,7 @@ def encode(cols: dict[str, np.ndarray]) -> bytes:
 def decode(raw: bytes, count: int) -> dict[str, np.ndarray]:
     """The columns of ``count`` frames from the file's bytes, in `episodepipes.format.COLUMNS`'s dtypes; ValueError
     naming what is wrong when they are not that (the values' own checks are the index's)."""
-    body = inflated(raw, MAGIC, count * _ROW, "the frames file", f"{count} frames")
+    body = inflated(raw, MAGIC, count * _ROW, "the frames file", f"hold {count} frames")
     size = _unplanes(body, 0, count, "<u4").astype(np.int64)
     crc = np.frombuffer(body, "<u4", count, 4 * count).copy()
     back = _unplanes(body, 8 * count, count, "<u4").astype(np.int64)

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from episodepipes.codec.reference_blocks import inflated
+
 MAGIC = b"EPREF1\n\0"
 _ROW = 4 + 4 + 8  # size, file, gap
 
@@ -55,24 +57,9 @@ def encode(cols: dict[str, np.ndarray], shard_bytes: Sequence[int]) -> bytes:
     return MAGIC + zlib.compress(body, 6)
 
 
-def inflated(raw: bytes, magic: bytes, nbytes: int, what: str, holds: str) -> bytes:
-    """The ``nbytes`` that ``raw`` (``magic``, then one deflate stream, nothing after it) inflates to, never more
-    held in memory; ValueError naming ``what`` when it is not that (``holds``: what those bytes are)."""
-    if raw[:len(magic)] != magic:
-        raise ValueError(f"{what} does not start with its magic")
-    inflate = zlib.decompressobj()
-    try:
-        body = inflate.decompress(memoryview(raw)[len(magic):], nbytes + 1)
-    except zlib.error as e:
-        raise ValueError(f"{what} does not inflate ({e})") from None
-    if len(body) != nbytes or not inflate.eof or inflate.unused_data:
-        raise ValueError(f"{what} does not hold {holds}")
-    return body
-
-
 def decode(raw: bytes, count: int, shard_bytes: Sequence[int]) -> dict[str, np.ndarray]:
     """The columns of ``count`` pieces from the file's bytes; ValueError when they are not that."""
-    body = inflated(raw, MAGIC, count * _ROW, "the piece file", f"{count} pieces")
+    body = inflated(raw, MAGIC, count * _ROW, "the piece file", f"hold {count} pieces")
     size = np.frombuffer(body, np.uint8, 4 * count).reshape(4, count).T.copy().view("<u4").ravel().astype(np.int64)
     file = np.frombuffer(body, "<i4", count, 4 * count).copy()
     gap = np.frombuffer(body, "<i8", count, 8 * count).astype(np.int64)
