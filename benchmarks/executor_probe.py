@@ -28,6 +28,7 @@ import episodepipes.pipes.builders as builders_mod
 import episodepipes.pipes.train as train_mod
 from benchmarks import bench_decode as bd
 from benchmarks import bench_train as bt
+from episodepipes import _forkserver
 from episodepipes.pipes import BatchStacker, ShardReader
 from episodepipes.pipes._decode import pool as _pool
 from episodepipes.pipes._decode.lifecycle import shutdown_node
@@ -82,8 +83,9 @@ class PMDecoder(Decoder):
         o = self.options
         pickled = o.method == "process" and self.chunk > 1
         self._started = False
+        start = _forkserver.start_method() if o.method == "process" else None
         self._mapper = ParallelMapper(_Claimed(self), _Task(self.fn, o.method), o.num_workers, method=o.method,
-                                      multiprocessing_context=_pool.start_method() if o.method == "process" else None,
+                                      multiprocessing_context=start,
                                       prebatch=self.chunk if pickled else None)
         self._live = False
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TextIO
 
 from episodepipes.codec.copy import MAX_GOP
+from episodepipes.errors import WorkerError
 from episodepipes.index import EpisodeIndex
 from episodepipes.remote.retry import printable
 from episodepipes.sharding.episode import EpisodeError
@@ -467,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         if "pip install" not in str(e):
             raise
         _error(str(e))
-    except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError) as e:
+    except (EpisodeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, DiskFullError,
+            WorkerError) as e:  # WorkerError: an encoder process died (the message names the episodes in flight)
         _error(str(e))
     except ShardIOError as e:  # a remote object missing or unreadable after retries: the message names it
         _error(str(e))

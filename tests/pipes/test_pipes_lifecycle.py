@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from episodepipes import _forkserver
 from episodepipes.pipes import video_pipe
 from episodepipes.pipes._decode import pool as _pool
 
@@ -67,7 +68,7 @@ def test_an_old_iterator_collected_later_leaves_the_new_pass_alone(shards):
 
 @pytest.mark.parametrize("start", ["spawn", "forkserver"])
 def test_processes_without_fork_decode_the_same_frames(shards, monkeypatch, start):
-    monkeypatch.setattr(_pool, "start_method", lambda: start)
+    monkeypatch.setattr(_forkserver, "start_method", lambda: start)
     ref = [b["front"].numpy().copy() for b in _pipe(shards, "thread")]
     pipe = _pipe(shards, "process")
     got = [b["front"].numpy().copy() for b in pipe]

@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = """
+STUCK = """
 import os, sys, time
 from episodepipes.sharding.formats.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions, write_shards
 
 class Stuck(SyntheticReader):
     def read(self, episode_id):
@@ -22,6 +21,12 @@ class Stuck(SyntheticReader):
             f.write(f"{os.getpid()}\\n")
         while True:  # an encoder that never finishes
             time.sleep(0.05)
+"""
+SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from stuck import Stuck  # a module: encoder processes start from a clean interpreter and import what tasks name
+from episodepipes.sharding.write import WriteOptions, write_shards
 
 write_shards(Stuck(num_episodes=4, length=3, height=16, width=16), sys.argv[2], WriteOptions(format="synthetic"),
              workers=2)
@@ -38,7 +43,8 @@ def _alive(pid: int) -> bool:
 
 def test_encoder_processes_die_with_a_killed_writer(tmp_path):
     log = tmp_path / "workers.log"
-    parent = subprocess.Popen([sys.executable, "-c", SCRIPT, str(log), str(tmp_path / "out")], cwd=ROOT,
+    (tmp_path / "stuck.py").write_text(STUCK)
+    parent = subprocess.Popen([sys.executable, "-c", SCRIPT, str(log), str(tmp_path / "out"), str(tmp_path)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []
     try:
@@ -60,3 +66,21 @@ def test_encoder_processes_die_with_a_killed_writer(tmp_path):
         for pid in workers:  # only the processes this test started
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_reader_class_in_an_interactive_main_is_refused_by_name(tmp_path):
+    # encoder processes start from a clean interpreter: a class only `python -c` (or a notebook) has cannot reach them
+    script = """
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write import WriteOptions, write_shards
+
+class Mine(SyntheticReader):
+    pass
+
+write_shards(Mine(num_episodes=2, length=2, height=16, width=16), OUT, WriteOptions(format="synthetic"), workers=2)
+""".replace("OUT", repr(str(tmp_path / "out")))
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "ValueError: reader class Mine is defined in __main__ of an interactive session or `python -c`, which "
+        "encoder processes cannot import; define it in a module (a .py file) or write with workers=1")

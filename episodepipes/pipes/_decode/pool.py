@@ -1,16 +1,9 @@
-"""A per-pass worker pool: threads (default) or processes started by a fork server (spawned where there is none),
-always stopped by `Pool.close` or, for a pool dropped without it, by its finalizer.
+"""A per-pass worker pool: threads (default) or processes started from a clean state (`episodepipes._forkserver`:
+a fork server, or spawn where there is none), always stopped by `Pool.close` or, for a pool dropped without it, by
+its finalizer.
 
-Why a fork server and not ``fork``: a child forked from this process gets every lock as it was at the fork, and a
-lock another thread held then (OpenCV's inside ``cv2.split`` in a decode thread of another pipe, a user's
-``threading.Lock``) stays held forever in the child, which then blocks on it: the process pass after a thread pass
-hung that way. The fork server (multiprocessing's ``"forkserver"``) is a fresh interpreter, started once per process,
-with the library (and torch, cv2, lightning if loaded here) imported before it forks anything, so each pass's workers
-start from that clean state in milliseconds, not from this process's memory. They inherit nothing of this pass,
-so the shared batch rows are given to them as descriptors (`_slabs.Ring`); the main module is imported in each
-worker as `multiprocessing` does for spawned children (keep a script's work under ``if __name__ == "__main__":``).
-
-Workers die with the process running the pass, even killed outright (`_deathsig.exit_with`), and
+Process workers inherit nothing of this pass, so the shared batch rows are given to them as descriptors
+(`_slabs.Ring`). Workers die with the process running the pass, even killed outright (`_forkserver.tie_to`), and
 `_executor.InOrder` bounds how long it waits on one.
 """
 
@@ -18,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -28,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
-from episodepipes._deathsig import die_with, exit_with
+from episodepipes import _forkserver
 from episodepipes.pipes._decode import slabs as _slabs
 from episodepipes.pipes.stats import Stats
 
@@ -36,9 +28,7 @@ _M_TRIM_THRESHOLD = -1  # mallopt(3)
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 64 << 20
 THREAD_PREFIX = "episodepipes-decode"
-PRELOAD = ("episodepipes.pipes.decode", "episodepipes.pipes.train")  # what the fork server imports before forking
-PRELOAD_IF_LOADED = ("torch", "cv2", "lightning", "av")  # and these, when this process has them
-_preloaded = False
+PRELOAD = ("episodepipes.pipes.decode", "episodepipes.pipes.train")  # what a fork server started here imports first
 
 
 def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> None:
@@ -64,8 +54,7 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
     Do not call `cv2.setNumThreads` here: it was seen to wait forever on the parent's pool in a forked child.
     """
     if owner is not None:
-        die_with(os.getppid())  # the fork server: long-lived, so it is still the parent this early
-        exit_with(owner)
+        _forkserver.tie_to(owner)
     if ring is not None:
         _slabs.attach(ring)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -82,25 +71,10 @@ def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> 
         pass
 
 
-def start_method() -> str:
-    """``"forkserver"`` where the platform has it, else ``"spawn"`` (both start workers from a clean state)."""
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-
-
 def shares_memory() -> bool:
     """Whether decode processes can be given the shared batch rows (`_slabs.Ring`): their descriptors are passed
     along as a fork server starts them; elsewhere their frames come back pickled."""
-    return start_method() == "forkserver"
-
-
-def _context() -> mp.context.BaseContext:
-    """The start context, its fork server told what to import first (only the first call, before it starts)."""
-    global _preloaded
-    ctx = mp.get_context(start_method())
-    if start_method() == "forkserver" and not _preloaded:
-        ctx.set_forkserver_preload([*PRELOAD, *(m for m in PRELOAD_IF_LOADED if m in sys.modules)])
-        _preloaded = True
-    return ctx
+    return _forkserver.start_method() == "forkserver"
 
 
 def _stop(ex: Executor) -> None:
@@ -124,8 +98,8 @@ class Pool:
     def __init__(self, method: str, num_workers: int, stats: Stats, ring: _slabs.Ring | None = None) -> None:
         self._ex: Executor
         if method == "process":
-            self._ex = ProcessPoolExecutor(num_workers, mp_context=_context(), initializer=_init_process,
-                                           initargs=(ring, os.getpid()))
+            self._ex = ProcessPoolExecutor(num_workers, mp_context=_forkserver.context(PRELOAD),
+                                           initializer=_init_process, initargs=(ring, os.getpid()))
         else:
             self._ex = ThreadPoolExecutor(num_workers, thread_name_prefix=THREAD_PREFIX)
         self._finalizer = weakref.finalize(self, _stop, self._ex)

@@ -13,15 +13,19 @@ import concurrent.futures
 import contextlib
 import itertools
 import mmap
-import multiprocessing as mp
 import os
+import signal
+import sys
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+from multiprocessing import reduction
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import cv2
 
-from episodepipes import safefile
-from episodepipes._deathsig import die_with
+from episodepipes import _forkserver, safefile
+from episodepipes.errors import WorkerError
 from episodepipes.format import safe_field
 from episodepipes.normstats.fields import episode_part
 from episodepipes.sharding.episode import EpisodeError
@@ -30,7 +34,8 @@ from episodepipes.sharding.write.encode import EncodedEpisode, encode_episode
 _IOV_MAX = 1024  # POSIX's minimum IOV_MAX is 16, but Linux, macOS and the BSDs take 1024
 _decode_threads = 0  # 0: the decoder's own choice (a thread per core); a worker gets its share of the cores
 SLOT_BYTES = 64 * 2**20  # a pooled episode up to this many tar bytes comes back in shared memory, a larger one spooled
-_slots: Slots | None = None  # a forked worker's view of its pool's slots (set by `_init`)
+_slots: Slots | None = None  # a worker's view of its pool's slots (set by `_init`)
+PRELOAD = (__name__,)  # what a fork server started by a write imports before it forks the encoders
 
 
 def decode_threads() -> int:
@@ -40,17 +45,29 @@ def decode_threads() -> int:
 
 
 class Slots:
-    """Shared memory the forked encoders hand their episodes' tar bytes back in, one slot per episode in flight.
+    """Shared memory the encoder processes hand their episodes' tar bytes back in, one slot per episode in flight.
 
     A spool file costs a copy into the page cache in the worker, then page faults in the writer and the file's
-    freeing, for every episode; a slot is mapped once, before the fork, and reused. Pages are touched only as far
-    as episodes fill them (``MAP_NORESERVE``), so a slot's size is a cap, not memory taken.
+    freeing, for every episode; a slot is mapped once per write and reused. It is a memfd, given to each worker as a
+    descriptor as the fork server starts it (pickled with `multiprocessing.reduction.DupFd`). Pages are touched only
+    as far as episodes fill them, so a slot's size is a cap, not memory taken.
     """
 
-    def __init__(self, count: int, size: int) -> None:
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
-        self.size, self.mm = size, mmap.mmap(-1, count * size, flags=flags)
+    def __init__(self, count: int, size: int, fd: int | None = None) -> None:
+        self.count, self.size = count, size
+        if fd is None:
+            fd = os.memfd_create("episodepipes-slots", os.MFD_CLOEXEC)
+            os.ftruncate(fd, count * size)
+        self.fd, self.mm = fd, mmap.mmap(fd, count * size, flags=mmap.MAP_SHARED)
         self.free = collections.deque(range(count))
+
+    @staticmethod
+    def supported() -> bool:
+        """Shared slots need a memfd (Linux) and a fork server to pass it; elsewhere episodes come back spooled."""
+        return hasattr(os, "memfd_create") and _forkserver.start_method() == "forkserver"
+
+    def __reduce__(self) -> tuple:
+        return _attach_slots, (self.count, self.size, reduction.DupFd(self.fd))
 
     def put(self, slot: int, enc: EncodedEpisode) -> int | None:
         """Copy ``enc``'s tar bytes into ``slot``; their byte count, or None when they do not fit."""
@@ -66,6 +83,11 @@ class Slots:
             self.mm.close()
         except BufferError:  # a view is still held by the traceback of an error in flight: freed with it
             pass
+        os.close(self.fd)
+
+
+def _attach_slots(count: int, size: int, dup: reduction.DupFd) -> Slots:
+    return Slots(count, size, dup.detach())
 
 
 def _encode(task: tuple, slot: int | None = None) -> tuple:
@@ -152,23 +174,26 @@ def samples(payload: tuple) -> Iterator[tuple]:
     os.unlink(data)
 
 
-def _init(threads: int, spawned: bool, parent: int | None = None, slots: Slots | None = None) -> None:
+def _init(threads: int, owner: int, slots: Slots | None) -> None:
+    """An encoder process, first thing: gone with the writer (`_forkserver.tie_to`); one OpenCV thread (one process per
+    core already; more would only contend; safe to set in a fork server's child, which has no thread pool yet);
+    Ctrl-C left to the writer, which stops the pool."""
     global _decode_threads, _slots
-    if parent is not None:
-        die_with(parent)  # a writer killed outright leaves no encoder behind
+    _forkserver.tie_to(owner)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _decode_threads, _slots = threads, slots
-    if spawned:
-        cv2.setNumThreads(1)  # safe in a spawned child, which starts with no thread pool
+    cv2.setNumThreads(1)
 
 
 def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False,
             slot_bytes: int = SLOT_BYTES) -> Iterator[tuple]:
-    """`_encode` over ``tasks`` in order: in this process, or in ``workers`` forked processes.
+    """`_encode` over ``tasks`` in order: in this process, or in ``workers`` processes (`_pooled`).
 
     ``threaded`` (copied packets, little to encode): with ``workers > 1`` the tasks run in one thread beside the
     caller (demuxing, parquet reads and the caller's hashing and writing release the GIL) until an episode has
     frames to encode; the tasks after it go to the pool, started then. A pooled episode's tar bytes come back
-    in shared memory (`Slots` of ``slot_bytes`` each) when it fits and the pool forks, else in its spool file.
+    in shared memory (`Slots` of ``slot_bytes`` each) when it fits and the platform can share it, else in its spool
+    file.
     """
     if workers <= 1:
         yield from map(_encode, tasks)
@@ -206,50 +231,75 @@ def _threaded(tasks: list[tuple], ahead: int) -> Iterator[tuple]:
 
 
 def _pooled(tasks: list[tuple], workers: int, slot_bytes: int = SLOT_BYTES) -> Iterator[tuple]:
-    """`_encode` over ``tasks`` in order in ``workers`` forked processes.
+    """`_encode` over ``tasks`` in order in ``workers`` processes started by a fork server (`_forkserver`: a fork of
+    this process could inherit a lock one of its threads held, and hang on it).
 
-    The children inherit one OpenCV thread each (one process per core already; more threads would only
-    contend) from a setting made in this process around the fork: `cv2.setNumThreads` called in a
-    forked child can wait forever on the parent's thread pool, which the child does not have. They also
-    inherit the `Slots` their episodes come back in; a result's slot is reused once the caller has taken
-    the result and asked for the next one.
+    A result's slot (`Slots`) is reused once the caller has taken the result and asked for the next one. A worker that
+    dies (the OOM killer, a signal) ends the write with a `WorkerError` naming the episodes in flight (which one it
+    held is not known), never a wait without end;
+    the workers of a write that stops early are killed, not waited for.
     """
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    forked = ctx.get_start_method() == "fork"
-    slots = Slots(2 * workers, slot_bytes) if forked and slot_bytes > 0 else None
-    threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
+    _check_importable(tasks[0][0])
+    slots = Slots(2 * workers, slot_bytes) if slot_bytes > 0 and Slots.supported() else None
+    ex = ProcessPoolExecutor(workers, mp_context=_forkserver.context(PRELOAD), initializer=_init,
+                             initargs=(max(1, (os.cpu_count() or 1) // workers), os.getpid(), slots))
+    procs: dict[int, BaseProcess] = {}  # pid -> process as the executor starts them (no public list): error, kill
+    finished = False
     try:
-        pool = ctx.Pool(workers, initializer=_init,
-                        initargs=(max(1, (os.cpu_count() or 1) // workers), not forked, os.getpid(), slots))
-    finally:
-        cv2.setNumThreads(threads)
-    try:
-        with pool:
-            # a bounded window, not imap's unbounded read-ahead: encoders faster than the writer would
-            # otherwise spool up to the whole dataset, on the disk the shards need
-            todo, window = iter(tasks), collections.deque()
+        # a bounded window, not an unbounded read-ahead: encoders faster than the writer would
+        # otherwise spool up to the whole dataset, on the disk the shards need
+        todo, window = iter(tasks), collections.deque()
 
-            def submit(task: tuple) -> None:
-                slot = slots.free.popleft() if slots is not None else None
-                window.append((pool.apply_async(_encode, (task, slot)), slot))
+        def submit(task: tuple) -> None:
+            slot = slots.free.popleft() if slots is not None else None
+            window.append((ex.submit(_encode, task, slot), slot, task[1]))
+            procs.update(getattr(ex, "_processes", None) or {})
 
-            for task in itertools.islice(todo, 2 * workers):
+        for task in itertools.islice(todo, 2 * workers):
+            submit(task)
+        while window:
+            pending, slot, eid = window.popleft()
+            try:
+                res = pending.result()
+            except BrokenProcessPool:
+                ids = ", ".join(repr(e) for e in (eid, *(w[2] for w in window)))
+                raise WorkerError(f"an encoder process died ({_ended(procs)}) with episodes {ids} in flight; "
+                                  "signal 9 is most often the OOM killer: re-run with fewer workers (a resume "
+                                  "keeps the shards finished); otherwise its error is on stderr above") from None
+            if res[0] == "ok" and isinstance(res[2][0], tuple):  # ("slot", slot, nbytes): a view, no copy
+                with memoryview(slots.mm) as mm:
+                    start = slot * slots.size
+                    with mm[start:start + res[2][0][2]] as view:
+                        yield (*res[:2], (view, res[2][1]), *res[3:])
+            else:
+                yield res
+            if slot is not None:
+                slots.free.append(slot)
+            for task in itertools.islice(todo, 1):
                 submit(task)
-            while window:
-                pending, slot = window.popleft()
-                res = pending.get()
-                if res[0] == "ok" and isinstance(res[2][0], tuple):  # ("slot", slot, nbytes): a view, no copy
-                    with memoryview(slots.mm) as mm:
-                        start = slot * slots.size
-                        with mm[start:start + res[2][0][2]] as view:
-                            yield (*res[:2], (view, res[2][1]), *res[3:])
-                else:
-                    yield res
-                if slot is not None:
-                    slots.free.append(slot)
-                for task in itertools.islice(todo, 1):
-                    submit(task)
+        finished = True
     finally:
+        if not finished:  # an error or an early close: the episodes in flight are not wanted
+            for p in procs.values():
+                if p.exitcode is None:
+                    p.kill()
+        ex.shutdown(wait=True, cancel_futures=True)
         if slots is not None:
             slots.close()
+
+
+def _check_importable(reader: object) -> None:
+    """Encoder processes start from a clean interpreter and import the reader's class by name: one defined in the
+    ``__main__`` of an interactive session or of ``python -c`` (no file to import) would kill each of them."""
+    cls, main = type(reader), sys.modules.get("__main__")
+    if cls.__module__ == "__main__" and not getattr(main, "__file__", None):
+        raise ValueError(f"reader class {cls.__qualname__} is defined in __main__ of an interactive session or "
+                         "`python -c`, which encoder processes cannot import; define it in a module (a .py file) "
+                         "or write with workers=1")
+
+
+def _ended(procs: dict[int, BaseProcess]) -> str:
+    """How each encoder process ended, for an error: ``pid 12 (signal 9)``."""
+    def how(code: int | None) -> str:
+        return "running" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
+    return ", ".join(f"pid {pid} ({how(p.exitcode)})" for pid, p in sorted(procs.items())) or "not started"
