@@ -22,11 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SHAPE = {"num_episodes": 12, "length": 6, "height": 16, "width": 16}
 SYN = SyntheticReader(**SHAPE)
 OPTS = WriteOptions(format="synthetic", shard_size=5_000)
-SCRIPT = """
+STUCK = """
 import sys, time
 from pathlib import Path
 from episodepipes.sharding.formats.synthetic import SyntheticReader
-from episodepipes.sharding.write import WriteOptions, write_shards
 
 
 class Stuck(SyntheticReader):  # hangs at one episode, after saying so, until it is killed
@@ -35,10 +34,16 @@ class Stuck(SyntheticReader):  # hangs at one episode, after saying so, until it
             Path(sys.argv[3]).write_text("stuck")
             time.sleep(600)
         return super().read(episode_id)
-
+"""
+SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[6])
+from stuck_reader import Stuck  # a module: encoder processes start from a clean interpreter and import it
+from episodepipes.sharding.write import WriteOptions, write_shards
 
 write_shards(Stuck(num_episodes=12, length=6, height=16, width=16), sys.argv[1],
-             WriteOptions(format="synthetic", shard_size=5_000), save_every=float(sys.argv[4]))
+             WriteOptions(format="synthetic", shard_size=5_000), save_every=float(sys.argv[4]),
+             workers=int(sys.argv[5]))
 """
 
 
@@ -213,21 +218,25 @@ def test_an_error_saves_the_last_shards_progress_on_the_way_out(tmp_path, ref):
     assert _files(tmp_path / "rare") == ref
 
 
-def _killed_at(out, episode, every):
-    """Run a write of ``out`` in a child process with ``save_every=every``, and SIGKILL it once it is stuck reading
-    ``episode`` (every episode before it has been handed to the writer)."""
+def _killed_at(out, episode, every, sig=signal.SIGKILL, workers=1):
+    """Run a write of ``out`` in a child process with ``save_every=every``, and send it ``sig`` once it is stuck
+    reading ``episode`` (every episode before it has been handed to the writer); returns its stderr."""
     ready = out.parent / f"stuck-{episode}"
+    ready.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), episode, str(ready), str(every)], cwd=ROOT,
-                             env=env, stderr=subprocess.PIPE)
+    (out.parent / "stuck_reader.py").write_text(STUCK)
+    child = subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), episode, str(ready), str(every), str(workers),
+                              str(out.parent)], cwd=ROOT, env=env, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not ready.exists():
         assert child.poll() is None, child.stderr.read().decode()
         assert time.monotonic() < deadline, "the child never reached the stuck episode"
         time.sleep(0.05)
     time.sleep(0.5)  # the writer thread appends the episode before it (no harm if it is still at it)
-    child.send_signal(signal.SIGKILL)
-    assert child.wait(timeout=60) == -signal.SIGKILL
+    child.send_signal(sig)
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=60) == -sig, err
+    return err
 
 
 def test_a_kill_9_between_two_saves_resumes_to_the_bytes_of_an_uninterrupted_write(tmp_path, ref):
@@ -243,3 +252,28 @@ def test_a_kill_9_between_two_saves_resumes_to_the_bytes_of_an_uninterrupted_wri
     res = write_shards(SYN, out, OPTS)
     assert res.resumed and res.frames_written < res.frames
     assert _files(out) == ref
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_saves_the_last_finished_shard_and_ends_the_process_by_sigterm(tmp_path, ref, workers):
+    out = tmp_path / "out"
+    err = _killed_at(out, "ep0010", 3600, signal.SIGTERM, workers)  # no save is due before the signal
+    shards = progress.read(out)["shards"]
+    assert len(shards) >= 2 and _shards(out) == [s["name"] for s in shards], err  # every finished shard named
+    assert "stopped by SIGTERM" in err and not (out / "_spool").exists()
+    assert not (out / "_write.lock").exists()  # unwound: the lock let go (a killed writer leaves its file)
+    res = write_shards(SYN, out, OPTS)  # the lock was let go: no LockedError
+    assert res.resumed and res.frames_written == res.frames - sum(s["samples"] for s in shards)  # nothing redone
+    assert _files(out) == ref
+
+
+def test_the_sigterm_handler_is_only_for_the_write_and_only_in_the_main_thread(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    write_shards(SYN, tmp_path / "main", OPTS)
+    assert signal.getsignal(signal.SIGTERM) is before
+    done = []
+    t = threading.Thread(target=lambda: done.append(write_shards(SYN, tmp_path / "thread", OPTS)))
+    t.start()
+    t.join(120)
+    assert done and done[0].frames == SHAPE["num_episodes"] * SHAPE["length"]
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -44,6 +44,7 @@ from episodepipes.sharding.write.plan import assign_splits, job_block
 from episodepipes.sharding.write.progress import JOBS_DIR, Progress, finish, start
 from episodepipes.sharding.write.progress_stats import StatsLog
 from episodepipes.sharding.write.saves import SAVE_EVERY, Saves, Snapshot, check_every
+from episodepipes.sharding.write.sigterm import saved_on_sigterm
 from episodepipes.sharding.write.writer import ShardWriter
 from episodepipes.shardio import is_url
 
@@ -183,6 +184,9 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
             progress is saved when the write ends, fails or is interrupted too, so a resume redoes at most the
             shards of the last ``save_every`` seconds (a kill -9 or a power cut); a remote ``out`` saves after every
             shard, which it uploads then. See `episodepipes.sharding.write.saves`.
+
+    SIGTERM (Slurm's ``scancel`` and time limit) in the main thread saves that progress too, then ends the process by
+    SIGTERM once the write has unwound (`episodepipes.sharding.write.sigterm`).
     """
     save_every = check_every(save_every)
     remote = None
@@ -220,7 +224,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
         if num_jobs > 1:  # folders made inside OUT: a link planted in their place would take every file elsewhere
             safefile.make_dir(target.parent)
             safefile.make_dir(target)
-        with write_lock(target):
+        with saved_on_sigterm(target), write_lock(target):  # the handler goes last: after the lock is released
             if remote is not None:  # the remote state (finished? progress?) into the cleared staging folder
                 remote.prepare(target, state, overwrite=overwrite, job=num_jobs > 1)
             prog, resumed = start(target, state, overwrite=overwrite and remote is None, append=remote is None,
