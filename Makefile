@@ -5,9 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SRC ?=
 FORMAT ?= auto
-# pytest-xdist worker processes for `make test`: 1 by default, as two beside the sharding tests' own encoder pools
-# overloaded a 2-core box into a write that hung (issue notes); WORKERS=2 halves the time on a box that can take it
-WORKERS ?= 1
+# pytest-xdist worker processes for `make test` (the suite's own DDP, pools and servers fit two on a 2-core box)
+WORKERS ?= 2
 
 .PHONY: demo test lint bench docs clean browser
 
