@@ -17,7 +17,6 @@ frames with what LeRobot's own loader returns for a dataset its own writer made.
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -30,6 +29,7 @@ from av.video.reformatter import VideoReformatter
 
 from benchmarks import lerobot_parity
 from benchmarks.lerobot_data import available_encoders, make_lerobot
+from benchmarks.peers.common import tree_cpu  # the encoders are the fork server's children, not ours
 from episodepipes.sharding.formats.lerobot import LeRobotReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
@@ -57,12 +57,6 @@ def _reader_decode(reader: LeRobotReader) -> int:
     return frames
 
 
-def _cpu() -> float:
-    """CPU seconds of this process and its reaped children (the JPEG import's encoder pool)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def _timed(fn, *args) -> tuple[int, float]:  # noqa: ANN001
     t0 = time.perf_counter()
     n = fn(*args)
@@ -72,10 +66,10 @@ def _timed(fn, *args) -> tuple[int, float]:  # noqa: ANN001
 def _write(reader: LeRobotReader, out: Path, codec: str, workers: int) -> tuple[int, float, float]:
     """(camera frames, seconds, CPU seconds) of one write of the whole dataset; the output is kept in ``out``."""
     shutil.rmtree(out, ignore_errors=True)
-    c0, t0 = _cpu(), time.perf_counter()
+    c0, t0 = tree_cpu(), time.perf_counter()
     res = write_shards(reader, out, WriteOptions(format="lerobot", shard_size=64 * 10**6, codec=codec),
                        workers=workers)
-    return res.frames * len(reader.video_keys), time.perf_counter() - t0, _cpu() - c0
+    return res.frames * len(reader.video_keys), time.perf_counter() - t0, tree_cpu() - c0
 
 
 def _cli(src: Path, out: Path, codec: str, pycache: Path) -> float:

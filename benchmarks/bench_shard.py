@@ -3,9 +3,10 @@ and the CLI end to end on a real source folder.
 
 JPEG encoding is the floor of any shard writer, so ``cv2.imencode`` on the same frames in the same
 number of processes is the ceiling; one process of it is the baseline a loop over frames would get.
-The frames are generated once (in BGR, as OpenCV and PyAV ``bgr24`` decode them) and cached before
-the processes fork, so neither side pays for making them: the gap is what the writer adds (arrays,
-tar headers, transfer to the writing process, sha256, file writes).
+The frames are generated once (in BGR, as OpenCV and PyAV ``bgr24`` decode them) into ``.npy`` files that every
+process maps (`CachedReader`: the writer's encoders come from a fork server and inherit nothing, the ceiling's
+processes are forked), so neither side pays for making them: the gap is what the writer adds (arrays, tar headers,
+transfer to the writing process, sha256, file writes). CPU is the whole process tree's (`peers.common.tree_cpu`).
 
 The ceiling is ``cv2.imencode(".jpg", frame, q90)`` of every camera frame, one episode per task of a
 forked ``Pool.imap`` with one OpenCV thread per process, returning only counts. Neither side converts
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import resource
 import shutil
 import subprocess
 import sys
@@ -39,32 +39,46 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
+import numpy as np
 
+from benchmarks.peers.common import tree_cpu  # the encoders are the fork server's children, not ours
 from benchmarks.shard_fleet import rows as fleet_rows
 from episodepipes.sharding.episode import EpisodeData
 from episodepipes.sharding.formats.synthetic import SyntheticReader
 from episodepipes.sharding.write import WriteOptions, write_shards
 
-_CACHE: dict[tuple, EpisodeData] = {}  # filled in the parent, inherited by forked workers
+_CACHE: dict[tuple, EpisodeData] = {}  # per process: the episodes' frames, mapped from their files in ``store``
 
 
 @dataclass(frozen=True)
 class CachedReader:
-    """``num_episodes`` episodes that reuse the frames of ``synthetic``'s episodes, made once per process
-    (and, when warmed, before fork), so many frames cost little memory."""
+    """``num_episodes`` episodes that reuse the frames of ``synthetic``'s episodes, so many frames cost little memory.
+
+    `make` writes those frames (BGR, as a reader decoding with OpenCV or PyAV yields them) to ``store`` once; every
+    process, ours (fork-server encoders) and the baseline's (forked), maps them from there as a reader of a file on
+    a warm page cache would, so neither side pays for making frames or gets them for free."""
 
     synthetic: SyntheticReader
     num_episodes: int
+    store: str
+
+    def make(self) -> None:
+        for eid in self.synthetic.episode_ids():
+            ep = self.synthetic.read(eid)
+            for c, frames in ep.cameras.items():
+                np.save(Path(self.store) / f"{eid}.{c}.npy", np.stack([cv2.cvtColor(x, cv2.COLOR_RGB2BGR)
+                                                                       for x in frames]))
 
     def episode_ids(self) -> list[str]:
         return [f"ep{i:04d}" for i in range(self.num_episodes)]
 
     def read(self, episode_id: str) -> EpisodeData:
-        key = (self.synthetic, f"ep{int(episode_id[2:]) % self.synthetic.num_episodes:04d}")
+        src = f"ep{int(episode_id[2:]) % self.synthetic.num_episodes:04d}"
+        key = (self.synthetic, src)
         if key not in _CACHE:
-            ep = self.synthetic.read(key[1])
-            # stored BGR, as a reader decoding with OpenCV or PyAV (bgr24) yields them
-            ep.cameras = {c: [cv2.cvtColor(x, cv2.COLOR_RGB2BGR) for x in f] for c, f in ep.cameras.items()}
+            ep = self.synthetic.read(src)  # its frames are generators, never run here: only the arrays are made
+            ep.cameras = {c: list(np.load(Path(self.store) / f"{src}.{c}.npy", mmap_mode="r"))
+                          for c in self.synthetic.cameras}
             _CACHE[key] = ep
         ep = _CACHE[key]
         return EpisodeData(episode_id, dict(ep.cameras), dict(ep.arrays), ep.fps, ep.prompt, ep.split,
@@ -81,18 +95,11 @@ def _imencode_episode(task: tuple[CachedReader, str]) -> int:
     return n
 
 
-def _cpu() -> float:
-    """CPU seconds of this process and its reaped children: unlike wall time, other users' load
-    on a shared machine does not change it."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def _timed(fn: Callable[[], int]) -> tuple[float, float]:
     """(frames per wall second, frames per CPU second) of ``fn``, which returns its frame count."""
-    t0, c0 = time.perf_counter(), _cpu()
+    t0, c0 = time.perf_counter(), tree_cpu()
     n = fn()
-    return n / (time.perf_counter() - t0), n / max(_cpu() - c0, 1e-9)
+    return n / (time.perf_counter() - t0), n / max(tree_cpu() - c0, 1e-9)
 
 
 def _imencode(reader: CachedReader, processes: int) -> int:
@@ -137,8 +144,6 @@ def _ratios(pairs: list[tuple[float, ...]], a: int, b: int) -> str:
 
 def make_source(dst: Path, *, episodes: int, length: int, height: int = 224, width: int = 224) -> Path:
     """A raw source folder: even episodes as two mp4 cameras, odd ones as two PNG folders."""
-    import numpy as np
-
     syn = SyntheticReader(num_episodes=episodes, length=length, height=height, width=width)
     for k, eid in enumerate(syn.episode_ids()):
         ep, d = syn.read(eid), dst / eid
@@ -174,10 +179,10 @@ def cli_write(src: Path, out: Path, workers: int = 2) -> float:
 def run(workdir: Path, quick: bool) -> dict:
     eps, length = (12, 40) if quick else (48, 50)
     syn = SyntheticReader(num_episodes=4, length=length, height=224, width=224)
-    reader = CachedReader(syn, eps)
-    for eid in reader.episode_ids():  # make every frame before any fork
-        reader.read(eid)
     workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "frames").mkdir(exist_ok=True)
+    reader = CachedReader(syn, eps, str(workdir / "frames"))
+    reader.make()
     reps = 1 if quick else 7
     two = _paired(lambda: _write(reader, workdir / "w2", 2), lambda: _imencode(reader, 2), reps,
                   lambda: shutil.rmtree(workdir / "w2", ignore_errors=True))
