@@ -261,6 +261,7 @@ def _summary(a: argparse.Namespace, res: WriteResult) -> list[str]:
 def _write(a: argparse.Namespace) -> int:
     from episodepipes.sharding.formats.readers import FORMATS, resolve
     from episodepipes.sharding.write import WriteOptions, write_shards
+    from episodepipes.sharding.write.encoders import start_early
 
     from_array = a.job_index is None and array_task(os.environ) is not None
     a.job_index = job_index(a.num_jobs, a.job_index, os.environ)
@@ -284,6 +285,7 @@ def _write(a: argparse.Namespace) -> int:
     options = {} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}
     if a.codec == "reference":
         return _reference(a, root, fmt, opts, options)
+    start_early(a.workers, a.codec)  # the encoders' fork server starts while the source is opened
     reader = FORMATS[fmt].factory(root, **options, **({"copy": True} if a.codec == "copy" else {}))
     res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
                        job_index=a.job_index, overwrite=a.overwrite, progress_bar=True, staging=a.staging,

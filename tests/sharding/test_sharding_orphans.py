@@ -84,3 +84,18 @@ write_shards(Mine(num_episodes=2, length=2, height=16, width=16), OUT, WriteOpti
     assert run.stderr.strip().splitlines()[-1] == (
         "ValueError: reader class Mine is defined in __main__ of an interactive session or `python -c`, which "
         "encoder processes cannot import; define it in a module (a .py file) or write with workers=1")
+
+
+def test_a_main_read_from_stdin_is_refused_by_name(tmp_path):
+    # spawned processes import the main module from its file; "<stdin>" is none, and each encoder would die of it
+    script = """
+from episodepipes.sharding.formats.synthetic import SyntheticReader
+from episodepipes.sharding.write import WriteOptions, write_shards
+
+write_shards(SyntheticReader(num_episodes=2, length=2, height=16, width=16), OUT, WriteOptions(format="synthetic"),
+             workers=2)
+""".replace("OUT", repr(str(tmp_path / "out")))
+    run = subprocess.run([sys.executable, "-"], input=script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1].startswith(
+        "ValueError: the main module's file '<stdin>' does not exist, and encoder processes import it")

@@ -3,17 +3,14 @@ a fork server, or spawn where there is none), always stopped by `Pool.close` or,
 its finalizer.
 
 Process workers inherit nothing of this pass, so the shared batch rows are given to them as descriptors
-(`_slabs.Ring`). Workers die with the process running the pass, even killed outright (`_forkserver.tie_to`), and
+(`_slabs.Ring`). Workers die with the process running the pass, even killed outright (`_forkserver.worker_start`), and
 `_executor.InOrder` bounds how long it waits on one.
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import os
 import signal
-import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -24,51 +21,19 @@ from episodepipes import _forkserver
 from episodepipes.pipes._decode import slabs as _slabs
 from episodepipes.pipes.stats import Stats
 
-_M_TRIM_THRESHOLD = -1  # mallopt(3)
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD = 64 << 20
 THREAD_PREFIX = "episodepipes-decode"
 PRELOAD = ("episodepipes.pipes.decode", "episodepipes.pipes.train")  # what a fork server started here imports first
 
 
 def _init_process(ring: _slabs.Ring | None = None, owner: int | None = None) -> None:
-    """Make a decode process safe and fast.
-
-    - Gone with the process running the pass (``owner``), even killed outright, and with its parent, the fork server
-      (`_deathsig`).
-    - Given the pass's shared batch rows (`_slabs.attach`), which a fork server's child cannot inherit.
-    - One torch intra-op thread: the parent's OpenMP pool is not forked, and a parallel torch op
-      (e.g. in a train ``transform``) would wait on it forever.
-    - Default SIGTERM and ignored SIGINT: a handler inherited from the parent (Lightning installs one
-      for SIGTERM) must not run in a worker; on Ctrl-C the parent closes the pool.
-    - glibc serves each decoded frame (about 1 MB) with a fresh mmap by default, which costs hundreds of
-      page faults per frame; a 64 MB threshold keeps them in the heap. The heap's top is then kept too (64 MB trim
-      threshold): a fork server's child starts with a small heap, so every freed frame is its top, and the default
-      128 KB trim gave it back to the kernel (``brk``) to fault it in again for the next frame, which cost a third
-      of a process pass's throughput. Only our own workers are tuned.
-
-    - The cyclic collector's oldest generation frozen (``gc.freeze``): a worker holds the fork server's imports (torch,
-      cv2, lightning: a few hundred thousand objects), which a full collection would walk again and again while the
-      worker decodes; what the worker makes itself is still collected.
+    """A decode process, first thing: made safe and fast (`_forkserver.worker_start`) and given the pass's shared
+    batch rows (`_slabs.attach`), which a fork server's child cannot inherit.
 
     Do not call `cv2.setNumThreads` here: it was seen to wait forever on the parent's pool in a forked child.
     """
-    if owner is not None:
-        _forkserver.tie_to(owner)
+    _forkserver.worker_start(owner)
     if ring is not None:
         _slabs.attach(ring)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-    gc.freeze()
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-        libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD)
-    except OSError:  # not glibc: nothing to tune
-        pass
 
 
 def shares_memory() -> bool:

@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import mmap
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
@@ -175,14 +174,20 @@ def samples(payload: tuple) -> Iterator[tuple]:
 
 
 def _init(threads: int, owner: int, slots: Slots | None) -> None:
-    """An encoder process, first thing: gone with the writer (`_forkserver.tie_to`); one OpenCV thread (one process per
-    core already; more would only contend; safe to set in a fork server's child, which has no thread pool yet);
-    Ctrl-C left to the writer, which stops the pool."""
+    """An encoder process, first thing: made safe and fast (`_forkserver.worker_start`), then one OpenCV thread (one
+    process per core already; more would only contend; safe to set in a fork server's child, which has no thread
+    pool yet)."""
     global _decode_threads, _slots
-    _forkserver.tie_to(owner)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _forkserver.worker_start(owner)
     _decode_threads, _slots = threads, slots
     cv2.setNumThreads(1)
+
+
+def start_early(workers: int, codec: str) -> None:
+    """Start the fork server of a write that will run encoder processes (``workers > 1``, a codec that encodes), so
+    that its interpreter and imports overlap the opening of the source and the plan; a copy write may never need it."""
+    if workers > 1 and codec != "copy":
+        _forkserver.start(PRELOAD)
 
 
 def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False,
@@ -289,10 +294,15 @@ def _pooled(tasks: list[tuple], workers: int, slot_bytes: int = SLOT_BYTES) -> I
 
 
 def _check_importable(reader: object) -> None:
-    """Encoder processes start from a clean interpreter and import the reader's class by name: one defined in the
-    ``__main__`` of an interactive session or of ``python -c`` (no file to import) would kill each of them."""
+    """Encoder processes start from a clean interpreter, import the main module from its file as spawned processes
+    do, and the reader's class by name: a main read from stdin (no such file) would kill each of them, and so would a
+    class defined in the ``__main__`` of an interactive session or of ``python -c`` (no file to import)."""
     cls, main = type(reader), sys.modules.get("__main__")
-    if cls.__module__ == "__main__" and not getattr(main, "__file__", None):
+    path = getattr(main, "__file__", None)
+    if isinstance(path, str) and not os.path.isfile(path):
+        raise ValueError(f"the main module's file {path!r} does not exist, and encoder processes import it as "
+                         "spawned processes do; run the script from a file, or write with workers=1")
+    if cls.__module__ == "__main__" and not path:
         raise ValueError(f"reader class {cls.__qualname__} is defined in __main__ of an interactive session or "
                          "`python -c`, which encoder processes cannot import; define it in a module (a .py file) "
                          "or write with workers=1")

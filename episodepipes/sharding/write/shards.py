@@ -37,7 +37,7 @@ from episodepipes.normstats.sidefile import NAME as STATS_NAME
 from episodepipes.sharding.episode import EpisodeError, EpisodeReader
 from episodepipes.sharding.recompute import resumed_stats
 from episodepipes.sharding.write.encode import EncodeOptions
-from episodepipes.sharding.write.encoders import encoded, samples
+from episodepipes.sharding.write.encoders import encoded, samples, start_early
 from episodepipes.sharding.write.lock import write_lock
 from episodepipes.sharding.write.meter import Meter
 from episodepipes.sharding.write.plan import assign_splits, job_block
@@ -210,6 +210,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                          f"pass at most --num-jobs {len(ids)}")
     _check_unique(ids)
     _check_copy(reader, opts)
+    start_early(workers, opts.codec)
     splits = assign_splits(ids, val_fraction=opts.val_fraction, val_episodes=opts.val_episodes, seed=opts.seed)
     block = list(job_block(len(ids), num_jobs=num_jobs, job_index=job_index))
     options = opts.to_dict()
