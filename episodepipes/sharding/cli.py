@@ -285,7 +285,7 @@ def _write(a: argparse.Namespace) -> int:
     options = {} if a.tolerance_s is None else {"tolerance_s": a.tolerance_s}
     if a.codec == "reference":
         return _reference(a, root, fmt, opts, options)
-    start_early(a.workers, a.codec)  # the encoders' fork server starts while the source is opened
+    start_early(a.workers, a.codec, FORMATS[fmt].factory.__module__)  # the encoders' fork server starts meanwhile
     reader = FORMATS[fmt].factory(root, **options, **({"copy": True} if a.codec == "copy" else {}))
     res = write_shards(reader, a.out, opts, workers=a.workers, num_jobs=a.num_jobs,
                        job_index=a.job_index, overwrite=a.overwrite, progress_bar=True, staging=a.staging,

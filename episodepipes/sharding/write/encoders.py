@@ -183,11 +183,13 @@ def _init(threads: int, owner: int, slots: Slots | None) -> None:
     cv2.setNumThreads(1)
 
 
-def start_early(workers: int, codec: str) -> None:
+def start_early(workers: int, codec: str, reader_module: str) -> None:
     """Start the fork server of a write that will run encoder processes (``workers > 1``, a codec that encodes), so
-    that its interpreter and imports overlap the opening of the source and the plan; a copy write may never need it."""
+    that its interpreter and imports overlap the opening of the source and the plan; a copy write may never need it.
+    It imports the reader's module too (``reader_module``: a format's parquet or zarr libraries), which each encoder
+    would otherwise import again for every write."""
     if workers > 1 and codec != "copy":
-        _forkserver.start(PRELOAD)
+        _forkserver.start((*PRELOAD, reader_module))
 
 
 def encoded(tasks: list[tuple], workers: int, *, threaded: bool = False,

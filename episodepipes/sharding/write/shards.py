@@ -210,7 +210,7 @@ def write_shards(reader: EpisodeReader, out: str | Path, opts: WriteOptions, *, 
                          f"pass at most --num-jobs {len(ids)}")
     _check_unique(ids)
     _check_copy(reader, opts)
-    start_early(workers, opts.codec)
+    start_early(workers, opts.codec, type(reader).__module__)
     splits = assign_splits(ids, val_fraction=opts.val_fraction, val_episodes=opts.val_episodes, seed=opts.seed)
     block = list(job_block(len(ids), num_jobs=num_jobs, job_index=job_index))
     options = opts.to_dict()
