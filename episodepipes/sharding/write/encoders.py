@@ -243,8 +243,7 @@ def _pooled(tasks: list[tuple], workers: int, slot_bytes: int = SLOT_BYTES) -> I
 
     A result's slot (`Slots`) is reused once the caller has taken the result and asked for the next one. A worker that
     dies (the OOM killer, a signal) ends the write with a `WorkerError` naming the episodes in flight (which one it
-    held is not known), never a wait without end;
-    the workers of a write that stops early are killed, not waited for.
+    held is not known), never a wait without end; the workers of a write that stops early are killed, not waited for.
     """
     _check_importable(tasks[0][0])
     slots = Slots(2 * workers, slot_bytes) if slot_bytes > 0 and Slots.supported() else None
