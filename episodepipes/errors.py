@@ -79,5 +79,6 @@ class DiskFullError(OSError):
 
 
 class WorkerError(RuntimeError):
-    """A decode worker died, or returned nothing within the bound (``STALL`` of the private decode executor);
-    names the worker, and the pass ends."""
+    """A decode worker died, or returned nothing within the bound (``STALL`` of the private decode executor): names
+    the worker, and the pass ends. Or a shard writer's encoder process died: names the episodes in flight, and the
+    write ends (a re-run resumes after the last finished shard)."""
