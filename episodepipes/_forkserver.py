@@ -18,7 +18,8 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from episodepipes._deathsig import die_with, exit_with
 
@@ -53,6 +54,12 @@ def start(preload: Sequence[str]) -> None:
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
+
+
+def listed(procs: Iterable[tuple[int, Any]]) -> str:
+    """``(pid, process)`` pairs for an error: each pid, and the exit code of those that ended (-9: SIGKILLed)."""
+    return ", ".join(f"pid {pid}" + ("" if p.exitcode is None else f" (exit code {p.exitcode})")
+                     for pid, p in procs) or "processes not started"
 
 
 def worker_start(owner: int | None) -> None:

@@ -145,7 +145,7 @@ def test_an_encoder_killed_mid_write_is_an_error_naming_the_episodes_in_flight(t
     # a result lost with its worker was a wait without end (multiprocessing.Pool); now the write ends, naming it
     reader = _Dying("ep0003", num_episodes=6, length=3, height=32, width=32)
     assert "ep0003" in reader.episode_ids()
-    died = r"an encoder process died \(.*signal 9.*\) with episodes .*'ep0003'.* in flight"
+    died = r"an encoder process died \(.*exit code -9.*\) with episodes .*'ep0003'.* in flight"
     with pytest.raises(WorkerError, match=died) as err:
         _bounded(lambda: write_shards(reader, tmp_path / "out", WriteOptions(format="synthetic"), workers=2))
     pids = [int(p) for p in re.findall(r"pid (\d+)", str(err.value))]

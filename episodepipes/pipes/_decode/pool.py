@@ -48,11 +48,6 @@ def _stop(ex: Executor) -> None:
     ex.shutdown(wait=not threading.current_thread().name.startswith(THREAD_PREFIX), cancel_futures=True)
 
 
-def _listed(procs: list[tuple[int, Any]]) -> str:
-    return ", ".join(f"pid {pid}" + ("" if p.exitcode is None else f" (exit code {p.exitcode})")
-                     for pid, p in procs) or "processes not started"
-
-
 class Pool:
     """``num_workers`` threads or processes for one pass; counts them in ``stats["workers_started"]``.
 
@@ -83,7 +78,7 @@ class Pool:
         """The workers, for an error: pids and how each ended, or the threads' name prefix."""
         if not isinstance(self._ex, ProcessPoolExecutor):
             return f"threads {THREAD_PREFIX}-*"
-        return _listed(sorted(self._seen.items()))
+        return _forkserver.listed(sorted(self._seen.items()))
 
     def describe_broken(self) -> str:
         """`describe` for a process pool a worker's death broke, that worker first, once the pool has stopped.
@@ -94,7 +89,7 @@ class Pool:
         reports 255 for a worker SIGKILLed."""
         self._finalizer()
         stopped = -signal.SIGTERM  # how the executor ends the workers still running when one dies
-        return _listed(sorted(self._seen.items(), key=lambda kv: (kv[1].exitcode == stopped, kv[0])))
+        return _forkserver.listed(sorted(self._seen.items(), key=lambda kv: (kv[1].exitcode == stopped, kv[0])))
 
     def _count_cpu(self) -> None:
         """Add the process workers' CPU time so far to ``stats["worker_cpu_us"]``, read from ``/proc`` before they

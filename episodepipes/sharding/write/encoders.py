@@ -269,9 +269,10 @@ def _pooled(tasks: list[tuple], workers: int, slot_bytes: int = SLOT_BYTES) -> I
                 res = pending.result()
             except BrokenProcessPool:
                 ids = ", ".join(repr(e) for e in (eid, *(w[2] for w in window)))
-                raise WorkerError(f"an encoder process died ({_ended(procs)}) with episodes {ids} in flight; "
-                                  "signal 9 is most often the OOM killer: re-run with fewer workers (a resume "
-                                  "keeps the shards finished); otherwise its error is on stderr above") from None
+                raise WorkerError(f"an encoder process died ({_forkserver.listed(sorted(procs.items()))}) with "
+                                  f"episodes {ids} in flight; exit code -9 (SIGKILL) is most often the OOM killer: "
+                                  "re-run with fewer workers (a resume keeps the shards finished); otherwise its "
+                                  "error is on stderr above") from None
             if res[0] == "ok" and isinstance(res[2][0], tuple):  # ("slot", slot, nbytes): a view, no copy
                 with memoryview(slots.mm) as mm:
                     start = slot * slots.size
@@ -307,10 +308,3 @@ def _check_importable(reader: object) -> None:
         raise ValueError(f"reader class {cls.__qualname__} is defined in __main__ of an interactive session or "
                          "`python -c`, which encoder processes cannot import; define it in a module (a .py file) "
                          "or write with workers=1")
-
-
-def _ended(procs: dict[int, BaseProcess]) -> str:
-    """How each encoder process ended, for an error: ``pid 12 (signal 9)``."""
-    def how(code: int | None) -> str:
-        return "running" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
-    return ", ".join(f"pid {pid} ({how(p.exitcode)})" for pid, p in sorted(procs.items())) or "not started"
